@@ -1,0 +1,225 @@
+// The C API: re-checks every parameter the kernels rely on, then dispatches.
+//
+// The Python front validates too (with friendlier messages), but any other caller reaches the
+// kernels only through here, so nothing a kernel assumes may go unchecked: a wrong stride or
+// an unaligned pointer would otherwise be an out-of-bounds access, not an error.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "flashback/flashback.h"
+#include "launch.h"
+
+namespace flashback {
+namespace {
+
+thread_local std::string g_last_error;
+
+flashback_status fail(flashback_status status, const char* fmt, ...) {
+  char buf[512];
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(buf, sizeof(buf), fmt, args);
+  va_end(args);
+  g_last_error = buf;
+  return status;
+}
+
+flashback_status ok() {
+  g_last_error.clear();
+  return FLASHBACK_SUCCESS;
+}
+
+constexpr int kSupportedHeadDims[] = {
+#if FLASHBACK_HEADDIM_64
+    64,
+#endif
+#if FLASHBACK_HEADDIM_128
+    128,
+#endif
+#if FLASHBACK_HEADDIM_256
+    256,
+#endif
+    0};  // sentinel (keeps the array non-empty when every head dim is switched off)
+
+bool headdim_supported(int d) {
+  for (int s : kSupportedHeadDims)
+    if (s != 0 && s == d) return true;
+  return false;
+}
+
+std::string supported_headdims_text() {
+  std::string s;
+  for (int d : kSupportedHeadDims) {
+    if (d == 0) continue;
+    if (!s.empty()) s += ", ";
+    s += std::to_string(d);
+  }
+  return s.empty() ? "none in this build" : s;
+}
+
+struct Shape {
+  int batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim;
+};
+
+flashback_status check_shape(const Shape& s, flashback_dtype dtype, float scale) {
+  if (s.batch < 1) return fail(FLASHBACK_ERROR_INVALID_VALUE, "batch must be >= 1, got %d", s.batch);
+  if (s.seqlen_q < 1 || s.seqlen_k < 1)
+    return fail(FLASHBACK_ERROR_INVALID_VALUE, "seqlen_q and seqlen_k must be >= 1, got %d and %d",
+                s.seqlen_q, s.seqlen_k);
+  if (s.nheads < 1 || s.nheads_k < 1)
+    return fail(FLASHBACK_ERROR_INVALID_VALUE, "nheads and nheads_k must be >= 1, got %d and %d",
+                s.nheads, s.nheads_k);
+  if (s.nheads % s.nheads_k != 0)
+    return fail(FLASHBACK_ERROR_INVALID_VALUE, "nheads (%d) must be divisible by nheads_k (%d)",
+                s.nheads, s.nheads_k);
+  if (!headdim_supported(s.headdim))
+    return fail(FLASHBACK_ERROR_NOT_SUPPORTED, "headdim %d is not supported (supported: %s)",
+                s.headdim, supported_headdims_text().c_str());
+  if (dtype != FLASHBACK_DTYPE_BF16)
+    return fail(FLASHBACK_ERROR_NOT_SUPPORTED, "dtype %d is not supported (supported: bf16 = %d)",
+                static_cast<int>(dtype), static_cast<int>(FLASHBACK_DTYPE_BF16));
+  if (!std::isfinite(scale) || scale <= 0.f)
+    return fail(FLASHBACK_ERROR_INVALID_VALUE, "softmax_scale must be finite and > 0, got %g",
+                static_cast<double>(scale));
+  return FLASHBACK_SUCCESS;
+}
+
+// The kernels move rows with 16-byte vector accesses: base pointers must be 16-byte aligned
+// and every stride a multiple of 8 bf16 elements. Strides must also keep the rows of one
+// tensor apart, or a write would race with another.
+flashback_status check_tensor(const char* name, const void* ptr, const flashback_strides& st,
+                              int seqlen, int heads, int headdim, bool is_output = false) {
+  if (ptr == nullptr) return fail(FLASHBACK_ERROR_INVALID_VALUE, "%s is a null pointer", name);
+  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+    return fail(FLASHBACK_ERROR_INVALID_VALUE, "%s must be 16-byte aligned (address %p)", name, ptr);
+  const int64_t strides[3] = {st.batch, st.row, st.head};
+  const char* names[3] = {"batch", "row", "head"};
+  for (int i = 0; i < 3; ++i) {
+    if (strides[i] < 0 || strides[i] % 8 != 0)
+      return fail(FLASHBACK_ERROR_INVALID_VALUE,
+                  "%s %s stride must be a non-negative multiple of 8 elements, got %lld", name,
+                  names[i], static_cast<long long>(strides[i]));
+  }
+  if (!is_output) return FLASHBACK_SUCCESS;  // inputs may alias (e.g. broadcast strides)
+  if (heads > 1 && st.head < headdim)
+    return fail(FLASHBACK_ERROR_INVALID_VALUE, "%s head stride %lld overlaps a row of headdim %d",
+                name, static_cast<long long>(st.head), headdim);
+  if (seqlen > 1 && st.row < static_cast<int64_t>(headdim))
+    return fail(FLASHBACK_ERROR_INVALID_VALUE, "%s row stride %lld overlaps a row of headdim %d",
+                name, static_cast<long long>(st.row), headdim);
+  return FLASHBACK_SUCCESS;
+}
+
+flashback_status check_lse(const char* name, const float* lse) {
+  if (lse == nullptr) return fail(FLASHBACK_ERROR_INVALID_VALUE, "%s is a null pointer", name);
+  if (reinterpret_cast<uintptr_t>(lse) % 4 != 0)
+    return fail(FLASHBACK_ERROR_INVALID_VALUE, "%s must be 4-byte aligned", name);
+  return FLASHBACK_SUCCESS;
+}
+
+flashback_status check_current_device() {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess)
+    return fail(FLASHBACK_ERROR_CUDA, "cudaGetDevice failed: %s", cudaGetErrorString(err));
+  return flashback_check_device(device);
+}
+
+flashback_status launched(cudaError_t err, const char* what) {
+  if (err != cudaSuccess)
+    return fail(FLASHBACK_ERROR_CUDA, "%s failed: %s", what, cudaGetErrorString(err));
+  return ok();
+}
+
+#define FLASHBACK_TRY(expr)                              \
+  do {                                                   \
+    flashback_status status_ = (expr);                   \
+    if (status_ != FLASHBACK_SUCCESS) return status_;    \
+  } while (0)
+
+}  // namespace
+}  // namespace flashback
+
+using namespace flashback;
+
+extern "C" {
+
+int flashback_headdim_supported(int headdim) { return headdim_supported(headdim) ? 1 : 0; }
+
+const char* flashback_last_error(void) { return g_last_error.c_str(); }
+
+const char* flashback_version(void) { return "0.1.0"; }
+
+void flashback_params_sizes(size_t* fwd_bytes, size_t* bwd_bytes) {
+  if (fwd_bytes) *fwd_bytes = sizeof(flashback_fwd_params);
+  if (bwd_bytes) *bwd_bytes = sizeof(flashback_bwd_params);
+}
+
+flashback_status flashback_check_device(int device) {
+  int major = 0, minor = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (err != cudaSuccess)
+    return fail(FLASHBACK_ERROR_CUDA, "cannot query device %d: %s", device, cudaGetErrorString(err));
+  // The library is compiled for sm_90a only; that machine code runs on compute capability 9.0
+  // and nowhere else (not on 8.x, not on 10.x).
+  if (major != 9 || minor != 0)
+    return fail(FLASHBACK_ERROR_NOT_SUPPORTED, "requires an sm_90 GPU (H100/H200), got sm_%d%d",
+                major, minor);
+  return ok();
+}
+
+flashback_status flashback_attention_forward(const flashback_fwd_params* p) {
+  if (p == nullptr) return fail(FLASHBACK_ERROR_INVALID_VALUE, "params is a null pointer");
+  const Shape s{p->batch, p->seqlen_q, p->seqlen_k, p->nheads, p->nheads_k, p->headdim};
+  FLASHBACK_TRY(check_shape(s, p->dtype, p->softmax_scale));
+  FLASHBACK_TRY(check_tensor("q", p->q, p->q_strides, s.seqlen_q, s.nheads, s.headdim));
+  FLASHBACK_TRY(check_tensor("k", p->k, p->k_strides, s.seqlen_k, s.nheads_k, s.headdim));
+  FLASHBACK_TRY(check_tensor("v", p->v, p->v_strides, s.seqlen_k, s.nheads_k, s.headdim));
+  FLASHBACK_TRY(check_tensor("out", p->out, p->out_strides, s.seqlen_q, s.nheads, s.headdim, true));
+  FLASHBACK_TRY(check_lse("lse", p->lse));
+  FLASHBACK_TRY(check_current_device());
+  return launched(run_reference_fwd(*p, static_cast<cudaStream_t>(p->stream)), "forward launch");
+}
+
+size_t flashback_bwd_workspace_size(const flashback_bwd_params* p) {
+  if (p == nullptr) return 0;
+  const Shape s{p->batch, p->seqlen_q, p->seqlen_k, p->nheads, p->nheads_k, p->headdim};
+  if (check_shape(s, p->dtype, p->softmax_scale) != FLASHBACK_SUCCESS) return 0;
+  return reference_bwd_workspace_size(*p);
+}
+
+flashback_status flashback_attention_backward(const flashback_bwd_params* p) {
+  if (p == nullptr) return fail(FLASHBACK_ERROR_INVALID_VALUE, "params is a null pointer");
+  const Shape s{p->batch, p->seqlen_q, p->seqlen_k, p->nheads, p->nheads_k, p->headdim};
+  FLASHBACK_TRY(check_shape(s, p->dtype, p->softmax_scale));
+  FLASHBACK_TRY(check_tensor("q", p->q, p->q_strides, s.seqlen_q, s.nheads, s.headdim));
+  FLASHBACK_TRY(check_tensor("k", p->k, p->k_strides, s.seqlen_k, s.nheads_k, s.headdim));
+  FLASHBACK_TRY(check_tensor("v", p->v, p->v_strides, s.seqlen_k, s.nheads_k, s.headdim));
+  FLASHBACK_TRY(check_tensor("out", p->out, p->out_strides, s.seqlen_q, s.nheads, s.headdim));
+  FLASHBACK_TRY(check_tensor("dout", p->dout, p->dout_strides, s.seqlen_q, s.nheads, s.headdim));
+  FLASHBACK_TRY(check_tensor("dq", p->dq, p->dq_strides, s.seqlen_q, s.nheads, s.headdim, true));
+  FLASHBACK_TRY(check_tensor("dk", p->dk, p->dk_strides, s.seqlen_k, s.nheads_k, s.headdim, true));
+  FLASHBACK_TRY(check_tensor("dv", p->dv, p->dv_strides, s.seqlen_k, s.nheads_k, s.headdim, true));
+  FLASHBACK_TRY(check_lse("lse", p->lse));
+  const size_t need = reference_bwd_workspace_size(*p);
+  if (need > 0) {
+    if (p->workspace == nullptr || p->workspace_bytes < need)
+      return fail(FLASHBACK_ERROR_INVALID_VALUE,
+                  "workspace of %zu bytes at %p is too small: %zu bytes needed "
+                  "(flashback_bwd_workspace_size)",
+                  p->workspace_bytes, p->workspace, need);
+    if (reinterpret_cast<uintptr_t>(p->workspace) % 256 != 0)
+      return fail(FLASHBACK_ERROR_INVALID_VALUE, "workspace must be 256-byte aligned");
+  }
+  FLASHBACK_TRY(check_current_device());
+  return launched(run_reference_bwd(*p, static_cast<cudaStream_t>(p->stream)), "backward launch");
+}
+
+}  // extern "C"

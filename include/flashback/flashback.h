@@ -1,0 +1,107 @@
+/* flashback C API: attention forward and backward for NVIDIA Hopper (sm_90a).
+ *
+ * Plain structs of device pointers, shapes and strides; no framework types. Every entry point
+ * re-checks what the kernels rely on (non-null pointers, alignment, strides, supported head
+ * dims, the GPU's architecture) and returns a status; flashback_last_error() then holds a
+ * readable message for the calling thread. A call that returns an error launches nothing.
+ *
+ * Layout (as FlashAttention): q, out, dout, dq are (batch, seqlen_q, nheads, headdim);
+ * k, v, dk, dv are (batch, seqlen_k, nheads_k, headdim); lse is (batch, nheads, seqlen_q),
+ * fp32, contiguous, natural log. Strides are in elements; the last dimension is contiguous.
+ * nheads must be a multiple of nheads_k (GQA / MQA). Causal masking is aligned bottom-right:
+ * query row i sees key column j when j <= i + seqlen_k - seqlen_q.
+ */
+#ifndef FLASHBACK_FLASHBACK_H_
+#define FLASHBACK_FLASHBACK_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define FLASHBACK_API __declspec(dllexport)
+#else
+#define FLASHBACK_API __attribute__((visibility("default")))
+#endif
+
+#define FLASHBACK_VERSION_MAJOR 0
+#define FLASHBACK_VERSION_MINOR 1
+#define FLASHBACK_VERSION_PATCH 0
+
+typedef enum {
+  FLASHBACK_SUCCESS = 0,
+  FLASHBACK_ERROR_INVALID_VALUE = 1, /* null pointer, bad shape, stride or alignment */
+  FLASHBACK_ERROR_NOT_SUPPORTED = 2, /* well-formed but not implemented (head dim, dtype, GPU) */
+  FLASHBACK_ERROR_CUDA = 3,          /* a CUDA runtime call or a kernel launch failed */
+} flashback_status;
+
+typedef enum {
+  FLASHBACK_DTYPE_BF16 = 0,
+  FLASHBACK_DTYPE_FP16 = 1, /* reserved: not supported yet */
+} flashback_dtype;
+
+/* Element strides of a (batch, seqlen, heads, headdim) tensor whose last dim is contiguous. */
+typedef struct {
+  int64_t batch;
+  int64_t row;
+  int64_t head;
+} flashback_strides;
+
+typedef struct {
+  const void *q, *k, *v;
+  void *out;
+  float *lse; /* (batch, nheads, seqlen_q) contiguous */
+  flashback_strides q_strides, k_strides, v_strides, out_strides;
+  int batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim;
+  float softmax_scale; /* multiplies Q K^T; usually 1/sqrt(headdim) */
+  int causal;          /* nonzero: bottom-right aligned causal mask */
+  flashback_dtype dtype;
+  void *stream; /* a cudaStream_t; NULL is the legacy default stream */
+} flashback_fwd_params;
+
+typedef struct {
+  const void *q, *k, *v, *out, *dout;
+  const float *lse; /* as written by flashback_attention_forward */
+  void *dq, *dk, *dv;
+  flashback_strides q_strides, k_strides, v_strides, out_strides, dout_strides;
+  flashback_strides dq_strides, dk_strides, dv_strides;
+  int batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim;
+  float softmax_scale;
+  int causal;
+  int deterministic; /* nonzero: bitwise reproducible gradients */
+  flashback_dtype dtype;
+  void *workspace; /* device memory of flashback_bwd_workspace_size() bytes, 256-byte aligned */
+  size_t workspace_bytes;
+  void *stream;
+} flashback_bwd_params;
+
+/* Bytes of device workspace flashback_attention_backward needs for these shapes (0 if the
+ * shapes are invalid; the backward call then reports why). */
+FLASHBACK_API size_t flashback_bwd_workspace_size(const flashback_bwd_params *params);
+
+FLASHBACK_API flashback_status flashback_attention_forward(const flashback_fwd_params *params);
+FLASHBACK_API flashback_status flashback_attention_backward(const flashback_bwd_params *params);
+
+/* 1 if headdim is supported by this build, else 0. */
+FLASHBACK_API int flashback_headdim_supported(int headdim);
+
+/* Checks that `device` is a GPU this build runs on (sm_90). */
+FLASHBACK_API flashback_status flashback_check_device(int device);
+
+/* The message of the last failed call on this thread ("" if none). */
+FLASHBACK_API const char *flashback_last_error(void);
+
+FLASHBACK_API const char *flashback_version(void);
+
+/* sizeof(flashback_fwd_params) and sizeof(flashback_bwd_params) as compiled into the library,
+ * so a binding written in another language can check its copy of the structs. */
+FLASHBACK_API void flashback_params_sizes(size_t *fwd_bytes, size_t *bwd_bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHBACK_FLASHBACK_H_ */

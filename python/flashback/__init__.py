@@ -1,0 +1,26 @@
+"""flashback: attention training kernels for NVIDIA Hopper (sm_90), with a thin PyTorch front.
+
+    import flashback
+    out = flashback.attention(q, k, v, causal=True)   # (batch, seqlen, nheads, headdim), bf16
+"""
+from ._checks import SUPPORTED_HEADDIMS
+from ._lib import FlashbackError, LibraryNotFoundError
+from .interface import attention, attention_backward, attention_forward
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "attention", "attention_forward", "attention_backward", "is_available",
+    "SUPPORTED_HEADDIMS", "FlashbackError", "LibraryNotFoundError", "__version__",
+]
+
+
+def is_available() -> bool:
+    """True when the native library loads and the current CUDA device is an sm_90 GPU."""
+    import torch
+
+    from . import _checks, _lib
+
+    if not torch.cuda.is_available() or not _lib.is_loadable():
+        return False
+    return _checks._device_error(torch.cuda.current_device()) is None

@@ -1,0 +1,161 @@
+"""The PyTorch custom ops: flashback::fwd, fwd_out, bwd, bwd_out.
+
+Each op is opaque to torch.compile (a fake kernel gives its output shapes), runs on the current
+CUDA stream with no host synchronisation, and calls the C API through ctypes. `fwd` carries the
+autograd formula, so `flashback.attention` is differentiable and compiles with fullgraph=True.
+The *_out variants write into caller-provided tensors.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import Tensor
+
+from . import _checks, _lib
+
+
+def _kernel_ready(x: Tensor) -> Tensor:
+    """x itself when the kernels can read it in place (16-byte aligned base, strides in
+    multiples of 8 elements, last dim contiguous), else a contiguous copy."""
+    ok = x.data_ptr() % 16 == 0 and x.stride(-1) == 1 and all(s % 8 == 0 for s in x.stride()[:3])
+    # clone() to contiguous_format, not .contiguous(): the latter returns x itself when only the
+    # stride of a size-1 dim is odd, or when x is contiguous but starts at an unaligned offset.
+    return x if ok else x.clone(memory_format=torch.contiguous_format)
+
+
+def _strides(x: Tensor) -> _lib.Strides:
+    return _lib.Strides(x.stride(0), x.stride(1), x.stride(2))
+
+
+def _stream(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _launch_fwd(q, k, v, out, lse, softmax_scale, causal) -> None:
+    _checks.check_runtime(q.device)
+    lib = _lib.load()
+    q, k, v = _kernel_ready(q), _kernel_ready(k), _kernel_ready(v)
+    dst = _kernel_ready(out)
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    p = _lib.FwdParams(
+        q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), out=dst.data_ptr(), lse=lse.data_ptr(),
+        q_strides=_strides(q), k_strides=_strides(k), v_strides=_strides(v),
+        out_strides=_strides(dst), batch=b, seqlen_q=sq, seqlen_k=sk, nheads=h, nheads_k=hk,
+        headdim=d, softmax_scale=softmax_scale, causal=int(causal), dtype=_lib.DTYPE_BF16,
+        stream=_stream(q.device))
+    with torch.cuda.device(q.device):
+        _lib.check(lib, lib.flashback_attention_forward(ctypes.byref(p)), "forward")
+    if dst is not out:
+        out.copy_(dst)
+
+
+def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic) -> None:
+    _checks.check_runtime(q.device)
+    lib = _lib.load()
+    dout, q, k, v, out = (_kernel_ready(x) for x in (dout, q, k, v, out))
+    lse = lse.contiguous()
+    dsts = [_kernel_ready(x) for x in (dq, dk, dv)]
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    p = _lib.BwdParams(
+        q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), out=out.data_ptr(),
+        dout=dout.data_ptr(), lse=lse.data_ptr(),
+        dq=dsts[0].data_ptr(), dk=dsts[1].data_ptr(), dv=dsts[2].data_ptr(),
+        q_strides=_strides(q), k_strides=_strides(k), v_strides=_strides(v),
+        out_strides=_strides(out), dout_strides=_strides(dout), dq_strides=_strides(dsts[0]),
+        dk_strides=_strides(dsts[1]), dv_strides=_strides(dsts[2]),
+        batch=b, seqlen_q=sq, seqlen_k=sk, nheads=h, nheads_k=hk, headdim=d,
+        softmax_scale=softmax_scale, causal=int(causal), deterministic=int(deterministic),
+        dtype=_lib.DTYPE_BF16, workspace=None, workspace_bytes=0, stream=_stream(q.device))
+    nbytes = lib.flashback_bwd_workspace_size(ctypes.byref(p))
+    # The caching allocator hands out blocks aligned to at least 512 bytes, and reusing it keeps
+    # the call free of cudaMalloc (CUDA-graph safe).
+    workspace = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=q.device)
+    p.workspace, p.workspace_bytes = workspace.data_ptr(), nbytes
+    with torch.cuda.device(q.device):
+        _lib.check(lib, lib.flashback_attention_backward(ctypes.byref(p)), "backward")
+    for dst, user in zip(dsts, (dq, dk, dv)):
+        if dst is not user:
+            user.copy_(dst)
+
+
+def _empty_lse(q: Tensor) -> Tensor:
+    b, sq, h, _ = q.shape
+    return torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
+
+
+# --- forward -------------------------------------------------------------------------------
+
+@torch.library.custom_op("flashback::fwd", mutates_args=(), device_types="cuda")
+def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool,
+        deterministic: bool) -> tuple[Tensor, Tensor]:
+    """(out, lse). `deterministic` is unused here; the autograd formula passes it to bwd."""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = _empty_lse(q)
+    _launch_fwd(q, k, v, out, lse, softmax_scale, causal)
+    return out, lse
+
+
+@fwd.register_fake
+def _(q, k, v, softmax_scale, causal, deterministic):
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device), _empty_lse(q)
+
+
+@torch.library.custom_op("flashback::fwd_out", mutates_args=("out", "lse"), device_types="cuda")
+def fwd_out(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: float,
+            causal: bool) -> None:
+    _launch_fwd(q, k, v, out, lse, softmax_scale, causal)
+
+
+@fwd_out.register_fake
+def _(q, k, v, out, lse, softmax_scale, causal):
+    return None
+
+
+# --- backward ------------------------------------------------------------------------------
+
+@torch.library.custom_op("flashback::bwd", mutates_args=(), device_types="cuda")
+def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+        softmax_scale: float, causal: bool, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+    _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic)
+    return dq, dk, dv
+
+
+@bwd.register_fake
+def _(dout, q, k, v, out, lse, softmax_scale, causal, deterministic):
+    return tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+
+
+@torch.library.custom_op("flashback::bwd_out", mutates_args=("dq", "dk", "dv"), device_types="cuda")
+def bwd_out(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dq: Tensor,
+            dk: Tensor, dv: Tensor, softmax_scale: float, causal: bool, deterministic: bool) -> None:
+    _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic)
+
+
+@bwd_out.register_fake
+def _(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic):
+    return None
+
+
+# --- autograd ------------------------------------------------------------------------------
+
+def _fwd_setup_context(ctx, inputs, output):
+    q, k, v, softmax_scale, causal, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
+    # The LSE is returned for inspection and carries no gradient, as in FlashAttention.
+    ctx.mark_non_differentiable(lse)
+
+
+def _fwd_backward(ctx, dout, _dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.flashback.bwd(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal,
+                                         ctx.deterministic)
+    return dq, dk, dv, None, None, None
+
+
+torch.library.register_autograd("flashback::fwd", _fwd_backward, setup_context=_fwd_setup_context)

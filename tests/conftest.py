@@ -1,0 +1,43 @@
+"""Test setup shared by tests/cpu (CI, no GPU) and tests/gpu (an sm_90 GPU).
+
+Puts the source package (python/) and tests/ on sys.path, so the suite runs from a checkout
+with the library built into build/ (or FLASHBACK_LIBRARY pointing at it), and skips tests
+marked `gpu` when no sm_90 GPU is present: they are skipped, never faked.
+"""
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for path in (os.path.join(ROOT, "python"), os.path.join(ROOT, "tests")):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+
+def _gpu_skip_reason():
+    try:
+        import torch
+    except ImportError:
+        return "PyTorch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU"
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) != (9, 0):
+        return f"needs an sm_90 GPU, found sm_{major}{minor}"
+    return None
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs an sm_90 GPU (H100/H200); skipped without one")
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    reason = _gpu_skip_reason()
+    if reason is None:
+        return
+    for item in gpu_items:
+        item.add_marker(pytest.mark.skip(reason=reason))

@@ -1,0 +1,370 @@
+"""Bad input is refused before any launch, with an error naming the argument, what was given and
+what is supported. Runs on CPU tensors (and fake CUDA tensors), so it runs in CI."""
+import ctypes
+import pathlib
+
+import pytest
+import torch
+
+import flashback
+from flashback import _checks, _lib
+
+BF16 = torch.bfloat16
+
+
+def qkv(b=2, sq=16, sk=16, h=4, hk=2, d=64, dtype=BF16, device="cpu"):
+    q = torch.randn(b, sq, h, d, dtype=dtype, device=device)
+    k = torch.randn(b, sk, hk, d, dtype=dtype, device=device)
+    v = torch.randn(b, sk, hk, d, dtype=dtype, device=device)
+    return q, k, v
+
+
+def fake_mode():
+    """A mode in which CUDA tensors are fake: metadata only, no GPU needed."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode()
+
+
+# --- types and dtypes --------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["q", "k", "v"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int8])
+def test_unsupported_dtype(name, dtype):
+    t = dict(zip("qkv", qkv()))
+    t[name] = t[name].to(dtype)
+    with pytest.raises(TypeError, match=rf"{name} has dtype {dtype}.*supported: torch.bfloat16"):
+        flashback.attention(t["q"], t["k"], t["v"])
+
+
+def test_mixed_dtypes_name_the_odd_one():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=r"^v has dtype torch.float16"):
+        flashback.attention(q, k, v.half())
+
+
+@pytest.mark.parametrize("bad", [None, 3.0, [1, 2], "q"])
+def test_not_a_tensor(bad):
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=r"k must be a torch.Tensor"):
+        flashback.attention(q, bad, v)
+
+
+# --- shapes ------------------------------------------------------------------------------
+
+def test_wrong_rank():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"q must have 4 dims .* got 3 dims"):
+        flashback.attention(q[0], k, v)
+    with pytest.raises(ValueError, match=r"v must have 4 dims .* got 5 dims"):
+        flashback.attention(q, k, v[None])
+
+
+def test_mismatched_batch():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"k and v must have the same shape"):
+        flashback.attention(q, k, v[:1])
+    with pytest.raises(ValueError, match=r"same batch size, got 2 and 1"):
+        flashback.attention(q, k[:1], v[:1])
+
+
+def test_mismatched_seqlen_of_k_and_v():
+    q, k, v = qkv(sk=16)
+    with pytest.raises(ValueError, match=r"k and v must have the same shape"):
+        flashback.attention(q, k, v[:, :8])
+
+
+def test_mismatched_headdim():
+    q, _, _ = qkv(d=64)
+    _, k, v = qkv(d=128)
+    with pytest.raises(ValueError, match=r"same headdim, got 64 and 128"):
+        flashback.attention(q, k, v)
+
+
+def test_nheads_not_divisible():
+    q, k, v = qkv(h=6, hk=4)
+    with pytest.raises(ValueError, match=r"nheads of q \(6\) must be divisible by nheads of k and v \(4\)"):
+        flashback.attention(q, k, v)
+
+
+@pytest.mark.parametrize("d", [32, 80, 96, 192, 320])
+def test_unsupported_headdim(d):
+    q, k, v = qkv(d=d)
+    with pytest.raises(ValueError, match=rf"headdim {d} is not supported \(supported: 64, 128, 256\)"):
+        flashback.attention(q, k, v)
+
+
+@pytest.mark.parametrize("sq,sk", [(0, 16), (16, 0), (0, 0)])
+def test_empty_sequences(sq, sk):
+    q, k, v = qkv(sq=sq, sk=sk)
+    with pytest.raises(ValueError, match=r"empty sequences are not supported"):
+        flashback.attention(q, k, v)
+
+
+def test_empty_batch_and_heads():
+    q, k, v = qkv(b=0)
+    with pytest.raises(ValueError, match=r"batch must be >= 1"):
+        flashback.attention(q, k, v)
+    q, k, v = qkv(h=0, hk=0)
+    with pytest.raises(ValueError, match=r"nheads must be >= 1"):
+        flashback.attention(q, k, v)
+
+
+def test_last_dim_not_contiguous():
+    q, k, v = qkv()
+    qt = q.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, headdim stride != 1
+    assert qt.stride(-1) != 1
+    with pytest.raises(ValueError, match=r"q must be contiguous in its last dim"):
+        flashback.attention(qt, k, v)
+
+
+@pytest.mark.parametrize("scale,exc", [(0.0, ValueError), (-1.0, ValueError), (float("nan"), ValueError),
+                                       (float("inf"), ValueError), ("0.1", TypeError), (True, TypeError)])
+def test_bad_softmax_scale(scale, exc):
+    q, k, v = qkv()
+    with pytest.raises(exc, match=r"softmax_scale"):
+        flashback.attention(q, k, v, softmax_scale=scale)
+
+
+# --- backward arguments ------------------------------------------------------------------
+
+def bwd_args():
+    q, k, v = qkv()
+    out = torch.randn_like(q)
+    dout = torch.randn_like(q)
+    lse = torch.randn(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32)
+    return dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
+
+
+@pytest.mark.parametrize("name", ["out", "dout"])
+def test_backward_out_and_dout_must_match_q(name):
+    a = bwd_args()
+    a[name] = a[name][:, :8]
+    with pytest.raises(ValueError, match=rf"{name} must have the shape of q"):
+        flashback.attention_backward(**a)
+    a = bwd_args()
+    a[name] = a[name].half()
+    with pytest.raises(TypeError, match=rf"{name} has dtype torch.float16"):
+        flashback.attention_backward(**a)
+
+
+def test_backward_lse_checks():
+    a = bwd_args()
+    a["lse"] = a["lse"].to(torch.bfloat16)
+    with pytest.raises(TypeError, match=r"lse must be float32"):
+        flashback.attention_backward(**a)
+    a = bwd_args()
+    a["lse"] = a["lse"][:, :, :8]
+    with pytest.raises(ValueError, match=r"lse must have shape \(batch, nheads, seqlen_q\) = \(2, 4, 16\)"):
+        flashback.attention_backward(**a)
+    a = bwd_args()
+    a["lse"] = a["lse"].transpose(1, 2).contiguous().transpose(1, 2)
+    with pytest.raises(ValueError, match=r"lse must be contiguous"):
+        flashback.attention_backward(**a)
+
+
+@pytest.mark.parametrize("name,ref", [("dq", "q"), ("dk", "k"), ("dv", "v")])
+def test_backward_preallocated_grads(name, ref):
+    a = bwd_args()
+    bad = torch.empty_like(a[ref])[:, :3]
+    with pytest.raises(ValueError, match=rf"{name} must have the shape of {ref}"):
+        flashback.attention_backward(**a, **{name: bad})
+
+
+def test_forward_preallocated_outputs():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"out must have the shape of q"):
+        flashback.attention_forward(q, k, v, out=torch.empty_like(q)[:, :1])
+    with pytest.raises(TypeError, match=r"lse must be float32"):
+        flashback.attention_forward(q, k, v, lse=torch.empty(2, 4, 16, dtype=torch.float64))
+
+
+# --- devices -----------------------------------------------------------------------------
+
+def test_cpu_tensors_are_refused():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"q is on device 'cpu'; flashback runs on CUDA GPUs"):
+        flashback.attention(q, k, v)
+    with pytest.raises(ValueError, match=r"on device 'cpu'"):
+        flashback.attention_forward(q, k, v)
+    with pytest.raises(ValueError, match=r"on device 'cpu'"):
+        flashback.attention_backward(**bwd_args())
+
+
+def test_tensors_on_different_devices():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"same device, got q on cpu, k on meta, v on cpu"):
+        flashback.attention(q, k.to("meta"), v)
+    a = bwd_args()
+    a["lse"] = a["lse"].to("meta")
+    with pytest.raises(ValueError, match=r"same device.*lse on meta"):
+        flashback.attention_backward(**a)
+
+
+def test_gpu_older_than_sm90(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: "NVIDIA A100")
+    _checks._device_error.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=r"requires an sm_90 GPU \(H100/H200\), got sm_80 \(NVIDIA A100\)"):
+            _checks.check_runtime(torch.device("cuda", 0))
+    finally:
+        _checks._device_error.cache_clear()
+
+
+def test_gpu_newer_than_sm90_is_refused_too(monkeypatch):
+    # sm_90a machine code runs on compute capability 9.0 only.
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (10, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: "B200")
+    _checks._device_error.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=r"got sm_100"):
+            _checks.check_runtime(torch.device("cuda", 0))
+    finally:
+        _checks._device_error.cache_clear()
+
+
+def test_library_missing(monkeypatch, tmp_path):
+    missing = tmp_path / "libflashback.so"
+    monkeypatch.setattr(_lib, "candidate_paths", lambda: [missing])
+    monkeypatch.setattr(_lib, "_lib", None)
+    with pytest.raises(flashback.LibraryNotFoundError, match=r"was not found.*pip install \..*not found"):
+        _lib.load()
+    assert not _lib.is_loadable()
+    # check_runtime reaches the library check once the GPU passes.
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (9, 0))
+    _checks._device_error.cache_clear()
+    try:
+        with pytest.raises(flashback.LibraryNotFoundError):
+            _checks.check_runtime(torch.device("cuda", 0))
+    finally:
+        _checks._device_error.cache_clear()
+
+
+def test_library_that_is_not_a_library(monkeypatch, tmp_path):
+    bogus = tmp_path / "libflashback.so"
+    bogus.write_text("not an ELF file")
+    monkeypatch.setattr(_lib, "candidate_paths", lambda: [bogus])
+    monkeypatch.setattr(_lib, "_lib", None)
+    with pytest.raises(flashback.LibraryNotFoundError, match=r"could not be loaded"):
+        _lib.load()
+
+
+def test_valid_input_passes_python_checks_on_fake_cuda_tensors():
+    # Everything right, on fake CUDA tensors: all metadata checks pass and the op's fake kernel
+    # gives the documented shapes (the real kernel never runs).
+    with fake_mode():
+        q, k, v = qkv(b=2, sq=33, sk=17, h=8, hk=2, d=256, device="cuda")
+        out, lse = flashback.attention(q, k, v, causal=True, return_lse=True)
+        assert out.shape == q.shape and out.dtype == BF16 and out.device.type == "cuda"
+        assert lse.shape == (2, 8, 33) and lse.dtype == torch.float32
+        dout = torch.empty_like(q)
+        dq, dk, dv = flashback.attention_backward(dout, q, k, v, out, lse)
+        assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+
+
+# --- the C API re-checks what the kernels rely on ----------------------------------------
+
+@pytest.fixture
+def native():
+    if not _lib.is_loadable():
+        pytest.skip("libflashback.so is not built")
+    return _lib.load()
+
+
+def valid_fwd_params(d=128, b=2, sq=100, sk=80, h=4, hk=2):
+    # Fake, well-aligned addresses: the C API validates before touching memory or the GPU.
+    addr = iter(range(1 << 20, 1 << 30, 1 << 20))
+    st_q = _lib.Strides(sq * h * d, h * d, d)
+    st_k = _lib.Strides(sk * hk * d, hk * d, d)
+    return _lib.FwdParams(q=next(addr), k=next(addr), v=next(addr), out=next(addr), lse=next(addr),
+                          q_strides=st_q, k_strides=st_k, v_strides=st_k, out_strides=st_q,
+                          batch=b, seqlen_q=sq, seqlen_k=sk, nheads=h, nheads_k=hk, headdim=d,
+                          softmax_scale=0.1, causal=1, dtype=_lib.DTYPE_BF16, stream=None)
+
+
+def call_fwd(lib, p):
+    status = lib.flashback_attention_forward(ctypes.byref(p))
+    return status, _lib.last_error(lib)
+
+
+@pytest.mark.parametrize("mutate,status,message", [
+    (lambda p: setattr(p, "q", None), 1, "q is a null pointer"),
+    (lambda p: setattr(p, "lse", None), 1, "lse is a null pointer"),
+    (lambda p: setattr(p, "k", p.k + 8), 1, "k must be 16-byte aligned"),
+    (lambda p: setattr(p.v_strides, "row", 130), 1, "v row stride must be a non-negative multiple of 8"),
+    (lambda p: setattr(p.out_strides, "head", 8), 1, "out head stride 8 overlaps a row of headdim 128"),
+    (lambda p: setattr(p, "headdim", 96), 2, "headdim 96 is not supported"),
+    (lambda p: setattr(p, "dtype", 1), 2, "dtype 1 is not supported"),
+    (lambda p: setattr(p, "nheads", 3), 1, "nheads (3) must be divisible by nheads_k (2)"),
+    (lambda p: setattr(p, "seqlen_k", 0), 1, "seqlen_q and seqlen_k must be >= 1"),
+    (lambda p: setattr(p, "batch", 0), 1, "batch must be >= 1"),
+    (lambda p: setattr(p, "softmax_scale", float("nan")), 1, "softmax_scale must be finite"),
+])
+def test_c_api_rejects(native, mutate, status, message):
+    p = valid_fwd_params()
+    mutate(p)
+    got_status, got_message = call_fwd(native, p)
+    assert (got_status, message in got_message) == (status, True), got_message
+
+
+def test_c_api_valid_params_reach_the_device_check(native):
+    # Valid params pass every check; on a machine without a usable sm_90 GPU the call then
+    # stops at the device check, so nothing is launched at the fake addresses.
+    status, message = call_fwd(native, valid_fwd_params())
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
+        pytest.skip("an sm_90 GPU is present: valid params would launch")
+    assert status in (2, 3), message
+    assert "sm_90" in message or "cuda" in message.lower() or "device" in message.lower()
+
+
+def test_c_api_null_params_and_headdims(native):
+    assert native.flashback_attention_forward(None) == 1
+    assert "params is a null pointer" in _lib.last_error(native)
+    assert native.flashback_attention_backward(None) == 1
+    assert [native.flashback_headdim_supported(d) for d in (32, 64, 96, 128, 192, 256)] == [0, 1, 0, 1, 0, 1]
+    assert native.flashback_version().decode() == flashback.__version__
+
+
+def test_c_api_backward_workspace_is_checked(native):
+    f = valid_fwd_params()
+    addr = iter(range(1 << 31, 1 << 33, 1 << 20))
+    p = _lib.BwdParams(q=f.q, k=f.k, v=f.v, out=f.out, dout=next(addr), lse=f.lse, dq=next(addr),
+                       dk=next(addr), dv=next(addr), q_strides=f.q_strides, k_strides=f.k_strides,
+                       v_strides=f.v_strides, out_strides=f.out_strides, dout_strides=f.q_strides,
+                       dq_strides=f.q_strides, dk_strides=f.k_strides, dv_strides=f.v_strides,
+                       batch=f.batch, seqlen_q=f.seqlen_q, seqlen_k=f.seqlen_k, nheads=f.nheads,
+                       nheads_k=f.nheads_k, headdim=f.headdim, softmax_scale=0.1, causal=1,
+                       deterministic=0, dtype=0, workspace=None, workspace_bytes=0, stream=None)
+    need = native.flashback_bwd_workspace_size(ctypes.byref(p))
+    assert need >= 4 * f.batch * f.nheads * f.seqlen_q  # at least D = rowsum(dO * O) in fp32
+    assert native.flashback_attention_backward(ctypes.byref(p)) == 1
+    assert "workspace of 0 bytes" in _lib.last_error(native)
+    p.workspace, p.workspace_bytes = next(addr) + 16, need
+    assert native.flashback_attention_backward(ctypes.byref(p)) == 1
+    assert "256-byte aligned" in _lib.last_error(native)
+    p.workspace = next(addr)
+    p.dk_strides.row = 4
+    assert native.flashback_attention_backward(ctypes.byref(p)) == 1
+    assert "dk row stride" in _lib.last_error(native)
+
+
+def test_python_struct_mirror_matches_header():
+    # The header is the source of truth; a field added there and not in _lib.py would shift
+    # every later field. flashback_params_sizes() guards this at load time; here we check the
+    # field names too, by parsing the header.
+    header = (pathlib.Path(__file__).resolve().parents[2] / "include" / "flashback" / "flashback.h").read_text()
+    for struct, cls in (("flashback_fwd_params", _lib.FwdParams), ("flashback_bwd_params", _lib.BwdParams)):
+        body = header.split("typedef struct {")[1:]
+        body = next(b for b in body if b.split("}")[1].strip().startswith(struct))
+        body = body.split("}")[0]
+        import re
+
+        decl_names = []
+        for line in body.splitlines():
+            line = line.split("/*")[0].strip().rstrip(";")
+            if not line:
+                continue
+            names = line.split(None, 1)[1] if not line.startswith("const ") else line.split(None, 2)[2]
+            decl_names += [re.sub(r"[*\s]", "", n) for n in names.split(",")]
+        assert decl_names == [f[0] for f in cls._fields_], struct
