@@ -99,7 +99,9 @@ __device__ __forceinline__ void gemm_abt_smem(float (&acc)[kN / 8][4], TileA a, 
                                               TileB b, int b_row0) {
   static_assert(kN % 16 == 0 && kK % 16 == 0, "whole 16x16 steps");
   const int lane = threadIdx.x % 32;
-#pragma unroll
+  // Unrolled by 4, not fully: fully unrolled at headdim 256 (16 k-steps), ptxas hoists the
+  // ldmatrix of many k-steps ahead and the dK/dV kernel spills (-Xptxas -v: 52 bytes).
+#pragma unroll 4
   for (int kk = 0; kk < kK / 16; ++kk) {
     // Matrices 0..3 = (rows 0-7, cols 0-7), (rows 8-15, cols 0-7), (rows 0-7, cols 8-15),
     // (rows 8-15, cols 8-15): a[0..3] in the A layout.
@@ -119,8 +121,7 @@ __device__ __forceinline__ void gemm_abt_smem(float (&acc)[kN / 8][4], TileA a, 
 }
 
 // The bf16 A fragments of a warp's fp32 16 x kK accumulator (P or dS), packed once so the
-// fp32 copy can die before the GEMM that consumes them (at headdim 256 that is the difference
-// between spilling and not).
+// fp32 copy can die before the GEMM that consumes them (fewer live registers at headdim 256).
 template <int kK>
 __device__ __forceinline__ void acc_to_a_frags(uint32_t (&a)[kK / 16][4],
                                                const float (&acc)[kK / 8][4]) {
