@@ -1,0 +1,45 @@
+"""Cluster launch, ranks, distributed shared memory (mapa + ld/st.shared::cluster), cluster
+barrier; setmaxnreg register hand-off between warpgroups."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hopper_lib import check, ptr  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("cluster_size", [2, 4, 8, 16])
+def test_cluster_dsmem(hlib, cluster_size):
+    nclusters = 3
+    nctas = cluster_size * nclusters
+    x = torch.randn(nctas, 128, device="cuda")
+    read = torch.full_like(x, float("nan"))
+    written = torch.full_like(x, float("nan"))
+    ranks = torch.full((nctas, 2), -1, dtype=torch.int32, device="cuda")
+    rc = hlib.fbh_cluster_dsmem(ptr(x), ptr(read), ptr(written), ptr(ranks), cluster_size, nclusters)
+    check(hlib, rc, "fbh_cluster_dsmem")
+    cta = torch.arange(nctas, device="cuda")
+    rank = cta % cluster_size
+    base = cta - rank
+    peer = base + (rank + 1) % cluster_size
+    idx = (torch.arange(128, device="cuda") + 3) % 128
+    expect_read = x[peer][:, idx]
+    assert torch.equal(ranks[:, 0].long(), rank)
+    assert torch.equal(ranks[:, 1].long(), torch.full_like(rank, cluster_size))
+    assert torch.equal(read, expect_read)
+    # CTA `c` wrote read[c] * 2 + rank(c) into its peer's b[]; so peer p holds it.
+    expect_written = torch.empty_like(x)
+    expect_written[peer] = read * 2 + rank[:, None].float()
+    assert torch.equal(written, expect_written)
+
+
+def test_setmaxnreg_split(hlib):
+    n_live = 128
+    x = torch.randn(128 + 256 * n_live, device="cuda")
+    out = torch.full_like(x, float("nan"))
+    check(hlib, hlib.fbh_setmaxnreg(ptr(x), ptr(out)), "fbh_setmaxnreg")
+    torch.testing.assert_close(out[:128], x[:128] * 3, rtol=0, atol=0)
+    v = x[128:].view(256, n_live).double()
+    expect = v * v.flip(1) + v.roll(-1, dims=1)
+    torch.testing.assert_close(out[128:].view(256, n_live).double(), expect, rtol=1e-6, atol=1e-6)

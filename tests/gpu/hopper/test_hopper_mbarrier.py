@@ -1,0 +1,37 @@
+"""mbarrier phases and tx accounting, the N-stage TmaPipeline ring, named barriers."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hopper_lib import check, ptr  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def test_mbarrier_phase_parity_and_tx(hlib):
+    out = torch.full((16,), -1, dtype=torch.int32, device="cuda")
+    check(hlib, hlib.fbh_mbarrier_phases(ptr(out)), "fbh_mbarrier_phases")
+    # Per phase: try_wait(current parity) before the arrivals = 0, try_wait(previous parity) = 1
+    # (also on the fresh barrier: the producer's first-pass rule), after the arrivals = 1.
+    # Then tx: 256 expected -> 0, 128 delivered -> 0, +64 expected, 128 delivered -> 0, 64 -> 1.
+    expect = [0, 1, 1] * 4 + [0, 0, 0, 1]
+    assert out.tolist() == expect
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3, 4])
+def test_tma_pipeline_ring(hlib, stages):
+    ntiles = 37  # not a multiple of any stage count: phases wrap mid-ring
+    src = torch.randn(ntiles * 64, 32, device="cuda")
+    dst = torch.full_like(src, float("nan"))
+    check(hlib, hlib.fbh_pipeline_copy(ptr(src), ptr(dst), ntiles, stages), "fbh_pipeline_copy")
+    assert torch.equal(dst, src)
+
+
+def test_named_barriers_between_warpgroups(hlib):
+    rounds = 9
+    src = torch.randn(rounds, 128, device="cuda")
+    out = torch.full_like(src, float("nan"))
+    check(hlib, hlib.fbh_named_barrier(ptr(src), ptr(out), rounds), "fbh_named_barrier")
+    idx = (torch.arange(128, device="cuda") * 37 + 5) % 128
+    expect = src[:, idx] * 2 + torch.arange(rounds, device="cuda", dtype=torch.float32)[:, None]
+    assert torch.equal(out, expect)

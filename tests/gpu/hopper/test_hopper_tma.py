@@ -1,0 +1,131 @@
+"""TMA: tensor maps of rank 2-5 (bf16/fp32, 128B swizzle or none), loads on an mbarrier, stores,
+tensor reduce-add, bulk reduce-add of fp32, multicast loads in a cluster. Compared with PyTorch."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hopper_lib import check, ints, ptr  # noqa: E402
+from ctypes import c_longlong  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def box_of(src, coord, box):
+    """The TMA box at `coord` (innermost first) of `src` (torch order: outermost first);
+    out-of-bounds elements read as zero, like TMA loads."""
+    rank = len(box)
+    out = torch.zeros(tuple(reversed(box)), dtype=src.dtype, device=src.device)
+    src_sl, out_sl = [], []
+    for axis in range(rank):  # torch axis `axis` is TMA dim rank-1-axis
+        d = rank - 1 - axis
+        lo, hi = coord[d], coord[d] + box[d]
+        clo, chi = max(lo, 0), min(hi, src.shape[axis])
+        src_sl.append(slice(clo, chi))
+        out_sl.append(slice(clo - lo, chi - lo))
+    out[tuple(out_sl)] = src[tuple(src_sl)]
+    return out, src_sl, out_sl
+
+
+def swizzle128(raw):
+    """Byte image of a 1024-aligned 128B-swizzled tile: in 128-byte line L, 16-byte chunk c is
+    stored at chunk c ^ (L % 8)."""
+    lines = raw.view(-1, 8, 16)
+    n = lines.shape[0]
+    perm = torch.arange(8, device=raw.device)[None, :] ^ (torch.arange(n, device=raw.device) % 8)[:, None]
+    return torch.gather(lines, 1, perm[:, :, None].expand(n, 8, 16)).reshape(-1)
+
+
+def make_case(rank, dtype, sw):
+    esize = 2 if dtype == torch.bfloat16 else 4
+    inner_box = (128 if sw else 32) // esize
+    dims = [inner_box * 2 + 8] + [5 + i for i in range(1, rank)]
+    box = [inner_box] + [16 if rank == 2 else 2] * (rank - 1)
+    if rank == 2:
+        dims[1] = 40
+    # Load: innermost box hangs 8 elements past the end; last dim's box partly out of bounds too.
+    load = [dims[0] - inner_box + 8] + [1] * (rank - 2) + [dims[-1] - box[-1] + 1]
+    # Store: in bounds except the last dim, which starts on the final slice.
+    store = [0] * (rank - 1) + [dims[-1] - 1]
+    return dims, box, load, store
+
+
+CASES = [(r, dt, sw) for r in (2, 3, 4, 5) for dt in ("bf16", "f32") for sw in (0, 1)]
+
+
+@pytest.mark.parametrize("rank,dt,sw", CASES, ids=[f"rank{r}-{d}-{'sw128' if s else 'noswz'}" for r, d, s in CASES])
+def test_tma_load_store(hlib, rank, dt, sw):
+    dtype = torch.bfloat16 if dt == "bf16" else torch.float32
+    dims, box, load, store = make_case(rank, dtype, sw)
+    shape = tuple(reversed(dims))
+    src = torch.randn(shape, device="cuda", dtype=dtype)
+    dst = torch.randn(shape, device="cuda", dtype=dtype)
+    dst0 = dst.clone()
+    box_bytes = int(torch.tensor(box).prod()) * src.element_size()
+    raw = torch.full((box_bytes,), 0xAB, dtype=torch.uint8, device="cuda")
+    rc = hlib.fbh_tma_load_store(ptr(src), ptr(raw), ptr(dst), int(dt == "f32"), rank,
+                                 ints(dims, c_longlong), ints(box), ints(load), ints(store), sw)
+    check(hlib, rc, "fbh_tma_load_store")
+
+    tile, _, _ = box_of(src, load, box)
+    expect_raw = tile.contiguous().view(torch.uint8).reshape(-1)
+    if sw:
+        expect_raw = swizzle128(expect_raw)
+    assert torch.equal(raw, expect_raw), "shared-memory image of the TMA box differs"
+
+    expect_dst = dst0.clone()
+    region, src_sl, out_sl = box_of(dst0, store, box)  # only for the clipped slices
+    expect_dst[tuple(src_sl)] = tile[tuple(out_sl)]
+    assert torch.equal(dst, expect_dst), "TMA store wrote the wrong elements"
+
+
+def test_tma_encode_rejects_bad_arguments(hlib):
+    x = torch.zeros(64 * 64, device="cuda", dtype=torch.bfloat16)
+
+    def enc(dims, strides, box, sw, base=x.data_ptr(), f32=0):
+        return hlib.fbh_tma_encode(base, f32, len(dims), ints(dims, c_longlong), ints(strides or [0], c_longlong),
+                                   ints(box), sw)
+
+    assert enc([64, 64], [128], [64, 64], 1) == 0
+    assert enc([64, 64], [128], [128, 8], 1) != 0  # inner box 256 B > 128B swizzle span
+    assert enc([64, 64], [128], [64, 257], 0) != 0  # box dim > 256
+    assert enc([64, 64], [100], [64, 8], 0) != 0  # stride not a multiple of 16
+    assert enc([64, 64], [128], [64, 8], 0, base=x.data_ptr() + 8) != 0  # base not 16-B aligned
+
+
+@pytest.mark.parametrize("sw", [0, 1], ids=["noswz", "sw128"])
+def test_tma_reduce_add(hlib, sw):
+    rows, cols, box_rows, box_cols, ncta = 40, 72, 16, 32, 3
+    c0, c1 = 40, 30  # rows 30..45: the last 6 are past the end and must be skipped
+    src = torch.randn(ncta * box_rows, box_cols, device="cuda")
+    dst = torch.randn(rows, cols, device="cuda")
+    expect = dst.clone()
+    expect[c1:rows, c0:c0 + box_cols] += src.view(ncta, box_rows, box_cols).sum(0)[: rows - c1]
+    rc = hlib.fbh_tma_reduce_add(ptr(src), ptr(dst), rows, cols, box_rows, box_cols, ncta, c0, c1, sw)
+    check(hlib, rc, "fbh_tma_reduce_add")
+    torch.testing.assert_close(dst, expect, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("n,ncta", [(4096, 4), (1000, 7), (16, 1)])
+def test_bulk_reduce_add_f32(hlib, n, ncta):
+    src = torch.randn(ncta, n, device="cuda")
+    dst = torch.randn(n, device="cuda")
+    expect = dst + src.sum(0)
+    rc = hlib.fbh_bulk_reduce_add_f32(ptr(src), ptr(dst), n, ncta)
+    check(hlib, rc, "fbh_bulk_reduce_add_f32")
+    torch.testing.assert_close(dst, expect, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("cluster_size", [2, 4])
+@pytest.mark.parametrize("sw", [0, 1], ids=["noswz", "sw128"])
+def test_tma_multicast(hlib, cluster_size, sw):
+    rows, nclusters = 64, 3
+    src = torch.randn(nclusters * rows, 64, device="cuda", dtype=torch.bfloat16)
+    out = torch.zeros(nclusters * cluster_size, rows * 128, dtype=torch.uint8, device="cuda")
+    rc = hlib.fbh_tma_multicast(ptr(src), ptr(out), rows, cluster_size, nclusters, sw)
+    check(hlib, rc, "fbh_tma_multicast")
+    for cta in range(nclusters * cluster_size):
+        q = cta // cluster_size
+        expect = src[q * rows:(q + 1) * rows].contiguous().view(torch.uint8).reshape(-1)
+        if sw:
+            expect = swizzle128(expect)
+        assert torch.equal(out[cta], expect), f"CTA {cta} of cluster {q} holds the wrong tile"

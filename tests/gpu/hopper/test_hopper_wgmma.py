@@ -1,0 +1,62 @@
+"""wgmma m64nNk16 bf16 -> fp32: every supported N; SS with K-major / MN-major A and B (128B
+swizzle); RS (A in registers) with K-major / MN-major B; SS -> registers -> RS chain."""
+import ctypes
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hopper_lib import check, ptr  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+# The shapes the library was generated for (FLASHBACK_WGMMA_SHAPES); the list below is only
+# used for test ids -- test_supported_shapes checks it against the library.
+SHAPES = [16, 32, 64, 80, 96, 128, 192, 256]
+VARIANTS = [  # (a_mn, b_mn, rs)
+    (0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0), (0, 0, 1), (0, 1, 1),
+]
+
+
+def variant_id(v):
+    a_mn, b_mn, rs = v
+    return f"{'RS' if rs else 'SS'}-A{'mn' if a_mn else 'k'}-B{'mn' if b_mn else 'k'}"
+
+
+def test_supported_shapes(hlib):
+    buf = (ctypes.c_int * 32)()
+    count = hlib.fbh_wgmma_supported_n(buf, 32)
+    assert list(buf[:count]) == SHAPES
+    assert {64, 80, 128, 256} <= set(SHAPES)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=[variant_id(v) for v in VARIANTS])
+@pytest.mark.parametrize("n", SHAPES)
+def test_wgmma(hlib, n, variant):
+    a_mn, b_mn, rs = variant
+    a = torch.randn(64, 64, device="cuda").bfloat16()  # A: M x K
+    b = torch.randn(n, 64, device="cuda").bfloat16()   # B: N x K  (D = A B^T)
+    a_arg = a.t().contiguous() if a_mn else a
+    if b_mn:  # K x N, padded to a multiple of 64 columns with random (unused) values
+        npad = (n + 63) // 64 * 64
+        b_arg = torch.randn(64, npad, device="cuda").bfloat16()
+        b_arg[:, :n] = b.t()
+    else:
+        b_arg = b
+    d = torch.full((64, n), float("nan"), device="cuda")
+    check(hlib, hlib.fbh_wgmma(ptr(a_arg), ptr(b_arg), ptr(d), n, a_mn, b_mn, rs), "fbh_wgmma")
+    ref = (a.double() @ b.double().t()).float()
+    torch.testing.assert_close(d, ref, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("n2", [64, 128, 256])
+def test_wgmma_ss_to_rs_chain(hlib, n2):
+    a = torch.randn(64, 64, device="cuda").bfloat16()
+    b = torch.randn(64, 64, device="cuda").bfloat16()
+    v = torch.randn(64, n2, device="cuda").bfloat16()  # K x N (N-major)
+    o = torch.full((64, n2), float("nan"), device="cuda")
+    check(hlib, hlib.fbh_wgmma_chain(ptr(a), ptr(b), ptr(v), ptr(o), n2), "fbh_wgmma_chain")
+    p = (a.float() @ b.float().t()).bfloat16()
+    ref = p.double() @ v.double()
+    torch.testing.assert_close(o.double(), ref, rtol=1e-2, atol=0.1)
+    assert ((o.double() - ref).norm() / ref.norm()).item() < 1e-3

@@ -1,0 +1,215 @@
+// TMA tests: tensor-map encoding (rank 2..5, bf16/fp32, 128B swizzle or none), tile loads
+// completing on an mbarrier (raw shared-memory bytes dumped for the swizzle check), tile stores,
+// tensor reduce-add, non-tensor bulk reduce-add of fp32, and multicast loads in a cluster.
+#include "test_common.h"
+
+namespace fh = flashback::hopper;
+
+namespace {
+
+struct Coords {
+  int c[5];
+};
+
+template <int Rank>
+__global__ void tma_load_store_kernel(const __grid_constant__ CUtensorMap src,
+                                      const __grid_constant__ CUtensorMap dst, uint8_t* raw,
+                                      uint32_t box_bytes, Coords lc, Coords sc, int do_store) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* tile = fh::align_smem(smem_raw);
+  __shared__ uint64_t bar;
+  if (threadIdx.x == 0) {
+    fh::mbar_init(&bar, 1);
+    fh::fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int c[Rank];
+    for (int i = 0; i < Rank; ++i) c[i] = lc.c[i];
+    fh::mbar_arrive_expect_tx(&bar, box_bytes);
+    fh::tma_load<Rank>(tile, &src, &bar, c);
+  }
+  fh::mbar_wait(&bar, 0);
+  for (uint32_t i = threadIdx.x * 16; i < box_bytes; i += blockDim.x * 16) {
+    *reinterpret_cast<uint4*>(raw + i) = *reinterpret_cast<const uint4*>(tile + i);
+  }
+  // The tile was written by TMA (async proxy) and is read by TMA again: no proxy fence needed.
+  if (do_store && threadIdx.x == 0) {
+    int c[Rank];
+    for (int i = 0; i < Rank; ++i) c[i] = sc.c[i];
+    fh::tma_store<Rank>(&dst, tile, c);
+    fh::bulk_commit_group();
+    fh::bulk_wait_group<0>();
+  }
+}
+
+// CTA b loads block b of `src` and adds it into `dst` at (c0, c1): dst tile += sum_b src_b.
+__global__ void tma_reduce_kernel(const __grid_constant__ CUtensorMap src,
+                                  const __grid_constant__ CUtensorMap dst, uint32_t box_bytes,
+                                  int box_rows, int c0, int c1) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* tile = fh::align_smem(smem_raw);
+  __shared__ uint64_t bar;
+  if (threadIdx.x == 0) {
+    fh::mbar_init(&bar, 1);
+    fh::fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    fh::mbar_arrive_expect_tx(&bar, box_bytes);
+    fh::tma_load_2d(tile, &src, &bar, 0, blockIdx.x * box_rows);
+    fh::mbar_wait(&bar, 0);
+    const int c[2] = {c0, c1};
+    fh::tma_reduce_add<2>(&dst, tile, c);
+    fh::bulk_commit_group();
+    fh::bulk_wait_group<0>();
+  }
+}
+
+// CTA b copies src[b*n .. b*n+n) into shared memory with ordinary stores, then one bulk
+// reduce-add into dst[0 .. n): dst += sum_b src_b.
+__global__ void bulk_reduce_kernel(const float* src, float* dst, int n) {
+  extern __shared__ uint8_t smem_raw[];
+  float* buf = fh::align_smem<float>(smem_raw, 128);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) buf[i] = src[blockIdx.x * n + i];
+  fh::fence_proxy_async_shared();  // generic writes -> async-proxy read by the bulk copy
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    fh::bulk_reduce_add_f32(dst, buf, n * 4);
+    fh::bulk_commit_group();
+    fh::bulk_wait_group<0>();
+  }
+}
+
+// Cluster of `cs` CTAs; cluster q shares tile q (rows [q*rows, q*rows+rows) of `map`). Rank r
+// fetches slice r (rows/cs rows) and multicasts it to every CTA of the cluster; each CTA then
+// dumps its whole tile to out[blockIdx.x].
+__global__ void tma_multicast_kernel(const __grid_constant__ CUtensorMap map, uint8_t* out,
+                                     int rows) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* tile = fh::align_smem(smem_raw);
+  __shared__ uint64_t bar;
+  const uint32_t cs = fh::cluster_size();
+  const uint32_t rank = fh::cluster_ctarank();
+  const int cluster_id = blockIdx.x / cs;
+  const uint32_t tile_bytes = rows * 128;
+  if (threadIdx.x == 0) {
+    fh::mbar_init(&bar, 1);
+    fh::fence_mbarrier_init();
+  }
+  fh::cluster_sync();  // every barrier initialised before any peer's multicast can land
+  if (threadIdx.x == 0) {
+    const int slice = rows / cs;
+    fh::mbar_arrive_expect_tx(&bar, tile_bytes);  // own slice + the peers' slices
+    fh::tma_load_multicast_2d(tile + rank * slice * 128, &map, &bar,
+                              static_cast<uint16_t>((1u << cs) - 1), 0,
+                              cluster_id * rows + rank * slice);
+  }
+  fh::mbar_wait_cluster(&bar, 0);
+  for (uint32_t i = threadIdx.x * 16; i < tile_bytes; i += blockDim.x * 16) {
+    *reinterpret_cast<uint4*>(out + static_cast<size_t>(blockIdx.x) * tile_bytes + i) =
+        *reinterpret_cast<const uint4*>(tile + i);
+  }
+  fh::cluster_sync();  // nobody exits while a peer's copy may still target it
+}
+
+fh::TmaType tma_type(int is_f32) { return is_f32 ? fh::TmaType::kF32 : fh::TmaType::kBf16; }
+fh::TmaSwizzle tma_swizzle(int sw) { return sw ? fh::TmaSwizzle::k128B : fh::TmaSwizzle::kNone; }
+
+}  // namespace
+
+// Load the box at load_coord of `src` (dims[0] innermost, contiguous) into shared memory, copy
+// the raw shared-memory bytes to `raw`, and, if store_coord is not null, TMA-store the tile into
+// `dst` (same shape as src) at store_coord.
+FBH_EXPORT int fbh_tma_load_store(const void* src, void* raw, void* dst, int is_f32, int rank,
+                                  const long long* dims, const int* box, const int* load_coord,
+                                  const int* store_coord, int swizzle128) {
+  uint64_t gdims[5], strides[4];
+  uint32_t gbox[5];
+  Coords lc = {}, sc = {};
+  uint32_t box_bytes = is_f32 ? 4 : 2;
+  for (int i = 0; i < rank; ++i) {
+    gdims[i] = static_cast<uint64_t>(dims[i]);
+    gbox[i] = static_cast<uint32_t>(box[i]);
+    box_bytes *= gbox[i];
+    lc.c[i] = load_coord[i];
+    sc.c[i] = store_coord ? store_coord[i] : 0;
+  }
+  fbh_test::dense_strides(rank, gdims, is_f32 ? 4 : 2, strides);
+  CUtensorMap src_map, dst_map;
+  FBH_TRY(fh::make_tensor_map(&src_map, src, tma_type(is_f32), rank, gdims, strides, gbox,
+                              tma_swizzle(swizzle128)));
+  FBH_TRY(fh::make_tensor_map(&dst_map, dst ? dst : src, tma_type(is_f32), rank, gdims, strides,
+                              gbox, tma_swizzle(swizzle128)));
+  const size_t smem = box_bytes + 1024;
+  const int do_store = store_coord != nullptr && dst != nullptr;
+  auto args = [&](auto kernel) -> int {
+    FBH_TRY(fbh_test::allow_smem(reinterpret_cast<const void*>(kernel), smem));
+    kernel<<<1, 128, smem>>>(src_map, dst_map, static_cast<uint8_t*>(raw), box_bytes, lc, sc,
+                             do_store);
+    return (int)cudaGetLastError();
+  };
+  switch (rank) {
+    case 2: return args(tma_load_store_kernel<2>);
+    case 3: return args(tma_load_store_kernel<3>);
+    case 4: return args(tma_load_store_kernel<4>);
+    case 5: return args(tma_load_store_kernel<5>);
+    default: return (int)cudaErrorInvalidValue;
+  }
+}
+
+// Returns the encode result alone (0 = accepted), for the argument-validation tests.
+FBH_EXPORT int fbh_tma_encode(const void* src, int is_f32, int rank, const long long* dims,
+                              const long long* byte_strides, const int* box, int swizzle128) {
+  uint64_t gdims[5], strides[4];
+  uint32_t gbox[5];
+  for (int i = 0; i < rank; ++i) {
+    gdims[i] = static_cast<uint64_t>(dims[i]);
+    gbox[i] = static_cast<uint32_t>(box[i]);
+    if (i + 1 < rank) strides[i] = static_cast<uint64_t>(byte_strides[i]);
+  }
+  CUtensorMap map;
+  return (int)fh::make_tensor_map(&map, src, tma_type(is_f32), rank, gdims, strides, gbox,
+                                  tma_swizzle(swizzle128));
+}
+
+// src: fp32 [ncta * box_rows][box_cols]; dst: fp32 [rows][cols]. dst[c1.., c0..] += sum of blocks.
+FBH_EXPORT int fbh_tma_reduce_add(const float* src, float* dst, int rows, int cols, int box_rows,
+                                  int box_cols, int ncta, int c0, int c1, int swizzle128) {
+  CUtensorMap src_map, dst_map;
+  FBH_TRY(fh::make_tensor_map_2d(&src_map, src, fh::TmaType::kF32, (uint64_t)ncta * box_rows,
+                                 box_cols, box_cols, box_rows, box_cols, tma_swizzle(swizzle128)));
+  FBH_TRY(fh::make_tensor_map_2d(&dst_map, dst, fh::TmaType::kF32, rows, cols, cols, box_rows,
+                                 box_cols, tma_swizzle(swizzle128)));
+  const uint32_t box_bytes = box_rows * box_cols * 4;
+  const size_t smem = box_bytes + 1024;
+  FBH_TRY(fbh_test::allow_smem(reinterpret_cast<const void*>(tma_reduce_kernel), smem));
+  tma_reduce_kernel<<<ncta, 32, smem>>>(src_map, dst_map, box_bytes, box_rows, c0, c1);
+  return (int)cudaGetLastError();
+}
+
+// src: fp32 [ncta][n]; dst: fp32 [n] += sum over CTAs. n multiple of 4.
+FBH_EXPORT int fbh_bulk_reduce_add_f32(const float* src, float* dst, int n, int ncta) {
+  if (n % 4 != 0) return (int)cudaErrorInvalidValue;
+  const size_t smem = n * 4 + 128;
+  FBH_TRY(fbh_test::allow_smem(reinterpret_cast<const void*>(bulk_reduce_kernel), smem));
+  bulk_reduce_kernel<<<ncta, 256, smem>>>(src, dst, n);
+  return (int)cudaGetLastError();
+}
+
+// src: bf16 [nclusters * rows][64]; out: [nclusters * cs][rows * 128 bytes] raw tiles.
+FBH_EXPORT int fbh_tma_multicast(const void* src, void* out, int rows, int cluster_size,
+                                 int nclusters, int swizzle128) {
+  if (rows % (cluster_size * 8) != 0) return (int)cudaErrorInvalidValue;
+  CUtensorMap map;
+  FBH_TRY(fh::make_tensor_map_2d(&map, src, fh::TmaType::kBf16, (uint64_t)nclusters * rows, 64,
+                                 64, rows / cluster_size, 64, tma_swizzle(swizzle128)));
+  const size_t smem = rows * 128 + 1024;
+  FBH_TRY(fbh_test::allow_smem(reinterpret_cast<const void*>(tma_multicast_kernel), smem));
+  FBH_TRY(fh::launch_with_cluster(tma_multicast_kernel, dim3(cluster_size * nclusters), dim3(128),
+                                  smem, 0, dim3(cluster_size, 1, 1), map,
+                                  static_cast<uint8_t*>(out), rows));
+  return (int)cudaGetLastError();
+}
+
+FBH_EXPORT int fbh_device_synchronize() { return (int)cudaDeviceSynchronize(); }
