@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <string>
 
+#include "common/attention.cuh"
 #include "flashback/flashback.h"
 #include "launch.h"
 
@@ -34,17 +35,11 @@ flashback_status ok() {
   return FLASHBACK_SUCCESS;
 }
 
-constexpr int kSupportedHeadDims[] = {
-#if FLASHBACK_HEADDIM_64
-    64,
-#endif
-#if FLASHBACK_HEADDIM_128
-    128,
-#endif
-#if FLASHBACK_HEADDIM_256
-    256,
-#endif
-    0};  // sentinel (keeps the array non-empty when every head dim is switched off)
+#define FLASHBACK_HEADDIM_ENTRY(d) d,
+// The head dims this build instantiated (FLASHBACK_HEADDIMS in CMake); 0 ends the list and
+// keeps it non-empty.
+constexpr int kSupportedHeadDims[] = {FLASHBACK_REF_FOR_EACH_HEADDIM(FLASHBACK_HEADDIM_ENTRY) 0};
+#undef FLASHBACK_HEADDIM_ENTRY
 
 bool headdim_supported(int d) {
   for (int s : kSupportedHeadDims)
