@@ -1,0 +1,410 @@
+"""GPU tests of flashback's attention: forward and backward against an FP32 PyTorch reference.
+
+The bar (reference.check_close, as in FlashAttention's own tests): the error of our bf16 result
+against the FP32 reference is at most twice the error of PyTorch computing in bf16.
+
+- Inputs are fresh random numbers on every run. The seed is in every failure message; set
+  FLASHBACK_TEST_SEED=<seed> to replay it (with -k to pick the test).
+- Outputs are poisoned: out/lse/dq/dk/dv are preallocated, filled with NaN and passed through
+  the out=/lse=/dq=/dk=/dv= arguments, so an element the kernels never write fails the test.
+- One reference computation serves both deterministic modes of a shape (a one-entry cache:
+  the two parametrizations of a shape run back to back).
+
+Run: python3 -m pytest tests -m gpu -q  (needs an sm_90 GPU and the built library).
+"""
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import pytest
+import torch
+
+import flashback
+from reference import attention_ref, check_close
+
+pytestmark = pytest.mark.gpu
+
+DEVICE = "cuda"
+DTYPE = torch.bfloat16
+
+
+# ----------------------------------------------------------------------------------------------
+# Shapes
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    nheads: int
+    nheads_k: int
+    headdim: int
+    causal: bool
+    std: float = 1.0  # of q and k; 10 makes the softmax peaked
+    softmax_scale: Optional[float] = None
+
+    def __str__(self):
+        s = (f"d{self.headdim}-b{self.batch}-sq{self.seqlen_q}-sk{self.seqlen_k}"
+             f"-h{self.nheads}-hk{self.nheads_k}-{'causal' if self.causal else 'full'}")
+        if self.std != 1.0:
+            s += f"-std{self.std:g}"
+        if self.softmax_scale is not None:
+            s += f"-scale{self.softmax_scale:g}"
+        return s
+
+    @property
+    def empty_rows(self):
+        """Query rows that see no key (causal, bottom-right aligned): row i sees keys
+        j <= i + seqlen_k - seqlen_q, so rows i < seqlen_q - seqlen_k see none."""
+        return max(0, self.seqlen_q - self.seqlen_k) if self.causal else 0
+
+
+def _cases():
+    cases = []
+    for causal in (False, True):
+        # Head dim 256, the focus: every kind of shape.
+        cases += [
+            Case(1, 1, 1, 1, 1, 256, causal),
+            Case(2, 17, 17, 4, 4, 256, causal),
+            Case(3, 113, 113, 2, 2, 256, causal),
+            Case(4, 113, 113, 8, 2, 256, causal),          # GQA
+            Case(2, 1000, 1000, 8, 1, 256, causal),        # MQA
+            Case(1, 1000, 1000, 16, 16, 256, causal),
+            Case(2, 113, 1000, 4, 4, 256, causal),         # seqlen_q < seqlen_k
+            Case(2, 1000, 113, 4, 2, 256, causal),         # seqlen_q > seqlen_k: empty rows if causal
+            Case(1, 17, 4095, 2, 2, 256, causal),
+            Case(1, 4095, 17, 2, 1, 256, causal),
+            Case(1, 1, 1000, 2, 2, 256, causal),
+            # seqlen_k 1, not causal: dQ = dK = 0 exactly, so the bar is its 1e-5 floor; the fp32
+            # rounding of dP - D summed over 1000 rows into dK could exceed it, hence 113 rows.
+            Case(1, 113, 1, 2, 2, 256, causal),
+            Case(1, 4095, 4095, 4, 4, 256, causal),
+            Case(1, 4096, 4096, 8, 8, 256, causal),
+            Case(1, 8192, 8192, 4, 2, 256, causal),
+            Case(2, 1000, 1000, 4, 2, 256, causal, std=10.0),
+            Case(1, 4096, 4096, 2, 2, 256, causal, std=10.0),
+            Case(3, 113, 1000, 4, 4, 256, causal, softmax_scale=0.3),
+        ]
+        # Head dims 128 and 64: fewer, smaller shapes.
+        for d in (128, 64):
+            cases += [
+                Case(1, 1, 1, 1, 1, d, causal),
+                Case(2, 17, 17, 2, 2, d, causal),
+                Case(3, 113, 1000, 4, 4, d, causal),
+                Case(2, 1000, 113, 8, 2, d, causal),
+                Case(4, 1000, 1000, 8, 1, d, causal),
+                Case(1, 4095, 4095, 2, 2, d, causal),
+                Case(2, 1000, 1000, 4, 4, d, causal, std=10.0),
+            ]
+    return cases
+
+
+CASES = _cases()
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _require_flashback():
+    # conftest.py skips these tests without an sm_90 GPU; with one, a missing library is a failure.
+    if not flashback.is_available():
+        pytest.fail("flashback.is_available() is False on an sm_90 GPU: the library was not "
+                    "found or failed to load (build it, or set FLASHBACK_LIBRARY)", pytrace=False)
+
+
+def _new_seed():
+    env = os.environ.get("FLASHBACK_TEST_SEED")
+    return int(env) if env else int.from_bytes(os.urandom(8), "little") >> 1
+
+
+def _randn(gen, shape, std=1.0):
+    return (torch.randn(shape, generator=gen, device=DEVICE, dtype=torch.float32) * std).to(DTYPE)
+
+
+@dataclass
+class Inputs:
+    seed: int
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    dout: torch.Tensor
+
+
+def _make_inputs(case):
+    seed = _new_seed()
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    b, sq, sk, h, hk, d = case.batch, case.seqlen_q, case.seqlen_k, case.nheads, case.nheads_k, case.headdim
+    q = _randn(gen, (b, sq, h, d), case.std)
+    k = _randn(gen, (b, sk, hk, d), case.std)
+    v = _randn(gen, (b, sk, hk, d))
+    dout = _randn(gen, (b, sq, h, d))
+    return Inputs(seed, q, k, v, dout)
+
+
+def _reference(q, k, v, dout, causal, softmax_scale, upcast):
+    """(out, lse, (dq, dk, dv)) of the PyTorch reference, in fp32 (upcast) or in q's dtype."""
+    dtype = torch.float32 if upcast else q.dtype
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    out, lse = attention_ref(*leaves, causal=causal, softmax_scale=softmax_scale, upcast=upcast)
+    grads = torch.autograd.grad(out, leaves, dout.to(dtype))
+    return out.detach(), lse.detach(), grads
+
+
+def _poisoned(shape, dtype):
+    return torch.full(shape, float("nan"), device=DEVICE, dtype=dtype)
+
+
+def _check(ctx, name, ours, ref32, reflp):
+    """reference.check_close with the seed and shape in the message, and a NaN count first
+    (a NaN in a poisoned output usually means an element was never written)."""
+    nan = int(torch.isnan(ours).sum())
+    assert nan == 0, f"{ctx}: {name} has {nan} of {ours.numel()} elements NaN (never written?)"
+    try:
+        check_close(name, ours, ref32, reflp)
+    except AssertionError as e:
+        raise AssertionError(f"{ctx}: {e}") from None
+
+
+def _check_lse(ctx, lse, ref32, empty_rows):
+    """LSE against the fp32 reference's (both fp32). Tolerance 1e-3 + 1e-4 |lse|: fp32 rounding
+    of S is ~1e-5 here, while the typical bugs (log2 vs ln, a missed key block of 80 in 8192)
+    are >= 1e-2. Rows that see no key must be +inf exactly."""
+    assert lse.dtype == torch.float32, f"{ctx}: lse dtype {lse.dtype}, expected float32"
+    seen, empty = lse[:, :, empty_rows:], lse[:, :, :empty_rows]
+    ref = ref32[:, :, empty_rows:].float()
+    nan = int(torch.isnan(lse).sum())
+    assert nan == 0, f"{ctx}: lse has {nan} of {lse.numel()} elements NaN (never written?)"
+    assert torch.isfinite(seen).all(), f"{ctx}: lse is not finite in rows that see keys"
+    if empty_rows:
+        assert torch.isposinf(empty).all(), f"{ctx}: lse of the {empty_rows} rows that see no key is not +inf"
+    if seen.numel():
+        err = (seen - ref).abs()
+        tol = 1e-3 + 1e-4 * ref.abs()
+        worst = int(torch.argmax(err - tol))
+        assert bool((err <= tol).all()), (
+            f"{ctx}: lse max error {err.max().item():.3e} (at flat index {worst}: ours "
+            f"{seen.flatten()[worst].item():.6f}, ref {ref.flatten()[worst].item():.6f}); "
+            f"tolerance 1e-3 + 1e-4 |lse|")
+
+
+def _assert_same_storage(ctx, name, returned, given):
+    assert returned.data_ptr() == given.data_ptr(), f"{ctx}: {name}= was given but another tensor was returned"
+
+
+def _call_poisoned(case, x, deterministic):
+    """attention_forward then attention_backward, every output preallocated and NaN-filled."""
+    ctx = f"{case} deterministic={deterministic} seed={x.seed}"
+    b, sq, h = case.batch, case.seqlen_q, case.nheads
+    out, lse = _poisoned(x.q.shape, DTYPE), _poisoned((b, h, sq), torch.float32)
+    out_r, lse_r = flashback.attention_forward(x.q, x.k, x.v, causal=case.causal,
+                                               softmax_scale=case.softmax_scale, out=out, lse=lse)
+    _assert_same_storage(ctx, "out", out_r, out)
+    _assert_same_storage(ctx, "lse", lse_r, lse)
+    dq, dk, dv = (_poisoned(t.shape, DTYPE) for t in (x.q, x.k, x.v))
+    grads = flashback.attention_backward(x.dout, x.q, x.k, x.v, out, lse, causal=case.causal,
+                                         softmax_scale=case.softmax_scale, deterministic=deterministic,
+                                         dq=dq, dk=dk, dv=dv)
+    for name, returned, given in zip(("dq", "dk", "dv"), grads, (dq, dk, dv)):
+        _assert_same_storage(ctx, name, returned, given)
+    return ctx, out, lse, (dq, dk, dv)
+
+
+# ----------------------------------------------------------------------------------------------
+# Correctness against the reference
+
+_cache = {}  # the last shape's inputs and references; its deterministic=True twin reuses them
+
+
+def _inputs_and_references(case):
+    if _cache.get("case") != case:
+        _cache.clear()
+        torch.cuda.empty_cache()
+        x = _make_inputs(case)
+        ref32 = _reference(x.q, x.k, x.v, x.dout, case.causal, case.softmax_scale, upcast=True)
+        reflp = _reference(x.q, x.k, x.v, x.dout, case.causal, case.softmax_scale, upcast=False)
+        _cache.update(case=case, x=x, ref32=ref32, reflp=reflp)
+    return _cache["x"], _cache["ref32"], _cache["reflp"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True], ids=["nondet", "det"])
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_matches_reference(case, deterministic):
+    x, (out32, lse32, g32), (outlp, _, glp) = _inputs_and_references(case)
+    ctx, out, lse, grads = _call_poisoned(case, x, deterministic)
+
+    assert out.shape == x.q.shape and out.dtype == DTYPE
+    assert lse.shape == (case.batch, case.nheads, case.seqlen_q)
+    _check(ctx, "out", out, out32, outlp)
+    _check_lse(ctx, lse, lse32, case.empty_rows)
+    for name, ours, r32, rlp in zip(("dq", "dk", "dv"), grads, g32, glp):
+        _check(ctx, name, ours, r32, rlp)
+
+    n = case.empty_rows
+    if n:  # rows that see no key: out = 0 and dq = 0 exactly
+        assert bool((out[:, :n] == 0).all()), f"{ctx}: out is not 0 in the {n} rows that see no key"
+        assert bool((grads[0][:, :n] == 0).all()), f"{ctx}: dq is not 0 in the {n} rows that see no key"
+
+
+# ----------------------------------------------------------------------------------------------
+# Autograd, determinism, torch.compile, custom-op registration
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [
+    Case(2, 1000, 1000, 8, 2, 256, True),
+    Case(2, 113, 1000, 4, 4, 256, False),
+    Case(2, 1000, 113, 4, 2, 256, True),
+    Case(2, 1000, 1000, 8, 8, 128, True),
+    Case(2, 1000, 1000, 4, 1, 64, False),
+], ids=str)
+def test_autograd_matches_attention_backward(case):
+    """flashback.attention's autograd gives the same bits as attention_forward/attention_backward."""
+    x = _make_inputs(case)
+    ctx = f"{case} seed={x.seed}"
+    leaves = [t.clone().requires_grad_() for t in (x.q, x.k, x.v)]
+    out_a, lse_a = flashback.attention(*leaves, causal=case.causal, softmax_scale=case.softmax_scale,
+                                       deterministic=True, return_lse=True)
+    grads_a = torch.autograd.grad(out_a, leaves, x.dout)
+
+    out, lse = flashback.attention_forward(x.q, x.k, x.v, causal=case.causal, softmax_scale=case.softmax_scale)
+    grads = flashback.attention_backward(x.dout, x.q, x.k, x.v, out, lse, causal=case.causal,
+                                         softmax_scale=case.softmax_scale, deterministic=True)
+    assert torch.equal(out_a, out), f"{ctx}: attention() and attention_forward() give different out"
+    assert torch.equal(lse_a, lse), f"{ctx}: attention() and attention_forward() give different lse"
+    for name, a, b in zip(("dq", "dk", "dv"), grads_a, grads):
+        assert torch.equal(a, b), (f"{ctx}: autograd {name} differs from attention_backward's in "
+                                   f"{int((a != b).sum())} elements")
+
+    plain = flashback.attention(x.q, x.k, x.v, causal=case.causal)
+    assert isinstance(plain, torch.Tensor), "attention(..., return_lse=False) must return a tensor"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [
+    Case(2, 1000, 1000, 8, 2, 256, True),
+    Case(2, 1000, 1000, 8, 2, 256, False),
+    Case(1, 4096, 4096, 8, 8, 256, True),
+    Case(2, 1000, 113, 4, 1, 256, True),
+    Case(2, 1000, 1000, 8, 8, 128, False),
+], ids=str)
+def test_deterministic_is_bitwise_reproducible(case):
+    x = _make_inputs(case)
+    ctx = f"{case} seed={x.seed}"
+    out, lse = flashback.attention_forward(x.q, x.k, x.v, causal=case.causal)
+    first = flashback.attention_backward(x.dout, x.q, x.k, x.v, out, lse, causal=case.causal, deterministic=True)
+    second = flashback.attention_backward(x.dout, x.q, x.k, x.v, out, lse, causal=case.causal, deterministic=True)
+    for name, a, b in zip(("dq", "dk", "dv"), first, second):
+        assert torch.equal(a, b), f"{ctx}: deterministic {name} differs between two calls in {int((a != b).sum())} elements"
+
+
+def _attention_and_grads(fn, x, causal, return_lse):
+    leaves = [t.clone().requires_grad_() for t in (x.q, x.k, x.v)]
+    res = fn(*leaves, causal=causal, deterministic=True, return_lse=return_lse)
+    out, lse = res if return_lse else (res, None)
+    grads = torch.autograd.grad(out, leaves, x.dout)
+    return out, lse, grads
+
+
+@pytest.mark.gpu
+def test_torch_compile_matches_eager():
+    """fullgraph=True: no graph break. The second shape makes dynamo recompile with dynamic
+    shapes, which runs the fake kernels on symbolic sizes. Same kernels, so the same bits."""
+    torch._dynamo.reset()
+    compiled = torch.compile(flashback.attention, fullgraph=True)
+    for case, return_lse in ((Case(2, 1000, 1000, 8, 2, 256, True), False),
+                             (Case(2, 113, 1000, 8, 2, 256, True), True)):
+        x = _make_inputs(case)
+        ctx = f"{case} return_lse={return_lse} seed={x.seed}"
+        out_e, lse_e, grads_e = _attention_and_grads(flashback.attention, x, case.causal, return_lse)
+        out_c, lse_c, grads_c = _attention_and_grads(compiled, x, case.causal, return_lse)
+        assert torch.equal(out_c, out_e), f"{ctx}: compiled out differs from eager"
+        if return_lse:
+            assert torch.equal(lse_c, lse_e), f"{ctx}: compiled lse differs from eager"
+        for name, c, e in zip(("dq", "dk", "dv"), grads_c, grads_e):
+            assert torch.equal(c, e), f"{ctx}: compiled {name} differs from eager in {int((c != e).sum())} elements"
+
+
+def _op_arguments(op, values):
+    """Positional arguments for a custom op, picked by name from `values` in its schema's order
+    (so the test follows the schema rather than repeating it)."""
+    schema = op.default._schema
+    missing = [a.name for a in schema.arguments if a.name not in values]
+    if missing:
+        pytest.fail(f"test has no value for argument(s) {missing} of {schema}")
+    return tuple(values[a.name] for a in schema.arguments)
+
+
+@pytest.mark.gpu
+def test_opcheck():
+    """torch.library.opcheck (schema and mutation annotations, fake kernel, autograd
+    registration, AOT dispatch with dynamic shapes) on every flashback op, with a small shape.
+    fwd gets inputs that require grad, so its autograd formula (which calls bwd) is checked too."""
+    case = Case(1, 33, 70, 4, 2, 256, True)
+    x = _make_inputs(case)
+    b, sq, h = case.batch, case.seqlen_q, case.nheads
+    out, lse = flashback.attention_forward(x.q, x.k, x.v, causal=True)
+    values = dict(q=x.q, k=x.k, v=x.v, dout=x.dout, out=out, lse=lse,
+                  softmax_scale=1.0 / math.sqrt(case.headdim), causal=True, deterministic=True)
+    buffers = {"fwd_out": dict(out=torch.empty_like(x.q),
+                               lse=torch.empty((b, h, sq), device=DEVICE, dtype=torch.float32)),
+               "bwd_out": dict(dq=torch.empty_like(x.q), dk=torch.empty_like(x.k), dv=torch.empty_like(x.v))}
+    names = [n for n in ("fwd", "bwd", "fwd_out", "bwd_out") if hasattr(torch.ops.flashback, n)]
+    assert {"fwd", "bwd"} <= set(names), f"torch.ops.flashback has {names}, expected fwd and bwd"
+    for name in names:
+        op = getattr(torch.ops.flashback, name)
+        vals = dict(values, **buffers.get(name, {}))
+        if name == "fwd":
+            vals.update({n: vals[n].detach().clone().requires_grad_() for n in ("q", "k", "v")})
+        torch.library.opcheck(op, _op_arguments(op, vals))
+
+
+# ----------------------------------------------------------------------------------------------
+# Non-contiguous inputs (only the last dim must be contiguous)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_packed_qkv(causal):
+    """q, k, v unbound from one (b, s, 3, h, d) tensor; gradients land in the packed tensor."""
+    b, s, h, d = 2, 1000, 4, 256
+    seed = _new_seed()
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    qkv = _randn(gen, (b, s, 3, h, d))
+    dout = _randn(gen, (b, s, h, d))
+    ctx = f"packed qkv b={b} s={s} h={h} d={d} causal={causal} seed={seed}"
+
+    def run(dtype, fn):
+        leaf = qkv.detach().to(dtype).requires_grad_()
+        out = fn(*leaf.unbind(2))
+        out.backward(dout.to(dtype))
+        return out.detach(), leaf.grad
+
+    out, grad = run(DTYPE, lambda q, k, v: flashback.attention(q, k, v, causal=causal))
+    out32, grad32 = run(torch.float32, lambda q, k, v: attention_ref(q, k, v, causal=causal, upcast=True)[0])
+    outlp, gradlp = run(DTYPE, lambda q, k, v: attention_ref(q, k, v, causal=causal, upcast=False)[0])
+    _check(ctx, "out", out, out32, outlp)
+    for i, name in enumerate(("dq", "dk", "dv")):
+        _check(ctx, name, grad[:, :, i], grad32[:, :, i], gradlp[:, :, i])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_transposed_inputs(causal):
+    """q, k, v, dout stored as (b, h, s, d) and viewed as (b, s, h, d); low-level API, poisoned outputs."""
+    case = Case(2, 113, 1000, 8, 2, 256, causal)
+    x = _make_inputs(case)
+    t = Inputs(x.seed, *(y.transpose(1, 2).contiguous().transpose(1, 2) for y in (x.q, x.k, x.v, x.dout)))
+    assert not any(y.is_contiguous() for y in (t.q, t.k, t.v, t.dout))
+    ctx, out, lse, grads = _call_poisoned(case, t, deterministic=False)
+    ctx = "transposed inputs " + ctx
+    (out32, lse32, g32) = _reference(x.q, x.k, x.v, x.dout, causal, None, upcast=True)
+    (outlp, _, glp) = _reference(x.q, x.k, x.v, x.dout, causal, None, upcast=False)
+    _check(ctx, "out", out, out32, outlp)
+    _check_lse(ctx, lse, lse32, case.empty_rows)
+    for name, ours, r32, rlp in zip(("dq", "dk", "dv"), grads, g32, glp):
+        _check(ctx, name, ours, r32, rlp)
