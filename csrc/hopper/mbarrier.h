@@ -57,8 +57,24 @@ FB_DEVICE void mbar_complete_tx(uint64_t* bar, uint32_t bytes) {
 
 // Arrive on the barrier at the same offset in CTA `cta_rank` of the cluster (may be this CTA).
 // Used to release a stage that a peer's multicast TMA writes into. Remote barriers may only be
-// arrived on, never waited on (FACTS §5).
+// arrived on, never waited on (FACTS §5). Default semantics (release at CTA scope), as CUTLASS
+// uses for its pipelines: enough to hand back a stage whose reads have completed (wgmma_wait).
 FB_DEVICE void mbar_arrive_cluster(uint64_t* bar, uint32_t cta_rank) {
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+      "}\n" ::"r"(smem_u32(bar)),
+      "r"(cta_rank)
+      : "memory");
+}
+
+// Same with release at cluster scope: use it when this thread's earlier writes (e.g. DSMEM
+// stores into the peer) must be visible to whoever waits on that barrier. It costs a
+// MEMBAR.ALL.GPU before the arrive in SASS: per pipeline stage in the GEMM example it cost ~30%
+// (474 vs 666 TFLOP/s measured on an H200), so do not use it just to release a stage.
+FB_DEVICE void mbar_arrive_cluster_release(uint64_t* bar, uint32_t cta_rank) {
   asm volatile(
       "{\n"
       ".reg .b32 remote;\n"
@@ -86,8 +102,11 @@ FB_DEVICE bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
   return done != 0;
 }
 
-// Same with acquire at cluster scope: needed when the arrivals (or multicast copies) that
-// complete the phase come from other CTAs of the cluster (FACTS §5, HW T8).
+// Same with acquire at cluster scope: needed when the phase publishes data that other CTAs
+// wrote with ordinary (generic) stores, e.g. DSMEM st.shared::cluster + a release arrive.
+// Costs an L1 invalidate (CCTL.IVALL in SASS) after every successful wait. Not needed for TMA
+// data, multicast included: the complete_tx of the copy makes its bytes visible to a CTA-scope
+// waiter (what CUTLASS's pipelines rely on, and what the GEMM example does).
 FB_DEVICE bool mbar_try_wait_cluster(uint64_t* bar, uint32_t parity) {
   uint32_t done;
   asm volatile(
@@ -171,9 +190,6 @@ struct TmaPipeline {
   FB_DEVICE void producer_acquire(const PipelineState<Stages>& st) {
     mbar_wait(&empty[st.stage], st.phase ^ 1);
   }
-  FB_DEVICE void producer_acquire_cluster(const PipelineState<Stages>& st) {
-    mbar_wait_cluster(&empty[st.stage], st.phase ^ 1);
-  }
   // Producer (the one issuing thread): announce the stage's bytes; issue the TMA copies with
   // &full[stage] as their completion barrier right after.
   FB_DEVICE void producer_expect(const PipelineState<Stages>& st, uint32_t bytes) {
@@ -184,13 +200,12 @@ struct TmaPipeline {
   FB_DEVICE void consumer_wait(const PipelineState<Stages>& st) {
     mbar_wait(&full[st.stage], st.phase);
   }
-  FB_DEVICE void consumer_wait_cluster(const PipelineState<Stages>& st) {
-    mbar_wait_cluster(&full[st.stage], st.phase);
-  }
   // Consumer: one arrival (call from one thread per arriving unit, after the last read of the
   // stage has finished -- for wgmma operands, after the covering wgmma_wait).
   FB_DEVICE void consumer_release(const PipelineState<Stages>& st) { mbar_arrive(&empty[st.stage]); }
-  // Same, on the empty barrier of CTA `cta_rank` of the cluster (multicast stages).
+  // Same, on the empty barrier of CTA `cta_rank` of the cluster (multicast stages: a stage may be
+  // refilled only when the consumers of every CTA it is multicast to have released it). The
+  // waits above stay CTA-scope also with multicast (see mbar_try_wait_cluster).
   FB_DEVICE void consumer_release_cluster(const PipelineState<Stages>& st, uint32_t cta_rank) {
     mbar_arrive_cluster(&empty[st.stage], cta_rank);
   }

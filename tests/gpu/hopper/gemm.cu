@@ -101,11 +101,7 @@ __global__ void __launch_bounds__(GemmConfig::kThreads, 1)
         const int row_a = (um * kClusterM + cta_rank) * Cfg::kBlockM;
         const int row_b = tn * Cfg::kBlockN;
         for (int kb = 0; kb < k_iters; ++kb) {
-          if constexpr (kClusterM > 1) {
-            pipe->producer_acquire_cluster(st);
-          } else {
-            pipe->producer_acquire(st);
-          }
+          pipe->producer_acquire(st);
           pipe->producer_expect(st, Cfg::kStageBytes);  // A + all of B, whoever fetches it
           uint64_t* full = pipe->full_barrier(st);
           fh::tma_load_2d(smem_a + st.stage * Cfg::kABytes, &map_a, full, kb * Cfg::kBlockK, row_a);
@@ -149,11 +145,7 @@ __global__ void __launch_bounds__(GemmConfig::kThreads, 1)
       int um, tn;
       unit_coords<kClusterM>(unit, units_m, tiles_n, um, tn);
       for (int kb = 0; kb < k_iters; ++kb) {
-        if constexpr (kClusterM > 1) {
-          pipe->consumer_wait_cluster(st);
-        } else {
-          pipe->consumer_wait(st);
-        }
+        pipe->consumer_wait(st);
         fh::wgmma_fence();  // the previous tile's epilogue read acc with ordinary code
 #pragma unroll
         for (int kk = 0; kk < Cfg::kBlockK / 16; ++kk) {

@@ -12,6 +12,13 @@ __device__ void spin_cycles(long long cycles) {
   }
 }
 
+// try_wait until true or `tries` attempts: 1 if the phase completed.
+__device__ int poll(uint64_t* bar, uint32_t parity, int tries = 100000) {
+  for (int i = 0; i < tries; ++i)
+    if (fh::mbar_try_wait(bar, parity)) return 1;
+  return 0;
+}
+
 // Records try_wait results that the parity rules predict (see test_hopper_mbarrier.py).
 __global__ void mbarrier_phase_kernel(int* out) {
   __shared__ uint64_t bar, txbar;
@@ -38,15 +45,20 @@ __global__ void mbarrier_phase_kernel(int* out) {
     __syncthreads();
   }
   if (t == 0) {
-    fh::mbar_arrive_expect_tx(&txbar, 256);  // arrival done, 256 bytes outstanding
-    out[k++] = fh::mbar_try_wait(&txbar, 0);
+    // Phase 0 of txbar: one arrival with 256 bytes announced, the bytes delivered in two halves.
+    fh::mbar_arrive_expect_tx(&txbar, 256);
+    out[k++] = fh::mbar_try_wait(&txbar, 0);  // 256 outstanding
     fh::mbar_complete_tx(&txbar, 128);
-    out[k++] = fh::mbar_try_wait(&txbar, 0);
-    fh::mbar_expect_tx(&txbar, 64);  // 192 outstanding
+    out[k++] = fh::mbar_try_wait(&txbar, 0);  // 128 outstanding
     fh::mbar_complete_tx(&txbar, 128);
-    out[k++] = fh::mbar_try_wait(&txbar, 0);
+    out[k++] = poll(&txbar, 0);               // complete
+    // Phase 1: bytes announced with expect_tx (no arrival), then a plain arrival.
+    fh::mbar_expect_tx(&txbar, 64);
+    out[k++] = fh::mbar_try_wait(&txbar, 1);  // arrival missing
+    fh::mbar_arrive(&txbar);
+    out[k++] = fh::mbar_try_wait(&txbar, 1);  // 64 outstanding (see the Python test)
     fh::mbar_complete_tx(&txbar, 64);
-    out[k++] = fh::mbar_try_wait(&txbar, 0);
+    out[k++] = poll(&txbar, 1);               // complete
   }
 }
 

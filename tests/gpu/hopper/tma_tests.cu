@@ -105,7 +105,7 @@ __global__ void tma_multicast_kernel(const __grid_constant__ CUtensorMap map, ui
                               static_cast<uint16_t>((1u << cs) - 1), 0,
                               cluster_id * rows + rank * slice);
   }
-  fh::mbar_wait_cluster(&bar, 0);
+  fh::mbar_wait(&bar, 0);  // CTA scope suffices for TMA data, multicast included
   for (uint32_t i = threadIdx.x * 16; i < tile_bytes; i += blockDim.x * 16) {
     *reinterpret_cast<uint4*>(out + static_cast<size_t>(blockIdx.x) * tile_bytes + i) =
         *reinterpret_cast<const uint4*>(tile + i);
