@@ -1,0 +1,400 @@
+#!/usr/bin/env python3
+"""Attention benchmark: flashback against PyTorch SDPA (flash, cuDNN, memory-efficient) and FA3.
+
+Sweep (DESIGN.md section 6): head dim 256, bf16, 8 heads, 16384 tokens in total:
+(batch, seqlen) = (4, 4096), (2, 8192), (1, 16384); causal and not.
+
+Convention (FlashAttention's benchmarks): forward FLOPs = 4 * batch * seqlen^2 * nheads * headdim,
+halved when causal; backward FLOPs = 2.5 x forward. TFLOP/s = FLOPs / median time.
+
+Timing: CUDA events around each call; the median of --iters (default 100) timed calls after
+--warmup calls, repeated three times in one process (the three numbers of "tflops").
+- fwd: one forward call with autograd recording (the training forward).
+- bwd: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) after one forward, i.e. the
+  user-visible path including each library's preprocess/postprocess kernels.
+- impl "flashback_bwd_call": the raw flashback.attention_backward(dout, q, k, v, out, lse) call.
+Inputs are fresh torch.randn, stored (batch, seqlen, nheads, headdim); SDPA gets (b, h, s, d)
+views of the same memory (its causal mask is top-left: the same here, seqlen_q == seqlen_k).
+The yardstick is SDPA's flash backend; the table shows ours/yardstick.
+
+Results: <out>/<YYYY-MM-DD>-<gpu>-<commit>.json (written after every shape, so a run that is cut
+short keeps what it measured) and, with --plot, a PNG of the same name.
+
+  python3 benchmarks/bench_attention.py [--quick] [--plot] [--impls flashback,sdpa_flash] [--out DIR]
+  python3 benchmarks/bench_attention.py --summarize RESULTS.json [--plot]
+
+Without an sm_90 GPU (or without a loadable flashback, when it is asked for) it says so and exits 0.
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+DEVICE = "cuda"
+HEADDIM = 256
+NHEADS = 8
+SHAPES = ((4, 4096), (2, 8192), (1, 16384))  # (batch, seqlen): 16384 tokens each
+IMPLS = ("flashback", "sdpa_flash", "cudnn", "sdpa_efficient", "fa3")
+BWD_CALL = "flashback_bwd_call"  # extra rows of impl "flashback": the raw attention_backward call
+YARDSTICK = "sdpa_flash"
+COLUMNS = ("flashback", BWD_CALL, "sdpa_flash", "cudnn", "sdpa_efficient", "fa3")  # table order
+
+# ----------------------------------------------------------------------------------------------
+# Convention, naming and the result file (no GPU needed: unit-tested on the CPU)
+
+
+def attention_flops(batch, seqlen, nheads, headdim, causal, direction, seqlen_k=None):
+    """FlashAttention's convention: forward 4*b*sq*sk*h*d (halved when causal), backward 2.5x."""
+    sk = seqlen if seqlen_k is None else seqlen_k
+    fwd = 4 * batch * seqlen * sk * nheads * headdim
+    if causal:
+        fwd //= 2
+    if direction == "fwd":
+        return fwd
+    if direction == "bwd":
+        return fwd * 5 // 2
+    raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
+
+
+def tflops(flops, ms):
+    return flops / (ms * 1e-3) / 1e12
+
+
+def gpu_slug(device_name):
+    """'NVIDIA H200' -> 'h200', 'NVIDIA H100 80GB HBM3' -> 'h100', 'NVIDIA GH200 480GB' -> 'gh200'."""
+    words = [w for w in re.split(r"[\s_]+", device_name.lower()) if w not in ("nvidia", "tesla", "geforce", "rtx")]
+    slug = re.sub(r"[^a-z0-9]+", "-", words[0] if words else "").strip("-")
+    return slug or "gpu"
+
+
+def git_commit(repo=REPO):
+    """Short commit of the tree; FLASHBACK_COMMIT overrides (for copies of the tree without
+    .git); 'unknown' when neither is there."""
+    env = os.environ.get("FLASHBACK_COMMIT", "").strip()
+    if env:
+        return env
+    try:
+        res = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    commit = res.stdout.strip()
+    return commit if res.returncode == 0 and commit else "unknown"
+
+
+def result_filename(device_name, commit, date):
+    return f"{date}-{gpu_slug(device_name)}-{commit}.json"
+
+
+def make_payload(device, commit, date, torch_version, results, **extra):
+    """The result schema: {device, commit, date, torch, results: [{impl, direction, causal, batch,
+    seqlen, nheads, headdim, tflops: [run1, run2, run3]}]}. Rows may carry more keys (ms);
+    extra top-level keys (notes, method) are allowed."""
+    payload = {"device": device, "commit": commit, "date": date, "torch": torch_version, "results": results}
+    payload.update(extra)
+    return payload
+
+
+def result_row(impl, direction, causal, batch, seqlen, nheads, headdim, ms_runs):
+    flops = attention_flops(batch, seqlen, nheads, headdim, causal, direction)
+    return {"impl": impl, "direction": direction, "causal": bool(causal), "batch": batch, "seqlen": seqlen,
+            "nheads": nheads, "headdim": headdim,
+            "tflops": [round(tflops(flops, ms), 2) for ms in ms_runs],
+            "ms": [round(ms, 4) for ms in ms_runs]}
+
+
+def write_results(out_dir, payload):
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, result_filename(payload["device"], payload["commit"], payload["date"]))
+    # One result row per line: readable, and diffs of committed results stay small.
+    head = {k: v for k, v in payload.items() if k != "results"}
+    text = json.dumps(head, indent=1)[:-2] + ',\n "results": [\n'
+    text += ",\n".join("  " + json.dumps(r) for r in payload["results"])
+    text += "\n ]\n}\n"
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return path
+
+
+def format_table(payload):
+    """Median TFLOP/s per implementation; ours/yardstick = flashback / sdpa_flash."""
+    rows = payload["results"]
+    med = {(r["impl"], r["direction"], bool(r["causal"]), r["batch"], r["seqlen"]): statistics.median(r["tflops"])
+           for r in rows}
+    impls = [c for c in COLUMNS if any(r["impl"] == c for r in rows)]
+    impls += sorted({r["impl"] for r in rows} - set(impls))
+    keys = sorted({(r["direction"], bool(r["causal"]), r["batch"], r["seqlen"]) for r in rows},
+                  key=lambda k: (k[0] != "bwd", not k[1], k[3]))
+    head = ["dir", "causal", "batch", "seqlen"] + impls + ["ours/yardstick"]
+    lines = [head]
+    for direction, causal, batch, seqlen in keys:
+        vals = [med.get((i, direction, causal, batch, seqlen)) for i in impls]
+        ours, yard = med.get(("flashback", direction, causal, batch, seqlen)), med.get((YARDSTICK, direction, causal, batch, seqlen))
+        ratio = f"{ours / yard:.3f}" if ours and yard else "-"
+        lines.append([direction, "yes" if causal else "no", str(batch), str(seqlen)]
+                     + [f"{v:.1f}" if v is not None else "-" for v in vals] + [ratio])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    text = [f"{payload.get('device', '?')}  commit {payload.get('commit', '?')}  {payload.get('date', '?')}  "
+            f"torch {payload.get('torch', '?')}  (TFLOP/s, median of runs; headdim {HEADDIM}, nheads {NHEADS})"]
+    text += ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines]
+    for note in payload.get("notes", []):
+        text.append("note: " + note)
+    return "\n".join(text)
+
+
+def plot(payload, png_path):
+    """Grouped bars: TFLOP/s per shape per implementation (backward above, forward below);
+    the whiskers span the three runs."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("plot: matplotlib is not installed; no PNG written")
+        return None
+    rows = payload["results"]
+    impls = [c for c in COLUMNS if any(r["impl"] == c for r in rows)]
+    impls += sorted({r["impl"] for r in rows} - set(impls))
+    colors = {impl: plt.get_cmap("tab10")(i % 10) for i, impl in enumerate(impls)}
+    fig, axes = plt.subplots(2, 1, figsize=(13, 9), squeeze=False)
+    for ax, direction in zip(axes[:, 0], ("bwd", "fwd")):
+        keys = sorted({(bool(r["causal"]), r["batch"], r["seqlen"]) for r in rows if r["direction"] == direction},
+                      key=lambda k: (not k[0], k[2]))
+        present = [i for i in impls if any(r["impl"] == i and r["direction"] == direction for r in rows)]
+        width = 0.8 / max(1, len(present))
+        top = 0.0
+        for j, impl in enumerate(present):
+            xs, ys, lo, hi = [], [], [], []
+            for i, key in enumerate(keys):
+                r = next((r for r in rows if (r["impl"], r["direction"], bool(r["causal"]), r["batch"], r["seqlen"])
+                          == (impl, direction) + key), None)
+                if r:
+                    m = statistics.median(r["tflops"])
+                    xs.append(i + (j - (len(present) - 1) / 2) * width)
+                    ys.append(m)
+                    lo.append(m - min(r["tflops"]))
+                    hi.append(max(r["tflops"]) - m)
+                    top = max(top, max(r["tflops"]))
+            bars = ax.bar(xs, ys, width, yerr=[lo, hi], label=impl, color=colors[impl], capsize=2)
+            ax.bar_label(bars, fmt="%.0f", fontsize=7, padding=2)
+        ax.set_xticks(range(len(keys)))
+        ax.set_xticklabels([f"{'causal' if c else 'full'}\n{b}x{s}" for c, b, s in keys])
+        ax.set_ylabel(f"{direction} TFLOP/s")
+        ax.set_ylim(0, max(1.0, top) * 1.25)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8, ncol=len(present), loc="upper center")
+    fig.suptitle(f"attention, headdim {HEADDIM}, bf16, {NHEADS} heads, 16384 tokens — "
+                 f"{payload.get('device', '?')}, commit {payload.get('commit', '?')}, {payload.get('date', '?')}")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+    return png_path
+
+
+# ----------------------------------------------------------------------------------------------
+# The GPU part
+
+
+def environment_problem(impls):
+    """None when the benchmark can run, else why not."""
+    try:
+        import torch
+    except ImportError as e:
+        return f"PyTorch is not installed ({e})"
+    if not torch.cuda.is_available():
+        return f"no CUDA GPU found (torch {torch.__version__})"
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) != (9, 0):
+        return f"{torch.cuda.get_device_name()} is sm_{major}{minor}; this benchmark needs an sm_90 (Hopper) GPU"
+    if "flashback" in impls:
+        try:
+            import flashback
+        except Exception as e:  # noqa: BLE001 - any failure to import means: not available
+            return f"flashback could not be imported ({type(e).__name__}: {e})"
+        if not flashback.is_available():
+            return ("flashback is not available: its library was not found or did not load "
+                    "(build it into build/ and set FLASHBACK_LIBRARY=build/libflashback.so)")
+    return None
+
+
+def _use_source_package():
+    """Import flashback from this checkout's python/ when a library was built for it
+    (FLASHBACK_LIBRARY set, or build/libflashback.so present); otherwise the installed package."""
+    src = os.path.join(REPO, "python")
+    built = os.environ.get("FLASHBACK_LIBRARY") or os.path.isfile(os.path.join(REPO, "build", "libflashback.so"))
+    if built and os.path.isdir(os.path.join(src, "flashback")) and src not in sys.path:
+        sys.path.insert(0, src)
+
+
+def _forward_fn(impl, causal):
+    """fn(q, k, v) -> out, all (batch, seqlen, nheads, headdim)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if impl == "flashback":
+        import flashback
+        return lambda q, k, v: flashback.attention(q, k, v, causal=causal)
+    if impl == "fa3":
+        from flash_attn_interface import flash_attn_func
+
+        def fa3(q, k, v):
+            res = flash_attn_func(q, k, v, causal=causal)
+            return res[0] if isinstance(res, tuple) else res  # older versions return (out, lse)
+        return fa3
+    backend = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+               "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}[impl]
+
+    def sdpa(q, k, v):
+        with sdpa_kernel(backend):
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                 is_causal=causal)
+        return out.transpose(1, 2)
+    return sdpa
+
+
+def time_ms(fn, iters, warmup, repeats):
+    """Median milliseconds of `iters` calls, measured with CUDA events per call, `repeats` times."""
+    import torch
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(repeats):
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        for s, e in zip(starts, ends):
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize()
+        runs.append(statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)))
+    return runs
+
+
+def measure(impl, q, k, v, dout, causal, iters, warmup, repeats):
+    """{direction or BWD_CALL: [ms per run]} for one implementation on one shape."""
+    import torch
+    fwd = _forward_fn(impl, causal)
+    out = fwd(q, k, v)  # also the check that the implementation takes the shape
+    torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    res = {"fwd": time_ms(lambda: fwd(q, k, v), iters, warmup, repeats),
+           "bwd": time_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), iters, warmup, repeats)}
+    del out
+    if impl == "flashback":
+        import flashback
+        qd, kd, vd = q.detach(), k.detach(), v.detach()
+        with torch.no_grad():
+            o, lse = flashback.attention_forward(qd, kd, vd, causal=causal)
+            res[BWD_CALL] = time_ms(lambda: flashback.attention_backward(dout, qd, kd, vd, o, lse, causal=causal),
+                                    iters, warmup, repeats)
+    return res
+
+
+def _short(e):
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0][:200] if msg else ''}"
+
+
+def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot):
+    import torch
+    device = torch.cuda.get_device_name()
+    payload = make_payload(device, git_commit(), datetime.date.today().isoformat(), torch.__version__, [],
+                           notes=[], method=(f"FlashAttention FLOP convention (fwd 4*b*s^2*h*d, /2 causal; bwd 2.5x); "
+                                             f"median of {iters} CUDA-event-timed calls after {warmup} warm-up, "
+                                             f"{repeats} repeats; bwd = autograd.grad after one forward; "
+                                             f"{BWD_CALL} = raw attention_backward call"))
+    if "fa3" in impls:
+        try:
+            import flash_attn_interface  # noqa: F401
+        except Exception as e:  # noqa: BLE001
+            payload["notes"].append(f"fa3 skipped: flash_attn_interface not importable ({_short(e)})")
+            impls = [i for i in impls if i != "fa3"]
+    for note in payload["notes"]:
+        print("note: " + note)
+    path = None
+    gen = torch.Generator(device=DEVICE).manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+    for causal in (True, False):
+        for batch, seqlen in SHAPES:
+            shape = (batch, seqlen, NHEADS, HEADDIM)
+            q, k, v, dout = (torch.randn(shape, generator=gen, device=DEVICE, dtype=torch.bfloat16) for _ in range(4))
+            for t in (q, k, v):
+                t.requires_grad_()
+            for impl in impls:
+                try:
+                    res = measure(impl, q, k, v, dout, causal, iters, warmup, repeats)
+                except Exception as e:  # noqa: BLE001 - a backend that rejects the shape is skipped
+                    note = f"{impl} causal={causal} batch={batch} seqlen={seqlen} skipped: {_short(e)}"
+                    payload["notes"].append(note)
+                    print("note: " + note, flush=True)
+                    torch.cuda.empty_cache()
+                    continue
+                for key, ms_runs in res.items():
+                    row_impl, direction = (BWD_CALL, "bwd") if key == BWD_CALL else (impl, key)
+                    row = result_row(row_impl, direction, causal, batch, seqlen, NHEADS, HEADDIM, ms_runs)
+                    payload["results"].append(row)
+                    print(f"{row_impl:>18} {direction} causal={causal!s:5} {batch}x{seqlen:<6} "
+                          f"TFLOP/s {'/'.join(f'{t:.1f}' for t in row['tflops'])}", flush=True)
+                torch.cuda.empty_cache()
+            del q, k, v, dout
+            torch.cuda.empty_cache()
+            path = write_results(out_dir, payload)
+    print()
+    print(format_table(payload))
+    print(f"results: {path}")
+    if want_plot and path:
+        png = plot(payload, path[:-len(".json")] + ".png")
+        if png:
+            print(f"plot: {png}")
+    return path
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="few iterations, for smoke tests")
+    p.add_argument("--plot", action="store_true", help="also write a PNG next to the JSON")
+    p.add_argument("--impls", default=",".join(IMPLS),
+                   help=f"comma-separated subset of {','.join(IMPLS)} (default all; 'all' means all)")
+    p.add_argument("--out", default=os.path.join(HERE, "results"), help="directory for the JSON (and PNG)")
+    p.add_argument("--iters", type=int, default=None, help="timed calls per run (default 100, --quick 10)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up calls (default 10, --quick 2)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per measurement (default 3)")
+    p.add_argument("--summarize", metavar="JSON", help="print the table of a result file (with --plot: its PNG) and exit")
+    a = p.parse_args(argv)
+
+    if a.summarize:
+        with open(a.summarize) as f:
+            payload = json.load(f)
+        print(format_table(payload))
+        if a.plot:
+            png = plot(payload, re.sub(r"\.json$", "", a.summarize) + ".png")
+            if png:
+                print(f"plot: {png}")
+        return 0
+
+    impls = list(IMPLS) if a.impls.strip() == "all" else [i.strip() for i in a.impls.split(",") if i.strip()]
+    unknown = [i for i in impls if i not in IMPLS]
+    if unknown:
+        p.error(f"unknown implementation(s) {', '.join(unknown)} (choose from {', '.join(IMPLS)})")
+    iters = a.iters if a.iters is not None else (10 if a.quick else 100)
+    warmup = a.warmup if a.warmup is not None else (2 if a.quick else 10)
+
+    _use_source_package()
+    problem = environment_problem(impls)
+    if problem:
+        print(f"bench_attention: nothing to benchmark: {problem}.")
+        return 0
+    run_sweep(impls, iters, warmup, a.repeats, a.out, a.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""benchmarks/bench_attention.py without a GPU: its no-GPU exit, FLOP convention, result file
+(name and schema, as read by the tools that compare against FA3) and table."""
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCH = os.path.join(ROOT, "benchmarks", "bench_attention.py")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_attention", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(*args):
+    env = {k: v for k, v in os.environ.items() if k != "FLASHBACK_COMMIT"}
+    return subprocess.run([sys.executable, BENCH, *args], capture_output=True, text=True, timeout=300, env=env)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_without_gpu_says_so_and_exits_0(tmp_path):
+    res = _run("--quick", "--plot", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert "nothing to benchmark: no CUDA GPU found" in res.stdout
+    assert list(tmp_path.iterdir()) == []  # no result file
+
+
+def test_unknown_impl_is_an_error():
+    res = _run("--impls", "flashback,nope")
+    assert res.returncode == 2
+    assert "unknown implementation(s) nope" in res.stderr
+
+
+def test_flop_convention(bench):
+    # FlashAttention's: forward 4*b*s^2*h*d, halved when causal; backward 2.5x forward.
+    fwd = 4 * 4 * 4096**2 * 8 * 256
+    assert bench.attention_flops(4, 4096, 8, 256, False, "fwd") == fwd
+    assert bench.attention_flops(4, 4096, 8, 256, True, "fwd") == fwd // 2
+    assert bench.attention_flops(4, 4096, 8, 256, False, "bwd") == fwd * 5 // 2
+    assert bench.attention_flops(4, 4096, 8, 256, True, "bwd") == fwd * 5 // 4
+    assert bench.attention_flops(1, 100, 2, 64, False, "fwd", seqlen_k=300) == 4 * 100 * 300 * 2 * 64
+    with pytest.raises(ValueError):
+        bench.attention_flops(1, 1, 1, 64, False, "both")
+    # 1e12 FLOP in 1 ms is 1000 TFLOP/s.
+    assert bench.tflops(1e12, 1.0) == pytest.approx(1000.0)
+    # Every shape of the sweep has 16384 tokens.
+    assert all(b * s == 16384 for b, s in bench.SHAPES)
+
+
+def test_result_row(bench):
+    flops = bench.attention_flops(2, 8192, 8, 256, True, "bwd")
+    row = bench.result_row("flashback", "bwd", True, 2, 8192, 8, 256, [flops / 400e12 * 1e3] * 3)
+    assert row["tflops"] == [400.0, 400.0, 400.0]
+    assert (row["impl"], row["direction"], row["causal"], row["batch"], row["seqlen"], row["nheads"],
+            row["headdim"]) == ("flashback", "bwd", True, 2, 8192, 8, 256)
+
+
+@pytest.mark.parametrize("name,slug", [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"),
+                                       ("NVIDIA GH200 480GB", "gh200"), ("NVIDIA H100 PCIe", "h100"),
+                                       ("NVIDIA GeForce RTX 4090", "4090")])
+def test_gpu_slug(bench, name, slug):
+    assert bench.gpu_slug(name) == slug
+
+
+def _payload(bench):
+    rows = []
+    for causal in (True, False):
+        for batch, seqlen in bench.SHAPES:
+            for impl, tf in (("flashback", 300.0), ("sdpa_flash", 250.0), (bench.BWD_CALL, 310.0)):
+                for direction in ("fwd", "bwd"):
+                    if impl == bench.BWD_CALL and direction == "fwd":
+                        continue
+                    ms = bench.attention_flops(batch, seqlen, 8, 256, causal, direction) / (tf * 1e12) * 1e3
+                    rows.append(bench.result_row(impl, direction, causal, batch, seqlen, 8, 256, [ms] * 3))
+    return bench.make_payload("NVIDIA H200", "abc1234", "2026-11-29", "2.11.0+cu130", rows,
+                              notes=["cudnn skipped: example"])
+
+
+def test_result_file_name_and_schema(bench, tmp_path):
+    path = bench.write_results(str(tmp_path / "results"), _payload(bench))
+    assert os.path.basename(path) == "2026-11-29-h200-abc1234.json"
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}-[a-z0-9-]+-[0-9a-z]+\.json", os.path.basename(path))
+    data = json.load(open(path))
+    assert {"device", "commit", "date", "torch", "results"} <= set(data)
+    assert (data["device"], data["commit"], data["date"], data["torch"]) == (
+        "NVIDIA H200", "abc1234", "2026-11-29", "2.11.0+cu130")
+    assert len(data["results"]) == 2 * 3 * 5
+    for r in data["results"]:
+        assert r["impl"] in bench.IMPLS + (bench.BWD_CALL,)
+        assert r["direction"] in ("fwd", "bwd")
+        assert isinstance(r["causal"], bool)
+        assert all(isinstance(r[k], int) for k in ("batch", "seqlen", "nheads", "headdim"))
+        assert len(r["tflops"]) == 3 and all(isinstance(t, float) for t in r["tflops"])
+    # What the FA3-fraction tool looks up: the backward of impl "flashback" and "sdpa_flash" at
+    # head dim 256 for each (causal, seqlen) of the sweep.
+    for causal in (True, False):
+        for _, seqlen in bench.SHAPES:
+            for impl in ("flashback", "sdpa_flash"):
+                assert any((r["impl"], r["direction"], r["causal"], r["seqlen"], r["headdim"])
+                           == (impl, "bwd", causal, seqlen, 256) for r in data["results"])
+
+
+def test_table_and_summarize(bench, tmp_path):
+    payload = _payload(bench)
+    table = bench.format_table(payload)
+    assert "ours/yardstick" in table and "1.200" in table  # 300 / 250
+    assert "note: cudnn skipped: example" in table
+    path = bench.write_results(str(tmp_path), payload)
+    res = _run("--summarize", path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == table.strip()
+
+
+def test_commit(bench, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHBACK_COMMIT", "feed123")
+    assert bench.git_commit(str(tmp_path)) == "feed123"
+    monkeypatch.delenv("FLASHBACK_COMMIT")
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert bench.git_commit(str(tmp_path)) == "unknown"  # not a git checkout
+    if os.path.exists(os.path.join(ROOT, ".git")):
+        assert re.fullmatch(r"[0-9a-f]{4,40}", bench.git_commit(ROOT))
