@@ -88,6 +88,9 @@ FB_DEVICE void mbar_arrive_cluster_release(uint64_t* bar, uint32_t cta_rank) {
 // True once the phase with this parity has completed. Valid for the current phase (false until
 // it completes) and the one just before it (true). May also return false after a system-defined
 // time limit, so callers loop. Acquire at CTA scope: TMA data of that phase is then visible.
+// The answer arrives asynchronously (SYNCS.PHASECHK writes its predicate later): ptxas may issue
+// this thread's next mbarrier operation before the check has looked, so branch on the result
+// before changing the same barrier if the order matters (seen on an H200 in our tests).
 FB_DEVICE bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done;
   asm volatile(

@@ -12,8 +12,16 @@ __device__ void spin_cycles(long long cycles) {
   }
 }
 
+// One try_wait whose answer is known before the caller goes on. Needed because SYNCS.PHASECHK
+// (try_wait) returns its predicate asynchronously and ptxas may issue the caller's next mbarrier
+// operation before it: inlined, a try_wait followed by complete_tx was seen on an H200 to report
+// the phase state *after* that complete_tx. The call boundary forces the order.
+__device__ __noinline__ int observe(uint64_t* bar, uint32_t parity) {
+  return fh::mbar_try_wait(bar, parity) ? 1 : 0;
+}
+
 // try_wait until true or `tries` attempts: 1 if the phase completed.
-__device__ int poll(uint64_t* bar, uint32_t parity, int tries = 100000) {
+__device__ __noinline__ int poll(uint64_t* bar, uint32_t parity, int tries = 100000) {
   for (int i = 0; i < tries; ++i)
     if (fh::mbar_try_wait(bar, parity)) return 1;
   return 0;
@@ -33,32 +41,32 @@ __global__ void mbarrier_phase_kernel(int* out) {
   for (int p = 0; p < 4; ++p) {
     const uint32_t parity = p & 1;
     if (t == 0) {
-      out[k] = fh::mbar_try_wait(&bar, parity);          // current phase: not complete
-      out[k + 1] = fh::mbar_try_wait(&bar, parity ^ 1);  // preceding phase: complete
+      out[k] = observe(&bar, parity);          // current phase: not complete
+      out[k + 1] = observe(&bar, parity ^ 1);  // preceding phase: complete
     }
     k += 2;
     __syncthreads();
     fh::mbar_arrive(&bar);
     fh::mbar_wait(&bar, parity);
-    if (t == 0) out[k] = fh::mbar_try_wait(&bar, parity);  // now complete
+    if (t == 0) out[k] = observe(&bar, parity);  // now complete
     k += 1;
     __syncthreads();
   }
   if (t == 0) {
     // Phase 0 of txbar: one arrival with 256 bytes announced, the bytes delivered in two halves.
     fh::mbar_arrive_expect_tx(&txbar, 256);
-    out[k++] = fh::mbar_try_wait(&txbar, 0);  // 256 outstanding
+    out[k++] = observe(&txbar, 0);  // 256 outstanding
     fh::mbar_complete_tx(&txbar, 128);
-    out[k++] = fh::mbar_try_wait(&txbar, 0);  // 128 outstanding
+    out[k++] = observe(&txbar, 0);  // 128 outstanding
     fh::mbar_complete_tx(&txbar, 128);
-    out[k++] = poll(&txbar, 0);               // complete
+    out[k++] = poll(&txbar, 0);     // complete
     // Phase 1: bytes announced with expect_tx (no arrival), then a plain arrival.
     fh::mbar_expect_tx(&txbar, 64);
-    out[k++] = fh::mbar_try_wait(&txbar, 1);  // arrival missing
+    out[k++] = observe(&txbar, 1);  // arrival missing
     fh::mbar_arrive(&txbar);
-    out[k++] = fh::mbar_try_wait(&txbar, 1);  // 64 outstanding (see the Python test)
+    out[k++] = observe(&txbar, 1);  // 64 outstanding
     fh::mbar_complete_tx(&txbar, 64);
-    out[k++] = poll(&txbar, 1);               // complete
+    out[k++] = poll(&txbar, 1);     // complete
   }
 }
 
