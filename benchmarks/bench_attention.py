@@ -144,7 +144,9 @@ def format_table(payload):
                      + [f"{v:.1f}" if v is not None else "-" for v in vals] + [ratio])
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     text = [f"{payload.get('device', '?')}  commit {payload.get('commit', '?')}  {payload.get('date', '?')}  "
-            f"torch {payload.get('torch', '?')}  (TFLOP/s, median of runs; headdim {HEADDIM}, nheads {NHEADS})"]
+            f"torch {payload.get('torch', '?')}  (TFLOP/s, median of runs; headdim "
+            f"{'/'.join(sorted({str(r['headdim']) for r in rows})) or '-'}, nheads "
+            f"{'/'.join(sorted({str(r['nheads']) for r in rows})) or '-'})"]
     text += ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines]
     for note in payload.get("notes", []):
         text.append("note: " + note)
@@ -280,8 +282,10 @@ def time_ms(fn, iters, warmup, repeats):
     return runs
 
 
-def measure(impl, q, k, v, dout, causal, iters, warmup, repeats):
-    """{direction or BWD_CALL: [ms per run]} for one implementation on one shape."""
+def measure(impl, q, k, v, dout, causal, iters, warmup, repeats, notes):
+    """{direction or BWD_CALL: [ms per run]} for one implementation on one shape. An error
+    before anything is measured propagates (the caller skips the implementation); one in the
+    extra flashback_bwd_call measurement becomes a note."""
     import torch
     fwd = _forward_fn(impl, causal)
     out = fwd(q, k, v)  # also the check that the implementation takes the shape
@@ -292,10 +296,14 @@ def measure(impl, q, k, v, dout, causal, iters, warmup, repeats):
     if impl == "flashback":
         import flashback
         qd, kd, vd = q.detach(), k.detach(), v.detach()
-        with torch.no_grad():
-            o, lse = flashback.attention_forward(qd, kd, vd, causal=causal)
-            res[BWD_CALL] = time_ms(lambda: flashback.attention_backward(dout, qd, kd, vd, o, lse, causal=causal),
-                                    iters, warmup, repeats)
+        try:
+            with torch.no_grad():
+                o, lse = flashback.attention_forward(qd, kd, vd, causal=causal)
+                res[BWD_CALL] = time_ms(lambda: flashback.attention_backward(dout, qd, kd, vd, o, lse, causal=causal),
+                                        iters, warmup, repeats)
+        except Exception as e:  # noqa: BLE001
+            notes.append(f"{BWD_CALL} causal={causal} batch={q.shape[0]} seqlen={q.shape[1]} failed: {_short(e)}")
+            print("note: " + notes[-1], flush=True)
     return res
 
 
@@ -318,6 +326,8 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot):
         except Exception as e:  # noqa: BLE001
             payload["notes"].append(f"fa3 skipped: flash_attn_interface not importable ({_short(e)})")
             impls = [i for i in impls if i != "fa3"]
+    print(f"{device}, commit {payload['commit']}, torch {torch.__version__}; implementations: {', '.join(impls)}; "
+          f"{iters} timed calls x {repeats} runs per point", flush=True)
     for note in payload["notes"]:
         print("note: " + note)
     path = None
@@ -330,7 +340,7 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot):
                 t.requires_grad_()
             for impl in impls:
                 try:
-                    res = measure(impl, q, k, v, dout, causal, iters, warmup, repeats)
+                    res = measure(impl, q, k, v, dout, causal, iters, warmup, repeats, payload["notes"])
                 except Exception as e:  # noqa: BLE001 - a backend that rejects the shape is skipped
                     note = f"{impl} causal={causal} batch={batch} seqlen={seqlen} skipped: {_short(e)}"
                     payload["notes"].append(note)

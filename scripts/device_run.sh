@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# On the GPU machine, with the library already built into build/ (this script builds nothing):
+#   1. every GPU test; a failing test does not stop the others  -> $OUT/tests.log
+#   2. the benchmark sweep with its plot, always, even after failed tests
+#                                -> benchmarks/results/, copied into $OUT (+ $OUT/bench.log)
+#   3. a short summary, last: test counts and failures, then the benchmark table.
+#
+#   scripts/device_run.sh                 # OUT defaults to ./logs
+#   OUT=/some/dir BENCH_ARGS=--quick scripts/device_run.sh
+#
+# Environment, all optional:
+#   OUT                where logs and results go (default ./logs)
+#   FLASHBACK_LIBRARY  the library under test (default build/libflashback.so)
+#   FLASHBACK_COMMIT   commit to name the result file by, for a copy of the tree without .git
+#   BENCH_IMPLS        default flashback,sdpa_flash,cudnn,fa3 (fa3 when importable). "all" adds
+#                      sdpa_efficient: at ~40 TFLOP/s it alone takes ~2 minutes of the sweep, and
+#                      its numbers are in the baselines already.
+#   BENCH_ARGS         more benchmark flags, e.g. --quick
+#   TEST_TIMEOUT       seconds for the GPU tests (default 300)
+#   TIME_BUDGET        seconds for the whole script (default 570). The benchmark gets what the
+#                      tests left; cut short, it keeps the shapes it finished (written per shape).
+# Exit status: 0 when the tests passed and the benchmark finished, else 1.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PY=${PYTHON:-python3}
+OUT_DIR=${OUT:-$ROOT/logs}
+mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd)
+RESULTS=$ROOT/benchmarks/results
+export FLASHBACK_LIBRARY=${FLASHBACK_LIBRARY:-$ROOT/build/libflashback.so}
+BENCH_IMPLS=${BENCH_IMPLS:-flashback,sdpa_flash,cudnn,fa3}
+TEST_TIMEOUT=${TEST_TIMEOUT:-300}
+TIME_BUDGET=${TIME_BUDGET:-570}
+
+echo "== environment (also in $OUT_DIR/env.txt)"
+{
+  date -u +"%Y-%m-%d %H:%M:%S UTC"
+  git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo "commit: ${FLASHBACK_COMMIT:-unknown (no .git)}"
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit,temperature.gpu --format=csv 2>&1
+  $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())" 2>&1
+  ls -l "$FLASHBACK_LIBRARY" 2>&1
+} | tee "$OUT_DIR/env.txt"
+[ -f "$FLASHBACK_LIBRARY" ] || echo "WARNING: $FLASHBACK_LIBRARY not found: build the library into build/ first"
+
+echo
+echo "== GPU tests (log: $OUT_DIR/tests.log)"
+# -rfEs: failures, errors and skip reasons in the short summary (-rs alone would drop failures).
+timeout -k 10 "$TEST_TIMEOUT" $PY -m pytest tests -m gpu -q -rfEs -p no:cacheprovider > "$OUT_DIR/tests.log" 2>&1
+test_rc=$?
+tail -n 3 "$OUT_DIR/tests.log"
+
+echo
+echo "== benchmark (log: $OUT_DIR/bench.log)"
+left=$(( TIME_BUDGET - SECONDS - 30 ))
+(( left < 60 )) && left=60
+marker=$(mktemp)
+# shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
+timeout -k 10 "$left" $PY benchmarks/bench_attention.py --plot --impls "$BENCH_IMPLS" --out "$RESULTS" ${BENCH_ARGS:-} 2>&1 \
+  | tee "$OUT_DIR/bench.log"
+bench_rc=${PIPESTATUS[0]}
+json=$(find "$RESULTS" -maxdepth 1 -type f -name '*.json' -newer "$marker" 2>/dev/null | sort | tail -n 1)
+rm -f "$marker"
+if [ -n "$json" ]; then
+  png=${json%.json}.png
+  [ -f "$png" ] && [ "$png" -nt "$json" ] || $PY benchmarks/bench_attention.py --summarize "$json" --plot > /dev/null 2>&1
+  cp "$json" "$OUT_DIR/"
+  [ -f "$png" ] && cp "$png" "$OUT_DIR/"
+fi
+
+echo
+echo "==================== summary ===================="
+counts=$(grep -E '[0-9]+ (passed|failed|error|errors|skipped|deselected)|no tests ran' "$OUT_DIR/tests.log" | tail -n 1)
+case $test_rc in
+  0) status="ok" ;;
+  124|137) status="TIMED OUT after ${TEST_TIMEOUT}s" ;;
+  *) status="exit $test_rc" ;;
+esac
+echo "tests: ${counts:-no summary line} [$status] (full log: $OUT_DIR/tests.log)"
+grep -E '^(FAILED|ERROR) ' "$OUT_DIR/tests.log" | head -n 25
+case $bench_rc in
+  0) status="ok" ;;
+  124|137) status="TIMED OUT after ${left}s: partial results" ;;
+  *) status="exit $bench_rc" ;;
+esac
+echo "benchmark: [$status]"
+if [ -n "$json" ]; then
+  $PY benchmarks/bench_attention.py --summarize "$json"
+  echo "results: $OUT_DIR/$(basename "$json")"
+else
+  tail -n 2 "$OUT_DIR/bench.log"
+  echo "no result file"
+fi
+[ "$test_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+exit $?
