@@ -12,6 +12,9 @@
 // Optional cluster of 2 CTAs along M (kClusterM = 2): the two CTAs need the same B tile, so each
 // fetches half of it and multicasts it to both, halving B's L2->SM traffic.
 //
+// Measured at M = N = K = 8192 on an H200 (docs/perf-log.md): 644-666 TFLOP/s persistent,
+// 653-666 with the cluster of 2, against 672-687 for torch.matmul in the same runs (95-97%).
+//
 // Teaching example, not a product: M a multiple of 128 * cluster, N of 256, K of 64.
 #include <cuda_bf16.h>
 
