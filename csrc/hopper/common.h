@@ -2,7 +2,8 @@
 //
 // Every wrapper in csrc/hopper/ is one PTX instruction (or one fixed idiom) with a comment that
 // says why it exists and which rule of the PTX ISA it follows. Facts and their sources:
-// shared/HOPPER-FACTS.md (section numbers quoted as "FACTS §n").
+// the project's Hopper notes, HOPPER-FACTS.md, kept with the design notes (DESIGN.md); their
+// section numbers are quoted as "FACTS §n".
 #pragma once
 
 #include <cstdint>
