@@ -201,24 +201,18 @@ def test_tensors_on_different_devices():
         flashback.attention_backward(**a)
 
 
-def test_gpu_older_than_sm90(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (8, 0))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: "NVIDIA A100")
+@pytest.mark.parametrize("capability,name,expected", [
+    ((8, 0), "NVIDIA A100", r"requires an sm_90 GPU \(H100/H200\), got sm_80 \(NVIDIA A100\)"),
+    ((8, 9), "NVIDIA L4", r"got sm_89"),
+    # sm_90a machine code runs on compute capability 9.0 only, not on newer GPUs either.
+    ((10, 0), "NVIDIA B200", r"got sm_100"),
+])
+def test_gpu_other_than_sm90(monkeypatch, capability, name, expected):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: name)
     _checks._device_error.cache_clear()
     try:
-        with pytest.raises(ValueError, match=r"requires an sm_90 GPU \(H100/H200\), got sm_80 \(NVIDIA A100\)"):
-            _checks.check_runtime(torch.device("cuda", 0))
-    finally:
-        _checks._device_error.cache_clear()
-
-
-def test_gpu_newer_than_sm90_is_refused_too(monkeypatch):
-    # sm_90a machine code runs on compute capability 9.0 only.
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (10, 0))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: "B200")
-    _checks._device_error.cache_clear()
-    try:
-        with pytest.raises(ValueError, match=r"got sm_100"):
+        with pytest.raises(ValueError, match=expected):
             _checks.check_runtime(torch.device("cuda", 0))
     finally:
         _checks._device_error.cache_clear()
