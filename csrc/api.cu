@@ -9,8 +9,10 @@
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
+#include "bwd_sm90/bwd_sm90.h"
 #include "common/attention.cuh"
 #include "flashback/flashback.h"
 #include "launch.h"
@@ -131,6 +133,31 @@ flashback_status launched(cudaError_t err, const char* what) {
   return ok();
 }
 
+// FLASHBACK_FORCE_REFERENCE=1 (read once per process) sends every backward to the reference
+// kernels, so tests and benchmarks can compare both paths in one build.
+bool force_reference() {
+  static const bool force = [] {
+    const char* v = std::getenv("FLASHBACK_FORCE_REFERENCE");
+    return v != nullptr && v[0] != '\0' && v[0] != '0';
+  }();
+  return force;
+}
+
+// The backward path for these params: the Hopper kernels of csrc/bwd_sm90 when they take the
+// shapes (head dim 256, bf16, not deterministic, TMA-addressable tensors), else the reference.
+// The device itself is checked separately (sm_90 only, check_current_device).
+bool use_sm90_bwd(const flashback_bwd_params& p) {
+  return !force_reference() && sm90::bwd_sm90_can_implement(p, nullptr);
+}
+
+size_t bwd_workspace_bytes(const flashback_bwd_params& p) {
+  const size_t ref = reference_bwd_workspace_size(p);
+  if (!use_sm90_bwd(p)) return ref;
+  // The fast path may still fall back at launch (a tensor map the driver rejects): room for both.
+  const size_t fast = sm90::bwd_sm90_workspace_size(p);
+  return fast > ref ? fast : ref;
+}
+
 #define FLASHBACK_TRY(expr)                              \
   do {                                                   \
     flashback_status status_ = (expr);                   \
@@ -187,7 +214,7 @@ size_t flashback_bwd_workspace_size(const flashback_bwd_params* p) {
   if (p == nullptr) return 0;
   const Shape s{p->batch, p->seqlen_q, p->seqlen_k, p->nheads, p->nheads_k, p->headdim};
   if (check_shape(s, p->dtype, p->softmax_scale) != FLASHBACK_SUCCESS) return 0;
-  return reference_bwd_workspace_size(*p);
+  return bwd_workspace_bytes(*p);
 }
 
 flashback_status flashback_attention_backward(const flashback_bwd_params* p) {
@@ -203,7 +230,7 @@ flashback_status flashback_attention_backward(const flashback_bwd_params* p) {
   FLASHBACK_TRY(check_tensor("dk", p->dk, p->dk_strides, s.seqlen_k, s.nheads_k, s.headdim, true));
   FLASHBACK_TRY(check_tensor("dv", p->dv, p->dv_strides, s.seqlen_k, s.nheads_k, s.headdim, true));
   FLASHBACK_TRY(check_lse("lse", p->lse));
-  const size_t need = reference_bwd_workspace_size(*p);
+  const size_t need = bwd_workspace_bytes(*p);
   if (need > 0) {
     if (p->workspace == nullptr || p->workspace_bytes < need)
       return fail(FLASHBACK_ERROR_INVALID_VALUE,
@@ -214,7 +241,13 @@ flashback_status flashback_attention_backward(const flashback_bwd_params* p) {
       return fail(FLASHBACK_ERROR_INVALID_VALUE, "workspace must be 256-byte aligned");
   }
   FLASHBACK_TRY(check_current_device());
-  return launched(run_reference_bwd(*p, static_cast<cudaStream_t>(p->stream)), "backward launch");
+  const cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
+  if (use_sm90_bwd(*p)) {
+    const cudaError_t err = sm90::run_bwd_sm90(*p, stream);
+    // cudaErrorNotSupported: a tensor map did not encode and nothing was launched.
+    if (err != cudaErrorNotSupported) return launched(err, "backward launch (sm90)");
+  }
+  return launched(run_reference_bwd(*p, stream), "backward launch");
 }
 
 }  // extern "C"

@@ -1,0 +1,192 @@
+// Hopper backward (head dim 256): the kernel, its tensor maps, the workspace and the launches.
+//
+// Order on the stream: zero dQaccum (memset), (0) preprocess, main kernel, postprocess.
+// Kernel structure: 3 warpgroups of 128 threads, __launch_bounds__(384, 1) (168 registers
+// each at entry, needed for setmaxnreg):
+//   warpgroup 0  producer: setmaxnreg.dec to 24, one thread issues every TMA copy
+//   warpgroup 1  consumer A: (1) S^T, (2) P^T, (5) dV, (7) dQ left half   (setmaxnreg 240)
+//   warpgroup 2  consumer B: (3) dP^T, (4) dS^T, (6) dK, (7) dQ right half (setmaxnreg 240)
+// See bwd_sm90_mainloop.cuh for the shared-memory plan and the GEMM operands.
+#include <cuda.h>
+
+#include <cstdlib>
+
+// A wrong barrier count or byte count would hang the GPU; trap after ~2 s at 2 GHz instead.
+// The spin reads clock64 only while waiting, which costs nothing measurable.
+#ifndef FLASHBACK_MBAR_TIMEOUT_CYCLES
+#define FLASHBACK_MBAR_TIMEOUT_CYCLES 4000000000ll
+#endif
+
+#include "bwd_sm90/bwd_sm90.h"
+#include "bwd_sm90/bwd_sm90_mainloop.cuh"
+#include "bwd_sm90/bwd_sm90_prepost.h"
+#include "bwd_sm90/bwd_sm90_scheduler.cuh"
+#include "hopper/hopper.h"
+
+namespace flashback {
+namespace sm90 {
+namespace {
+
+using Traits = BwdSm90Traits<kBwdSm90Hdim256>;
+
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    bwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q,
+                    const __grid_constant__ CUtensorMap map_k,
+                    const __grid_constant__ CUtensorMap map_v,
+                    const __grid_constant__ CUtensorMap map_do, const BwdSm90Params p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = fh::align_smem(smem_raw);
+  uint64_t* kv_bar = reinterpret_cast<uint64_t*>(smem + Traits::kOffBar);
+  auto* pipe = reinterpret_cast<fh::TmaPipeline<Traits::kStages>*>(smem + Traits::kOffBar + 8);
+
+  const int wg = fh::warpgroup_index();
+  if (threadIdx.x == 0) {
+    fh::tma_prefetch_map(&map_q);
+    fh::tma_prefetch_map(&map_k);
+    fh::tma_prefetch_map(&map_v);
+    fh::tma_prefetch_map(&map_do);
+    fh::mbar_init(kv_bar, 1);
+    pipe->init(8);  // empty[s]: one arrival per consumer warp (2 warpgroups x 4 warps)
+  }
+  __syncthreads();
+
+  const BwdSm90Work w = bwd_sm90_work<Traits::kBlockM, Traits::kBlockN>(p);
+  if (wg == 0) {
+    fh::setmaxnreg_dec<kBwdSm90Hdim256.producer_regs>();
+    if (threadIdx.x == 0) {
+      const BwdSm90Maps maps{&map_q, &map_k, &map_v, &map_do};
+      bwd_sm90_producer<Traits>(p, maps, w, smem, kv_bar, pipe);
+    }
+  } else if (wg == 1) {
+    fh::setmaxnreg_inc<kBwdSm90Hdim256.consumer_regs>();
+    bwd_sm90_consumer_p_dv<Traits>(p, w, smem, kv_bar, pipe);
+  } else {
+    fh::setmaxnreg_inc<kBwdSm90Hdim256.consumer_regs>();
+    bwd_sm90_consumer_ds_dk<Traits>(p, w, smem, kv_bar, pipe);
+  }
+}
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+int m_blocks_of(const flashback_bwd_params& p) {
+  return (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+}
+
+struct WorkspaceParts {
+  size_t dq_accum, lse, dsum, total;
+};
+
+WorkspaceParts workspace_parts(const flashback_bwd_params& p) {
+  const size_t bh = static_cast<size_t>(p.batch) * p.nheads;
+  const size_t rows = static_cast<size_t>(m_blocks_of(p)) * Traits::kBlockM;
+  WorkspaceParts w;
+  w.dq_accum = 0;
+  w.lse = align_up(bh * m_blocks_of(p) * kDqTileFloats * sizeof(float));
+  w.dsum = w.lse + align_up(bh * rows * sizeof(float));
+  w.total = w.dsum + align_up(bh * rows * sizeof(float));
+  return w;
+}
+
+// 4-D map {d, seqlen, heads, batch} over a (batch, seqlen, heads, d) bf16 tensor, boxes of
+// 64 x 64 with the 128-byte swizzle wgmma reads (FACTS section 2). Strides in bytes.
+cudaError_t make_map(CUtensorMap* map, const void* ptr, const flashback_strides& st, int batch,
+                     int seqlen, int heads) {
+  const uint64_t dims[4] = {256, static_cast<uint64_t>(seqlen), static_cast<uint64_t>(heads),
+                            static_cast<uint64_t>(batch)};
+  const uint64_t strides[3] = {static_cast<uint64_t>(st.row) * 2,
+                               static_cast<uint64_t>(st.head) * 2,
+                               static_cast<uint64_t>(st.batch) * 2};
+  const uint32_t box[4] = {64, 64, 1, 1};
+  return fh::make_tensor_map(map, ptr, fh::TmaType::kBf16, 4, dims, strides, box,
+                             fh::TmaSwizzle::k128B);
+}
+
+}  // namespace
+
+bool bwd_sm90_can_implement(const flashback_bwd_params& p, const char** why) {
+  const char* reason = nullptr;
+  if (p.headdim != 256) {
+    reason = "headdim is not 256";
+  } else if (p.dtype != FLASHBACK_DTYPE_BF16) {
+    reason = "dtype is not bf16";
+  } else if (p.deterministic) {
+    reason = "deterministic: the fast path adds dQ with atomics";
+  } else {
+    // TMA: 16-byte aligned bases, byte strides multiples of 16 and below 2^40, extents < 2^31.
+    const void* ptrs[4] = {p.q, p.k, p.v, p.dout};
+    const flashback_strides sts[4] = {p.q_strides, p.k_strides, p.v_strides, p.dout_strides};
+    for (int i = 0; i < 4 && reason == nullptr; ++i) {
+      if (reinterpret_cast<uintptr_t>(ptrs[i]) % 16 != 0) reason = "a tensor is not 16-byte aligned";
+      const int64_t s[3] = {sts[i].row, sts[i].head, sts[i].batch};
+      for (int k = 0; k < 3; ++k) {
+        if (s[k] <= 0 || s[k] % 8 != 0 || s[k] >= (int64_t{1} << 39)) {
+          reason = "a stride is not a positive multiple of 8 elements below 2^39";
+        }
+      }
+    }
+    // The dK/dV/dQ writes and the preprocess use 4- and 16-byte vectors (the API checks
+    // alignment and strides of those already).
+  }
+  if (why) *why = reason;
+  return reason == nullptr;
+}
+
+size_t bwd_sm90_workspace_size(const flashback_bwd_params& p) { return workspace_parts(p).total; }
+
+cudaError_t run_bwd_sm90(const flashback_bwd_params& p, cudaStream_t stream) {
+  CUtensorMap map_q, map_k, map_v, map_do;
+  if (make_map(&map_q, p.q, p.q_strides, p.batch, p.seqlen_q, p.nheads) != cudaSuccess ||
+      make_map(&map_k, p.k, p.k_strides, p.batch, p.seqlen_k, p.nheads_k) != cudaSuccess ||
+      make_map(&map_v, p.v, p.v_strides, p.batch, p.seqlen_k, p.nheads_k) != cudaSuccess ||
+      make_map(&map_do, p.dout, p.dout_strides, p.batch, p.seqlen_q, p.nheads) != cudaSuccess) {
+    return cudaErrorNotSupported;  // nothing launched: the caller takes the reference path
+  }
+  const WorkspaceParts parts = workspace_parts(p);
+  uint8_t* ws = static_cast<uint8_t*>(p.workspace);
+  float* dq_accum = reinterpret_cast<float*>(ws + parts.dq_accum);
+  float* lse_log2 = reinterpret_cast<float*>(ws + parts.lse);
+  float* dsum = reinterpret_cast<float*>(ws + parts.dsum);
+  const int m_blocks = m_blocks_of(p);
+
+  cudaError_t err = cudaMemsetAsync(dq_accum, 0, parts.lse - parts.dq_accum, stream);
+  if (err != cudaSuccess) return err;
+  // (0) D = rowsum(dO * O), LSE * log2(e)
+  err = launch_bwd_sm90_preprocess(p, m_blocks, lse_log2, dsum, stream);
+  if (err != cudaSuccess) return err;
+
+  BwdSm90Params kp;
+  kp.batch = p.batch;
+  kp.seqlen_q = p.seqlen_q;
+  kp.seqlen_k = p.seqlen_k;
+  kp.nheads = p.nheads;
+  kp.nheads_k = p.nheads_k;
+  kp.group = p.nheads / p.nheads_k;
+  kp.m_blocks = m_blocks;
+  kp.n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+  kp.causal = p.causal ? 1 : 0;
+  kp.scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  kp.softmax_scale = p.softmax_scale;
+  kp.lse_log2 = lse_log2;
+  kp.dsum = dsum;
+  kp.dq_accum = dq_accum;
+  kp.dk = p.dk;
+  kp.dv = p.dv;
+  kp.dk_strides = p.dk_strides;
+  kp.dv_strides = p.dv_strides;
+
+  // (1)-(7)
+  err = cudaFuncSetAttribute(bwd_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(Traits::kSmemBytes));
+  if (err != cudaSuccess) return err;
+  const dim3 grid(kp.n_blocks * p.nheads_k * p.batch);
+  bwd_sm90_kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(map_q, map_k, map_v,
+                                                                          map_do, kp);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  // dQ = scale * dQaccum
+  return launch_bwd_sm90_postprocess(p, m_blocks, dq_accum, stream);
+}
+
+}  // namespace sm90
+}  // namespace flashback

@@ -1,0 +1,50 @@
+// Tile order of the Hopper backward: which (K/V block, kv head, batch) a CTA owns, and the
+// sequence of (q head, Q block) it walks. The producer and both consumer warpgroups walk the
+// same sequence, so each derives it from the same two functions.
+#pragma once
+
+#include "bwd_sm90/bwd_sm90.h"
+
+namespace flashback {
+namespace sm90 {
+
+struct BwdSm90Work {
+  int n_block, kv_head, batch;
+  int m_begin;   // first Q block that sees any key of this K/V block
+  int m_count;   // Q blocks per q head (0: no query sees these keys; dK = dV = 0)
+  int n_iters;   // group * m_count: the GQA group's q heads walked one after the other, so
+                 // dK / dV of the kv head sum in registers with no atomics
+};
+
+// One-dimensional grid, K/V block index slowest. With causal masking the first K/V blocks
+// have the most Q blocks to visit (rows at or after theirs), so they start first and the
+// short ones fill the tail of the last wave (longest-causal-work-first). The heads and batches
+// of one K/V block run side by side and share nothing but the launch order.
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
+  BwdSm90Work w;
+  const int per_n_block = p.nheads_k * p.batch;
+  const int id = static_cast<int>(blockIdx.x);
+  w.n_block = id / per_n_block;
+  const int rest = id % per_n_block;
+  w.kv_head = rest % p.nheads_k;
+  w.batch = rest / p.nheads_k;
+  const int n0 = w.n_block * kBlockN;
+  // Causal (bottom-right aligned): query row i sees key j iff j <= i + seqlen_k - seqlen_q,
+  // so the first row that sees key n0 is n0 - seqlen_k + seqlen_q.
+  w.m_begin = p.causal ? max(0, n0 - p.seqlen_k + p.seqlen_q) / kBlockM : 0;
+  w.m_count = max(0, p.m_blocks - w.m_begin);
+  w.n_iters = p.group * w.m_count;
+  return w;
+}
+
+// Iteration `it` of the walk -> (q head, Q block).
+__device__ __forceinline__ void bwd_sm90_iter(const BwdSm90Params& p, const BwdSm90Work& w,
+                                              int it, int& head, int& m_block) {
+  const int g = it / w.m_count;
+  m_block = w.m_begin + (it - g * w.m_count);
+  head = w.kv_head * p.group + g;
+}
+
+}  // namespace sm90
+}  // namespace flashback
