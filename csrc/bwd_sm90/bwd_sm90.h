@@ -50,6 +50,8 @@ struct BwdSm90Params {
   int m_blocks;     // ceil(seqlen_q / block_m): also the padded row count / block_m
   int n_blocks;     // ceil(seqlen_k / block_n)
   int causal;
+  int head_inner;  // bit 0 Q, 1 K, 2 V, 3 dO: that tensor map's dims are {d, head, seq, batch}
+                   // (else {d, seq, head, batch}); see make_map in bwd_sm90_launch.cu
   float scale_log2;     // softmax_scale * log2(e)
   float softmax_scale;  // dK = scale * sum dS^T Q
   const float* lse_log2;  // (batch, nheads, m_blocks * block_m): LSE * log2(e), +inf padding

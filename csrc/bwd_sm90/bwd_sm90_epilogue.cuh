@@ -1,11 +1,11 @@
 // Where the gradients leave the Hopper backward's registers.
 //
-// (7) dQ: each consumer warpgroup holds a 64 x 128 fp32 dQ partial (its half of the head dim)
-// for the current (Q block, K/V block) pair and adds it into the fp32 dQaccum workspace.
+// (7) dQ: each consumer warpgroup holds a 64 x 64 fp32 dQ partial (a quarter u of the head
+// dim) for the current (Q block, K/V block) pair and adds it into the fp32 dQaccum workspace.
 // DESIGN.md section 5 measured the layout of the adds as the deciding factor (2.2 us per 64 KB
 // tile when a warp covers whole 128-byte lines, 7.6-8 us straight from the fragment layout), so
-// dQaccum is not row-major: tile (batch, head, Q block) stores half w, register group g
-// (accumulator registers 4g..4g+3), thread t at float offset w*8192 + (g*128 + t)*4. One
+// dQaccum is not row-major: tile (batch, head, Q block) stores quarter u, register group g
+// (accumulator registers 4g..4g+3), thread t at float offset u*4096 + (g*128 + t)*4. One
 // red.global.add.v4.f32 per thread per group then covers 512 contiguous bytes per warp.
 // The postprocess kernel (bwd_sm90_prepost.cu) maps it back to rows and columns.
 //
@@ -29,14 +29,14 @@ __device__ __forceinline__ void red_add_v4(float* dst, float a, float b, float c
                : "memory");
 }
 
-// (7) dQaccum[tile][half] += dq (64 registers of an m64n128 accumulator).
+// (7) dQaccum[tile][quarter u] += dq (32 registers of an m64n64 accumulator).
 __device__ __forceinline__ void add_dq_partial(const BwdSm90Params& p, int batch, int head,
-                                               int m_block, int half, int t,
-                                               const float (&dq)[64]) {
+                                               int m_block, int u, int t,
+                                               const float (&dq)[32]) {
   const int64_t tile = (static_cast<int64_t>(batch) * p.nheads + head) * p.m_blocks + m_block;
-  float* dst = p.dq_accum + tile * kDqTileFloats + half * (kDqTileFloats / 2) + t * 4;
+  float* dst = p.dq_accum + tile * kDqTileFloats + u * (kDqTileFloats / 4) + t * 4;
 #pragma unroll
-  for (int g = 0; g < 16; ++g) {
+  for (int g = 0; g < 8; ++g) {
     red_add_v4(dst + g * 512, dq[4 * g], dq[4 * g + 1], dq[4 * g + 2], dq[4 * g + 3]);
   }
 }

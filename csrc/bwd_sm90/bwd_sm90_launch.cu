@@ -4,8 +4,9 @@
 // Kernel structure: 3 warpgroups of 128 threads, __launch_bounds__(384, 1) (168 registers
 // each at entry, needed for setmaxnreg):
 //   warpgroup 0  producer: setmaxnreg.dec to 24, one thread issues every TMA copy
-//   warpgroup 1  consumer A: (1) S^T, (2) P^T, (5) dV, (7) dQ left half   (setmaxnreg 240)
-//   warpgroup 2  consumer B: (3) dP^T, (4) dS^T, (6) dK, (7) dQ right half (setmaxnreg 240)
+//   warpgroups 1, 2  consumers (setmaxnreg 240), one code path with a role each:
+//                A: (1) S^T, (2) P^T, (5) dV, (7) dQ[:, 0:128]
+//                B: (3) dP^T, (4) dS^T, (6) dK, (7) dQ[:, 128:256]
 // See bwd_sm90_mainloop.cuh for the shared-memory plan and the GEMM operands.
 #include <cuda.h>
 
@@ -57,12 +58,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const BwdSm90Maps maps{&map_q, &map_k, &map_v, &map_do};
       bwd_sm90_producer<Traits>(p, maps, w, smem, kv_bar, pipe);
     }
-  } else if (wg == 1) {
-    fh::setmaxnreg_inc<kBwdSm90Hdim256.consumer_regs>();
-    bwd_sm90_consumer_p_dv<Traits>(p, w, smem, kv_bar, pipe);
   } else {
     fh::setmaxnreg_inc<kBwdSm90Hdim256.consumer_regs>();
-    bwd_sm90_consumer_ds_dk<Traits>(p, w, smem, kv_bar, pipe);
+    bwd_sm90_consumer<Traits>(p, w, smem, kv_bar, pipe, wg - 1);
   }
 }
 
@@ -88,18 +86,30 @@ WorkspaceParts workspace_parts(const flashback_bwd_params& p) {
   return w;
 }
 
-// 4-D map {d, seqlen, heads, batch} over a (batch, seqlen, heads, d) bf16 tensor, boxes of
-// 64 x 64 with the 128-byte swizzle wgmma reads (FACTS section 2). Strides in bytes.
-cudaError_t make_map(CUtensorMap* map, const void* ptr, const flashback_strides& st, int batch,
-                     int seqlen, int heads) {
-  const uint64_t dims[4] = {256, static_cast<uint64_t>(seqlen), static_cast<uint64_t>(heads),
-                            static_cast<uint64_t>(batch)};
-  const uint64_t strides[3] = {static_cast<uint64_t>(st.row) * 2,
-                               static_cast<uint64_t>(st.head) * 2,
-                               static_cast<uint64_t>(st.batch) * 2};
-  const uint32_t box[4] = {64, 64, 1, 1};
-  return fh::make_tensor_map(map, ptr, fh::TmaType::kBf16, 4, dims, strides, box,
-                             fh::TmaSwizzle::k128B);
+// 4-D map over a (batch, seqlen, heads, d) bf16 tensor, boxes of 64 d x 64 rows with the
+// 128-byte swizzle wgmma reads (FACTS section 2). The two middle dims go in ascending stride
+// order ({d, heads, seqlen, batch} for the usual contiguous layout, where a head is 512 bytes
+// and a row nheads * 512): the driver documents strides as growing with the dimension, and a
+// box of {64, 1, 64, 1} lands in shared memory exactly as {64, 64, 1, 1} would. *head_inner
+// tells the kernel which coordinate order to use.
+cudaError_t make_map(CUtensorMap* map, bool* head_inner, const void* ptr,
+                     const flashback_strides& st, int batch, int seqlen, int heads) {
+  *head_inner = st.head < st.row;
+  const uint64_t s_rows = static_cast<uint64_t>(st.row) * 2;
+  const uint64_t s_head = static_cast<uint64_t>(st.head) * 2;
+  const uint64_t dims_rows_first[4] = {256, static_cast<uint64_t>(seqlen),
+                                       static_cast<uint64_t>(heads), static_cast<uint64_t>(batch)};
+  const uint64_t dims_head_first[4] = {256, static_cast<uint64_t>(heads),
+                                       static_cast<uint64_t>(seqlen), static_cast<uint64_t>(batch)};
+  const uint64_t strides_rows_first[3] = {s_rows, s_head, static_cast<uint64_t>(st.batch) * 2};
+  const uint64_t strides_head_first[3] = {s_head, s_rows, static_cast<uint64_t>(st.batch) * 2};
+  const uint32_t box_rows_first[4] = {64, 64, 1, 1};
+  const uint32_t box_head_first[4] = {64, 1, 64, 1};
+  return *head_inner
+             ? fh::make_tensor_map(map, ptr, fh::TmaType::kBf16, 4, dims_head_first,
+                                   strides_head_first, box_head_first, fh::TmaSwizzle::k128B)
+             : fh::make_tensor_map(map, ptr, fh::TmaType::kBf16, 4, dims_rows_first,
+                                   strides_rows_first, box_rows_first, fh::TmaSwizzle::k128B);
 }
 
 }  // namespace
@@ -136,10 +146,12 @@ size_t bwd_sm90_workspace_size(const flashback_bwd_params& p) { return workspace
 
 cudaError_t run_bwd_sm90(const flashback_bwd_params& p, cudaStream_t stream) {
   CUtensorMap map_q, map_k, map_v, map_do;
-  if (make_map(&map_q, p.q, p.q_strides, p.batch, p.seqlen_q, p.nheads) != cudaSuccess ||
-      make_map(&map_k, p.k, p.k_strides, p.batch, p.seqlen_k, p.nheads_k) != cudaSuccess ||
-      make_map(&map_v, p.v, p.v_strides, p.batch, p.seqlen_k, p.nheads_k) != cudaSuccess ||
-      make_map(&map_do, p.dout, p.dout_strides, p.batch, p.seqlen_q, p.nheads) != cudaSuccess) {
+  bool hi[4];
+  if (make_map(&map_q, &hi[0], p.q, p.q_strides, p.batch, p.seqlen_q, p.nheads) != cudaSuccess ||
+      make_map(&map_k, &hi[1], p.k, p.k_strides, p.batch, p.seqlen_k, p.nheads_k) != cudaSuccess ||
+      make_map(&map_v, &hi[2], p.v, p.v_strides, p.batch, p.seqlen_k, p.nheads_k) != cudaSuccess ||
+      make_map(&map_do, &hi[3], p.dout, p.dout_strides, p.batch, p.seqlen_q, p.nheads) !=
+          cudaSuccess) {
     return cudaErrorNotSupported;  // nothing launched: the caller takes the reference path
   }
   const WorkspaceParts parts = workspace_parts(p);
@@ -165,6 +177,7 @@ cudaError_t run_bwd_sm90(const flashback_bwd_params& p, cudaStream_t stream) {
   kp.m_blocks = m_blocks;
   kp.n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
   kp.causal = p.causal ? 1 : 0;
+  kp.head_inner = (hi[0] ? 1 : 0) | (hi[1] ? 2 : 0) | (hi[2] ? 4 : 0) | (hi[3] ? 8 : 0);
   kp.scale_log2 = p.softmax_scale * 1.4426950408889634f;
   kp.softmax_scale = p.softmax_scale;
   kp.lse_log2 = lse_log2;

@@ -77,8 +77,20 @@ struct BwdSm90Maps {
 
 // ------------------------------------------------------------------------------ producer ---
 // One thread: K_j and V_j once, then Q_i and dO_i of every step into the ring of stages.
-// Maps are 4-D {d, seqlen, heads, batch}; boxes {64, 64, 1, 1}. Rows past seqlen arrive as
-// zeros and still count in the transaction bytes (FACTS section 4.2).
+// Maps are 4-D {d, seqlen, heads, batch} or {d, heads, seqlen, batch} (p.head_inner), boxes
+// of 64 d x 64 rows. Rows past seqlen arrive as zeros and still count in the transaction bytes
+// (FACTS section 4.2).
+__device__ __forceinline__ void tma_rows(void* dst, const CUtensorMap* map, uint64_t* bar,
+                                         bool head_inner, int d0, int row, int head, int batch) {
+  if (head_inner) {
+    const int c[4] = {d0, head, row, batch};
+    fh::tma_load<4>(dst, map, bar, c);
+  } else {
+    const int c[4] = {d0, row, head, batch};
+    fh::tma_load<4>(dst, map, bar, c);
+  }
+}
+
 template <class T>
 __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const BwdSm90Maps& m,
                                                   const BwdSm90Work& w, uint8_t* smem,
@@ -89,9 +101,10 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
   fh::mbar_arrive_expect_tx(kv_bar, 2 * T::kTileBytes);
 #pragma unroll
   for (int a = 0; a < T::kAtomCols; ++a) {
-    const int c[4] = {64 * a, n0, w.kv_head, w.batch};
-    fh::tma_load<4>(smem + T::kOffK + a * T::kAtomBytes, m.k, kv_bar, c);
-    fh::tma_load<4>(smem + T::kOffV + a * T::kAtomBytes, m.v, kv_bar, c);
+    tma_rows(smem + T::kOffK + a * T::kAtomBytes, m.k, kv_bar, p.head_inner & 2, 64 * a, n0,
+             w.kv_head, w.batch);
+    tma_rows(smem + T::kOffV + a * T::kAtomBytes, m.v, kv_bar, p.head_inner & 4, 64 * a, n0,
+             w.kv_head, w.batch);
   }
   fh::PipelineState<T::kStages> st;
   for (int it = 0; it < w.n_iters; ++it) {
@@ -102,11 +115,11 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     uint64_t* full = pipe->full_barrier(st);
 #pragma unroll
     for (int a = 0; a < T::kAtomCols; ++a) {
-      const int c[4] = {64 * a, m_block * T::kBlockM, head, w.batch};
-      fh::tma_load<4>(smem + T::kOffQ + st.stage * T::kTileBytes + a * T::kAtomBytes, m.q, full,
-                      c);
-      fh::tma_load<4>(smem + T::kOffDo + st.stage * T::kTileBytes + a * T::kAtomBytes, m.dout,
-                      full, c);
+      const int m0 = m_block * T::kBlockM;
+      tma_rows(smem + T::kOffQ + st.stage * T::kTileBytes + a * T::kAtomBytes, m.q, full,
+               p.head_inner & 1, 64 * a, m0, head, w.batch);
+      tma_rows(smem + T::kOffDo + st.stage * T::kTileBytes + a * T::kAtomBytes, m.dout, full,
+               p.head_inner & 8, 64 * a, m0, head, w.batch);
     }
     st.advance();
   }
@@ -140,17 +153,17 @@ __device__ __forceinline__ void gemm_acc_dkv(float (&acc)[128], const uint32_t (
   }
 }
 
-// (7) dQ[:, 128 half ..] = dS K_j: A = dS^T tile [kv][q] read as MN-major (M = q contiguous),
-// B = K_j's atom-columns 2 half, 2 half + 1 as MN-major (rows = keys). K = 64 keys, 4 steps.
+// (7) dQ[:, 64 u .. 64 u + 64] = dS K_j: A = dS^T tile [kv][q] read as MN-major (M = q
+// contiguous), B = K_j's atom-column u as MN-major (rows = keys). K = 64 keys, 4 steps.
 template <class T>
-__device__ __forceinline__ void gemm_dq(float (&dq)[64], const uint8_t* ds, const uint8_t* k,
-                                        int half) {
+__device__ __forceinline__ void gemm_dq(float (&dq)[32], const uint8_t* ds, const uint8_t* k,
+                                        int u) {
   const uint64_t da = fh::desc_mnmajor_sw128(ds, T::kAtomBytes);
-  const uint64_t db = fh::desc_mnmajor_sw128(k + half * 2 * T::kAtomBytes, T::kAtomBytes);
+  const uint64_t db = fh::desc_mnmajor_sw128(k + u * T::kAtomBytes, T::kAtomBytes);
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     const uint32_t off = fh::mnmajor_k_offset(c);
-    fh::wgmma_ss<128, 1, 1>(dq, fh::desc_advance(da, off), fh::desc_advance(db, off), c > 0);
+    fh::wgmma_ss<64, 1, 1>(dq, fh::desc_advance(da, off), fh::desc_advance(db, off), c > 0);
   }
 }
 
@@ -166,19 +179,31 @@ __device__ __forceinline__ void to_a_frags(const float (&x)[R], uint32_t (&a)[4]
   for (int c = 0; c < 4; ++c) fh::acc_to_a_frag(x, c, a[c]);
 }
 
-// ---------------------------------------------------------- consumer warpgroup A: S, P, dV ---
+// ---------------------------------------------------------------- consumer warpgroups ---
+// Both consumer warpgroups run this one function; `role` (0 = A, 1 = B, warpgroup-uniform)
+// only picks operands and the elementwise middle:
+//   role A: (1) S^T = K Q^T, (2) P^T -> shared memory, (5) dV += P^T dO, (7) dQ[:, 0:128]
+//   role B: (3) dP^T = V dO^T, (4) dS^T -> shared memory, (6) dK += dS^T Q, (7) dQ[:, 128:256]
+// One instruction stream instead of two: written as two functions, ptxas spilled ~900 bytes
+// and serialized the wgmmas (C7512) although each alone compiled spill-free at <= 236
+// registers (nvcc 13.0).
 template <class T>
-__device__ __forceinline__ void bwd_sm90_consumer_p_dv(const BwdSm90Params& p,
-                                                       const BwdSm90Work& w, uint8_t* smem,
-                                                       uint64_t* kv_bar,
-                                                       fh::TmaPipeline<T::kStages>* pipe) {
+__device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const BwdSm90Work& w,
+                                                  uint8_t* smem, uint64_t* kv_bar,
+                                                  fh::TmaPipeline<T::kStages>* pipe, int role) {
   const int t = threadIdx.x % 128;
   const bool warp_leader = (threadIdx.x % 32) == 0;
   const int n0 = w.n_block * T::kBlockN;
   float* p_share = reinterpret_cast<float*>(smem + T::kOffP);
-  float dv[128];
-#pragma unroll
-  for (int r = 0; r < 128; ++r) dv[r] = 0.f;
+  uint8_t* ds_s = smem + T::kOffDs;
+  // GEMM 1 operands: A: K_j x Q_i; B: V_j x dO_i. GEMM 2's B operand: A: dO_i; B: Q_i.
+  const uint8_t* x_kv = smem + (role == 0 ? T::kOffK : T::kOffV);
+  const uint32_t off_y1 = role == 0 ? T::kOffQ : T::kOffDo;
+  const uint32_t off_y2 = role == 0 ? T::kOffDo : T::kOffQ;
+  // LSE * log2e rows (role A) or D rows (role B), padded to whole Q blocks.
+  const float* stat = role == 0 ? p.lse_log2 : p.dsum;
+  float acc_kv[128];  // dV (role A) or dK (role B)
+  zero(acc_kv);
   if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);
 
   fh::PipelineState<T::kStages> st;
@@ -186,150 +211,102 @@ __device__ __forceinline__ void bwd_sm90_consumer_p_dv(const BwdSm90Params& p,
     int head, m_block;
     bwd_sm90_iter(p, w, it, head, m_block);
     const int m0 = m_block * T::kBlockM;
-    // LSE * log2e of this thread's 16 query columns (8 pairs), padded rows +inf.
-    const float* lse_row = p.lse_log2 +
-                           (static_cast<int64_t>(w.batch) * p.nheads + head) * p.m_blocks * T::kBlockM +
-                           m0 + 2 * (t % 4);
-    float2 lse[8];
+    // This thread's 16 query columns (8 pairs) of LSE * log2e or D.
+    const float* stat_row = stat +
+                            (static_cast<int64_t>(w.batch) * p.nheads + head) * p.m_blocks * T::kBlockM +
+                            m0 + 2 * (t % 4);
+    float2 rowstat[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) lse[j] = *reinterpret_cast<const float2*>(lse_row + 8 * j);
+    for (int j = 0; j < 8; ++j) rowstat[j] = *reinterpret_cast<const float2*>(stat_row + 8 * j);
 
     pipe->consumer_wait(st);
-    const uint8_t* q_s = smem + T::kOffQ + st.stage * T::kTileBytes;
-    const uint8_t* do_s = smem + T::kOffDo + st.stage * T::kTileBytes;
+    const uint8_t* y1 = smem + off_y1 + st.stage * T::kTileBytes;
+    const uint8_t* y2 = smem + off_y2 + st.stage * T::kTileBytes;
 
-    // (1) S^T = K_j Q_i^T
+    // (1) S^T = K_j Q_i^T  |  (3) dP^T = V_j dO_i^T
     float s[32];
     zero(s);  // not loop-carried: the wgmma asm reads its accumulators ("+f") even when
               // scale-d is false, which otherwise keeps the last step's values alive
     fh::wgmma_fence();
-    gemm_kv_by_q<T>(s, smem + T::kOffK, q_s);
+    gemm_kv_by_q<T>(s, x_kv, y1);
     fh::wgmma_commit();
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(s);
 
-    // (2) P^T = exp2(S^T * scale * log2e - LSE * log2e); 0 for keys past seqlen_k and
-    // (causal) keys after the query's diagonal. Query rows past seqlen_q have LSE = +inf.
-    const int diag = p.seqlen_k - p.seqlen_q;
+    if (role == 0) {
+      // (2) P^T = exp2(S^T * scale * log2e - LSE * log2e); 0 for keys past seqlen_k and
+      // (causal) keys after the query's diagonal. Query rows past seqlen_q have LSE = +inf.
+      const int diag = p.seqlen_k - p.seqlen_q;
 #pragma unroll
-    for (int r = 0; r < 32; ++r) {
-      const int key = n0 + fh::acc_row(r, t);
-      const int query = m0 + fh::acc_col(r, t);
-      const float l = (r & 1) ? lse[r >> 2].y : lse[r >> 2].x;
-      const bool masked = key >= p.seqlen_k || (p.causal && key > query + diag);
-      s[r] = masked ? 0.f : exp2f(s[r] * p.scale_log2 - l);
+      for (int r = 0; r < 32; ++r) {
+        const int key = n0 + fh::acc_row(r, t);
+        const int query = m0 + fh::acc_col(r, t);
+        const float l = (r & 1) ? rowstat[r >> 2].y : rowstat[r >> 2].x;
+        const bool masked = key >= p.seqlen_k || (p.causal && key > query + diag);
+        s[r] = masked ? 0.f : exp2f(s[r] * p.scale_log2 - l);
+      }
+      // Hand P^T to role B (fp32; its accumulator layout is ours: thread t, register r).
+#pragma unroll
+      for (int r = 0; r < 32; ++r) p_share[r * 128 + t] = s[r];
+      fh::named_bar_arrive(T::kBarP, 256);
+    } else {
+      // (4) dS^T = P^T * (dP^T - D)
+      fh::named_bar_sync(T::kBarP, 256);
+#pragma unroll
+      for (int r = 0; r < 32; ++r) {
+        const float d = (r & 1) ? rowstat[r >> 2].y : rowstat[r >> 2].x;
+        s[r] = p_share[r * 128 + t] * (s[r] - d);
+      }
+      // dS^T to shared memory as bf16 [kv][q], 128B-swizzled (the layout TMA would write for
+      // a 64 x 64 box): key row R, query column C at R*128 + ((C/8 ^ R%8) * 16) + (C%8)*2.
+      // A quad writes 16 contiguous bytes; a warp's 8 rows hit 8 different 16-byte bank groups.
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const int r = 2 * j;
+        const int row = fh::acc_row(r, t);
+        const int col = fh::acc_col(r, t);
+        const uint32_t off = row * 128 + (((col >> 3) ^ (row & 7)) << 4) + (col & 7) * 2;
+        *reinterpret_cast<uint32_t*>(ds_s + off) = fh::pack_bf16x2(s[r], s[r + 1]);
+      }
+      fh::fence_proxy_async_shared();  // generic stores -> wgmma (async proxy) reads of dS^T
     }
-    // Hand P^T to warpgroup B (fp32, its accumulator layout is ours: thread t, register r).
-#pragma unroll
-    for (int r = 0; r < 32; ++r) p_share[r * 128 + t] = s[r];
-    fh::named_bar_arrive(T::kBarP, 256);
+    // dS^T of this step is in shared memory for both roles' (7). Role A also passes here
+    // before writing the next P^T, so role B has read this one.
+    fh::named_bar_sync(T::kBarDs, 256);
 
-    // (5) dV += P^T dO_i
+    // (5) dV += P^T dO_i  |  (6) dK += dS^T Q_i
     uint32_t a[4][4];
     to_a_frags(s, a);
     fh::wgmma_fence();
-    gemm_acc_dkv<T>(dv, a, do_s);
+    gemm_acc_dkv<T>(acc_kv, a, y2);
     fh::wgmma_commit();
-
-    // (7) dQ_i[:, 0:128] = dS K_j once warpgroup B has written dS^T.
-    fh::named_bar_sync(T::kBarDs, 256);
-    float dq[64];
-    zero(dq);
-    fh::wgmma_fence();
-    gemm_dq<T>(dq, smem + T::kOffDs, smem + T::kOffK, 0);
-    fh::wgmma_commit();
-    fh::wgmma_wait<0>();
-    fh::wgmma_fence_operand(dq);
-    fh::wgmma_fence_operand(dv);
-    if (warp_leader) pipe->consumer_release(st);  // Q_i, dO_i no longer read by this warpgroup
-    add_dq_partial(p, w.batch, head, m_block, 0, t, dq);
+    // (7) dQ_i[:, 128 role ..] = dS K_j in two 64-column quarters u = 2 role, 2 role + 1:
+    // 32 accumulator registers at a time instead of 64. With 64, ptxas (nvcc 13.0) found no
+    // room for the contiguous accumulator blocks next to dK/dV (128) and spilled ~600 bytes
+    // around every wgmma (C7512).
+#pragma unroll 1
+    for (int quarter = 0; quarter < 2; ++quarter) {
+      const int u = 2 * role + quarter;
+      float dq[32];
+      zero(dq);
+      fh::wgmma_fence();
+      gemm_dq<T>(dq, ds_s, smem + T::kOffK, u);
+      fh::wgmma_commit();
+      fh::wgmma_wait<0>();
+      fh::wgmma_fence_operand(dq);
+      if (quarter == 0) {
+        fh::wgmma_fence_operand(acc_kv);
+        if (warp_leader) pipe->consumer_release(st);  // Q_i, dO_i no longer read by us
+      }
+      add_dq_partial(p, w.batch, head, m_block, u, t, dq);
+    }
     st.advance();
   }
-  store_dkv(p.dv, p.dv_strides, w.batch, w.kv_head, n0, p.seqlen_k, t, 1.f, dv);
-}
-
-// --------------------------------------------------------- consumer warpgroup B: dP, dS, dK ---
-template <class T>
-__device__ __forceinline__ void bwd_sm90_consumer_ds_dk(const BwdSm90Params& p,
-                                                        const BwdSm90Work& w, uint8_t* smem,
-                                                        uint64_t* kv_bar,
-                                                        fh::TmaPipeline<T::kStages>* pipe) {
-  const int t = threadIdx.x % 128;
-  const bool warp_leader = (threadIdx.x % 32) == 0;
-  const int n0 = w.n_block * T::kBlockN;
-  const float* p_share = reinterpret_cast<const float*>(smem + T::kOffP);
-  uint8_t* ds_s = smem + T::kOffDs;
-  float dk[128];
-#pragma unroll
-  for (int r = 0; r < 128; ++r) dk[r] = 0.f;
-  if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);
-
-  fh::PipelineState<T::kStages> st;
-  for (int it = 0; it < w.n_iters; ++it) {
-    int head, m_block;
-    bwd_sm90_iter(p, w, it, head, m_block);
-    const int m0 = m_block * T::kBlockM;
-    const float* d_row = p.dsum +
-                         (static_cast<int64_t>(w.batch) * p.nheads + head) * p.m_blocks * T::kBlockM +
-                         m0 + 2 * (t % 4);
-    float2 dsum[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) dsum[j] = *reinterpret_cast<const float2*>(d_row + 8 * j);
-
-    pipe->consumer_wait(st);
-    const uint8_t* q_s = smem + T::kOffQ + st.stage * T::kTileBytes;
-    const uint8_t* do_s = smem + T::kOffDo + st.stage * T::kTileBytes;
-
-    // (3) dP^T = V_j dO_i^T
-    float dp[32];
-    zero(dp);  // see s in warpgroup A
-    fh::wgmma_fence();
-    gemm_kv_by_q<T>(dp, smem + T::kOffV, do_s);
-    fh::wgmma_commit();
-    fh::wgmma_wait<0>();
-    fh::wgmma_fence_operand(dp);
-
-    // (4) dS^T = P^T * (dP^T - D), P^T from warpgroup A.
-    fh::named_bar_sync(T::kBarP, 256);
-#pragma unroll
-    for (int r = 0; r < 32; ++r) {
-      const float d = (r & 1) ? dsum[r >> 2].y : dsum[r >> 2].x;
-      dp[r] = p_share[r * 128 + t] * (dp[r] - d);
-    }
-    // dS^T to shared memory as bf16 [kv][q], 128B-swizzled (the layout TMA would write for a
-    // 64 x 64 box): key row R, query column C at R*128 + ((C/8 ^ R%8) * 16) + (C%8)*2. A quad
-    // writes 16 contiguous bytes; the 8 rows of a warp hit 8 different 16-byte bank groups.
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const int r = 2 * j;
-      const int row = fh::acc_row(r, t);
-      const int col = fh::acc_col(r, t);
-      const uint32_t off = row * 128 + ((((col >> 3) ^ (row & 7))) << 4) + (col & 7) * 2;
-      *reinterpret_cast<uint32_t*>(ds_s + off) = fh::pack_bf16x2(dp[r], dp[r + 1]);
-    }
-    fh::fence_proxy_async_shared();  // generic stores -> wgmma (async proxy) reads of dS^T
-    fh::named_bar_sync(T::kBarDs, 256);
-
-    // (6) dK += dS^T Q_i
-    uint32_t a[4][4];
-    to_a_frags(dp, a);
-    fh::wgmma_fence();
-    gemm_acc_dkv<T>(dk, a, q_s);
-    fh::wgmma_commit();
-    // (7) dQ_i[:, 128:256] = dS K_j
-    float dq[64];
-    zero(dq);
-    fh::wgmma_fence();
-    gemm_dq<T>(dq, ds_s, smem + T::kOffK, 1);
-    fh::wgmma_commit();
-    fh::wgmma_wait<0>();
-    fh::wgmma_fence_operand(dq);
-    fh::wgmma_fence_operand(dk);
-    if (warp_leader) pipe->consumer_release(st);
-    add_dq_partial(p, w.batch, head, m_block, 1, t, dq);
-    st.advance();
+  if (role == 0) {
+    store_dkv(p.dv, p.dv_strides, w.batch, w.kv_head, n0, p.seqlen_k, t, 1.f, acc_kv);
+  } else {
+    store_dkv(p.dk, p.dk_strides, w.batch, w.kv_head, n0, p.seqlen_k, t, p.softmax_scale, acc_kv);
   }
-  store_dkv(p.dk, p.dk_strides, w.batch, w.kv_head, n0, p.seqlen_k, t, p.softmax_scale, dk);
 }
 
 }  // namespace sm90

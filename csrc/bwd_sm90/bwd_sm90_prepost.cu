@@ -6,7 +6,7 @@
 // postprocess, one CTA per (Q block, head, batch): dQ = scale * dQaccum to bf16. dQaccum holds
 //     each 64 x 256 tile in the order the main kernel's wgmma accumulators add it (see
 //     bwd_sm90_epilogue.cuh), so that its atomics cover whole 128-byte lines; this kernel maps
-//     (half, group, thread, element) back to (row, column).
+//     (quarter, group, thread, element) back to (row, column).
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -62,9 +62,10 @@ __global__ void __launch_bounds__(kPreThreads)
   }
 }
 
-// Thread t of half w (= consumer warpgroup w of the main kernel) reads, for g = 0..15, the
-// float4 its wgmma accumulator registers 4g..4g+3 added: rows r0 and r0 + 8 of the tile,
-// columns c and c + 1 (FACTS section 3 accumulator layout, N = 128, offset 128 w).
+// Thread t reads, for quarter u (= 64-column block, u = 2 w + quarter of consumer warpgroup
+// w in the main kernel) and g = 0..7, the float4 its wgmma accumulator registers 4g..4g+3
+// added: rows r0 and r0 + 8 of the tile, columns c and c + 1 (FACTS section 3 accumulator
+// layout, N = 64, column offset 64 u).
 constexpr int kPostThreads = 256;
 
 __global__ void __launch_bounds__(kPostThreads)
@@ -73,26 +74,28 @@ __global__ void __launch_bounds__(kPostThreads)
   const int m_block = blockIdx.x;
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
-  const int w = threadIdx.x / 128;
   const int t = threadIdx.x % 128;
   const int64_t tile = (static_cast<int64_t>(batch) * p.nheads + head) * m_blocks + m_block;
-  const float4* src = reinterpret_cast<const float4*>(dq_accum + tile * kDqTileFloats +
-                                                      w * (kDqTileFloats / 2)) + t;
   const int r0 = m_block * kDqTileRows + 16 * (t / 32) + (t % 32) / 4;
-  const int c0 = 128 * w + 2 * (t % 4);
   bf16* dq = static_cast<bf16*>(p.dq) + batch * p.dq_strides.batch + head * p.dq_strides.head;
   const float s = p.softmax_scale;
+#pragma unroll
+  for (int pass = 0; pass < 2; ++pass) {
+    const int u = static_cast<int>(threadIdx.x) / 128 + 2 * pass;
+    const float4* src =
+        reinterpret_cast<const float4*>(dq_accum + tile * kDqTileFloats + u * (kDqTileFloats / 4)) + t;
 #pragma unroll 4
-  for (int g = 0; g < 16; ++g) {
-    const float4 v = src[g * 128];
-    const int c = c0 + 8 * g;
-    if (r0 < p.seqlen_q) {
-      *reinterpret_cast<__nv_bfloat162*>(dq + r0 * p.dq_strides.row + c) =
-          __floats2bfloat162_rn(v.x * s, v.y * s);
-    }
-    if (r0 + 8 < p.seqlen_q) {
-      *reinterpret_cast<__nv_bfloat162*>(dq + (r0 + 8) * p.dq_strides.row + c) =
-          __floats2bfloat162_rn(v.z * s, v.w * s);
+    for (int g = 0; g < 8; ++g) {
+      const float4 v = src[g * 128];
+      const int c = 64 * u + 8 * g + 2 * (t % 4);
+      if (r0 < p.seqlen_q) {
+        *reinterpret_cast<__nv_bfloat162*>(dq + r0 * p.dq_strides.row + c) =
+            __floats2bfloat162_rn(v.x * s, v.y * s);
+      }
+      if (r0 + 8 < p.seqlen_q) {
+        *reinterpret_cast<__nv_bfloat162*>(dq + (r0 + 8) * p.dq_strides.row + c) =
+            __floats2bfloat162_rn(v.z * s, v.w * s);
+      }
     }
   }
 }
