@@ -71,6 +71,10 @@ flashback_status check_shape(const Shape& s, flashback_dtype dtype, float scale)
   if (s.nheads < 1 || s.nheads_k < 1)
     return fail(FLASHBACK_ERROR_INVALID_VALUE, "nheads and nheads_k must be >= 1, got %d and %d",
                 s.nheads, s.nheads_k);
+  // Heads and batch index grid dims y and z, which CUDA caps at 65535.
+  if (s.batch > 65535 || s.nheads > 65535)
+    return fail(FLASHBACK_ERROR_NOT_SUPPORTED,
+                "batch (%d) and nheads (%d) must be at most 65535", s.batch, s.nheads);
   if (s.nheads % s.nheads_k != 0)
     return fail(FLASHBACK_ERROR_INVALID_VALUE, "nheads (%d) must be divisible by nheads_k (%d)",
                 s.nheads, s.nheads_k);
@@ -90,7 +94,8 @@ flashback_status check_shape(const Shape& s, flashback_dtype dtype, float scale)
 // and every stride a multiple of 8 bf16 elements. Strides must also keep the rows of one
 // tensor apart, or a write would race with another.
 flashback_status check_tensor(const char* name, const void* ptr, const flashback_strides& st,
-                              int seqlen, int heads, int headdim, bool is_output = false) {
+                              int batch, int seqlen, int heads, int headdim,
+                              bool is_output = false) {
   if (ptr == nullptr) return fail(FLASHBACK_ERROR_INVALID_VALUE, "%s is a null pointer", name);
   if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
     return fail(FLASHBACK_ERROR_INVALID_VALUE, "%s must be 16-byte aligned (address %p)", name, ptr);
@@ -103,12 +108,29 @@ flashback_status check_tensor(const char* name, const void* ptr, const flashback
                   names[i], static_cast<long long>(strides[i]));
   }
   if (!is_output) return FLASHBACK_SUCCESS;  // inputs may alias (e.g. broadcast strides)
-  if (heads > 1 && st.head < headdim)
-    return fail(FLASHBACK_ERROR_INVALID_VALUE, "%s head stride %lld overlaps a row of headdim %d",
-                name, static_cast<long long>(st.head), headdim);
-  if (seqlen > 1 && st.row < static_cast<int64_t>(headdim))
-    return fail(FLASHBACK_ERROR_INVALID_VALUE, "%s row stride %lld overlaps a row of headdim %d",
-                name, static_cast<long long>(st.row), headdim);
+  // Many CTAs write an output at once, so no two indices may share an element: with the dims
+  // of size > 1 sorted by stride, each stride must step over everything inside it.
+  struct Dim {
+    int64_t stride, size;
+    const char* name;
+  } dims[4] = {{1, headdim, "headdim"}, {st.head, heads, "head"}, {st.row, seqlen, "row"},
+               {st.batch, batch, "batch"}};
+  for (int i = 1; i < 4; ++i)  // insertion sort by stride; dim 0 (stride 1) stays first
+    for (int j = i; j > 1 && dims[j].stride < dims[j - 1].stride; --j) {
+      const Dim t = dims[j];
+      dims[j] = dims[j - 1];
+      dims[j - 1] = t;
+    }
+  int64_t reach = headdim;
+  for (int i = 1; i < 4; ++i) {
+    if (dims[i].size <= 1) continue;
+    if (dims[i].stride < reach)
+      return fail(FLASHBACK_ERROR_INVALID_VALUE,
+                  "%s %s stride %lld overlaps other elements of the output (it must be >= %lld)",
+                  name, dims[i].name, static_cast<long long>(dims[i].stride),
+                  static_cast<long long>(reach));
+    reach = dims[i].stride * dims[i].size;
+  }
   return FLASHBACK_SUCCESS;
 }
 
@@ -201,10 +223,10 @@ flashback_status flashback_attention_forward(const flashback_fwd_params* p) {
   if (p == nullptr) return fail(FLASHBACK_ERROR_INVALID_VALUE, "params is a null pointer");
   const Shape s{p->batch, p->seqlen_q, p->seqlen_k, p->nheads, p->nheads_k, p->headdim};
   FLASHBACK_TRY(check_shape(s, p->dtype, p->softmax_scale));
-  FLASHBACK_TRY(check_tensor("q", p->q, p->q_strides, s.seqlen_q, s.nheads, s.headdim));
-  FLASHBACK_TRY(check_tensor("k", p->k, p->k_strides, s.seqlen_k, s.nheads_k, s.headdim));
-  FLASHBACK_TRY(check_tensor("v", p->v, p->v_strides, s.seqlen_k, s.nheads_k, s.headdim));
-  FLASHBACK_TRY(check_tensor("out", p->out, p->out_strides, s.seqlen_q, s.nheads, s.headdim, true));
+  FLASHBACK_TRY(check_tensor("q", p->q, p->q_strides, s.batch, s.seqlen_q, s.nheads, s.headdim));
+  FLASHBACK_TRY(check_tensor("k", p->k, p->k_strides, s.batch, s.seqlen_k, s.nheads_k, s.headdim));
+  FLASHBACK_TRY(check_tensor("v", p->v, p->v_strides, s.batch, s.seqlen_k, s.nheads_k, s.headdim));
+  FLASHBACK_TRY(check_tensor("out", p->out, p->out_strides, s.batch, s.seqlen_q, s.nheads, s.headdim, true));
   FLASHBACK_TRY(check_lse("lse", p->lse));
   FLASHBACK_TRY(check_current_device());
   return launched(run_reference_fwd(*p, static_cast<cudaStream_t>(p->stream)), "forward launch");
@@ -221,14 +243,14 @@ flashback_status flashback_attention_backward(const flashback_bwd_params* p) {
   if (p == nullptr) return fail(FLASHBACK_ERROR_INVALID_VALUE, "params is a null pointer");
   const Shape s{p->batch, p->seqlen_q, p->seqlen_k, p->nheads, p->nheads_k, p->headdim};
   FLASHBACK_TRY(check_shape(s, p->dtype, p->softmax_scale));
-  FLASHBACK_TRY(check_tensor("q", p->q, p->q_strides, s.seqlen_q, s.nheads, s.headdim));
-  FLASHBACK_TRY(check_tensor("k", p->k, p->k_strides, s.seqlen_k, s.nheads_k, s.headdim));
-  FLASHBACK_TRY(check_tensor("v", p->v, p->v_strides, s.seqlen_k, s.nheads_k, s.headdim));
-  FLASHBACK_TRY(check_tensor("out", p->out, p->out_strides, s.seqlen_q, s.nheads, s.headdim));
-  FLASHBACK_TRY(check_tensor("dout", p->dout, p->dout_strides, s.seqlen_q, s.nheads, s.headdim));
-  FLASHBACK_TRY(check_tensor("dq", p->dq, p->dq_strides, s.seqlen_q, s.nheads, s.headdim, true));
-  FLASHBACK_TRY(check_tensor("dk", p->dk, p->dk_strides, s.seqlen_k, s.nheads_k, s.headdim, true));
-  FLASHBACK_TRY(check_tensor("dv", p->dv, p->dv_strides, s.seqlen_k, s.nheads_k, s.headdim, true));
+  FLASHBACK_TRY(check_tensor("q", p->q, p->q_strides, s.batch, s.seqlen_q, s.nheads, s.headdim));
+  FLASHBACK_TRY(check_tensor("k", p->k, p->k_strides, s.batch, s.seqlen_k, s.nheads_k, s.headdim));
+  FLASHBACK_TRY(check_tensor("v", p->v, p->v_strides, s.batch, s.seqlen_k, s.nheads_k, s.headdim));
+  FLASHBACK_TRY(check_tensor("out", p->out, p->out_strides, s.batch, s.seqlen_q, s.nheads, s.headdim));
+  FLASHBACK_TRY(check_tensor("dout", p->dout, p->dout_strides, s.batch, s.seqlen_q, s.nheads, s.headdim));
+  FLASHBACK_TRY(check_tensor("dq", p->dq, p->dq_strides, s.batch, s.seqlen_q, s.nheads, s.headdim, true));
+  FLASHBACK_TRY(check_tensor("dk", p->dk, p->dk_strides, s.batch, s.seqlen_k, s.nheads_k, s.headdim, true));
+  FLASHBACK_TRY(check_tensor("dv", p->dv, p->dv_strides, s.batch, s.seqlen_k, s.nheads_k, s.headdim, true));
   FLASHBACK_TRY(check_lse("lse", p->lse));
   const size_t need = bwd_workspace_bytes(*p);
   if (need > 0) {

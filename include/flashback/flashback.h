@@ -8,8 +8,13 @@
  * Layout (as FlashAttention): q, out, dout, dq are (batch, seqlen_q, nheads, headdim);
  * k, v, dk, dv are (batch, seqlen_k, nheads_k, headdim); lse is (batch, nheads, seqlen_q),
  * fp32, contiguous, natural log. Strides are in elements; the last dimension is contiguous.
- * nheads must be a multiple of nheads_k (GQA / MQA). Causal masking is aligned bottom-right:
- * query row i sees key column j when j <= i + seqlen_k - seqlen_q.
+ * nheads must be a multiple of nheads_k (GQA / MQA); batch and nheads are at most 65535.
+ * Causal masking is aligned bottom-right: query row i sees key column j when
+ * j <= i + seqlen_k - seqlen_q.
+ *
+ * Outputs (out, lse, dq, dk, dv) must not share memory with any input, nor with each other;
+ * their strides must give every element its own address (checked). Inputs may use any strides
+ * that are multiples of 8 elements, including 0 (broadcast).
  */
 #ifndef FLASHBACK_FLASHBACK_H_
 #define FLASHBACK_FLASHBACK_H_

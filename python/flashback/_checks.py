@@ -7,6 +7,7 @@ the real device and run when the op executes.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 
@@ -16,6 +17,8 @@ from . import _lib
 
 SUPPORTED_HEADDIMS = (64, 128, 256)
 SUPPORTED_DTYPES = (torch.bfloat16,)
+# The kernels put heads and batch in grid dims y and z, which CUDA caps at 65535.
+MAX_BATCH = MAX_HEADS = 65535
 _DTYPE_TEXT = ", ".join(str(d) for d in SUPPORTED_DTYPES)
 
 
@@ -40,13 +43,13 @@ def _check_same_dtype(named: dict) -> None:
         raise TypeError(f"all inputs must have the same dtype, got {given}")
 
 
-def _check_devices(named: dict) -> None:
+def _check_devices(named: dict, require_cuda: bool = True) -> None:
     devices = {n: t.device for n, t in named.items()}
     if len(set(devices.values())) > 1:
         given = ", ".join(f"{n} on {d}" for n, d in devices.items())
         raise ValueError(f"all tensors must be on the same device, got {given}")
     first_name, first = next(iter(named.items()))
-    if first.device.type != "cuda":
+    if require_cuda and first.device.type != "cuda":
         raise ValueError(
             f"{first_name} is on device '{first.device}'; flashback runs on CUDA GPUs (sm_90) only")
 
@@ -56,8 +59,14 @@ def check_scale(softmax_scale, headdim: int) -> float:
         return 1.0 / math.sqrt(headdim)
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
         raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
-    if not math.isfinite(softmax_scale) or softmax_scale <= 0:
-        raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale}")
+    # The kernels take a float32: check the value they will see, not the Python float.
+    try:
+        as_f32 = ctypes.c_float(float(softmax_scale)).value
+    except OverflowError:
+        as_f32 = math.inf
+    if not (0.0 < as_f32 < math.inf):
+        raise ValueError(
+            f"softmax_scale must be > 0 and finite as a float32, got {softmax_scale}")
     return float(softmax_scale)
 
 
@@ -84,6 +93,10 @@ def check_qkv(q, k, v) -> tuple[int, int, int, int, int, int]:
     if h % hk != 0:
         raise ValueError(
             f"nheads of q ({h}) must be divisible by nheads of k and v ({hk}) (GQA/MQA)")
+    if b > MAX_BATCH:
+        raise ValueError(f"batch {b} is larger than the supported maximum {MAX_BATCH}")
+    if h > MAX_HEADS:
+        raise ValueError(f"nheads {h} is larger than the supported maximum {MAX_HEADS}")
     if d not in SUPPORTED_HEADDIMS:
         raise ValueError(
             f"headdim {d} is not supported (supported: {', '.join(map(str, SUPPORTED_HEADDIMS))})")
@@ -110,8 +123,81 @@ def check_lse(name: str, lse, b: int, h: int, sq: int) -> None:
         raise ValueError(f"{name} must be contiguous, got strides {tuple(lse.stride())}")
 
 
-def check_devices(**named) -> None:
-    _check_devices(named)
+def check_output_layout(name: str, x) -> None:
+    """An output written by many CTAs at once must not have two indices on one element."""
+    dims = sorted((x.stride(i), x.shape[i]) for i in range(x.dim()) if x.shape[i] > 1)
+    reach = 1  # elements spanned by the dims inside the current one
+    for stride, size in dims:
+        if stride < reach:
+            raise ValueError(
+                f"{name} has overlapping memory (shape {tuple(x.shape)}, strides "
+                f"{tuple(x.stride())}): an output must give every element its own address")
+        reach = stride * size
+
+
+def check_forward_args(q, k, v, out=None, lse=None, softmax_scale=None, require_cuda=True):
+    """All metadata checks of a forward call; returns (batch, seqlen_q, seqlen_k, nheads,
+    nheads_k, headdim). Runs on fake tensors too (no data access). The fake kernels pass
+    require_cuda=False: the ops' dispatch already limits the real kernels to CUDA."""
+    dims = check_qkv(q, k, v)
+    b, sq, _, h, _, _ = dims
+    named = dict(q=q, k=k, v=v)
+    if out is not None:
+        check_like("out", out, q, "q")
+        check_output_layout("out", out)
+        named["out"] = out
+    if lse is not None:
+        check_lse("lse", lse, b, h, sq)
+        named["lse"] = lse
+    check_scale(softmax_scale, dims[-1])
+    _check_devices(named, require_cuda)
+    return dims
+
+
+def check_backward_args(dout, q, k, v, out, lse, dq=None, dk=None, dv=None, softmax_scale=None,
+                        require_cuda=True):
+    """All metadata checks of a backward call (see check_forward_args)."""
+    dims = check_qkv(q, k, v)
+    b, sq, _, h, _, _ = dims
+    check_like("out", out, q, "q")
+    check_like("dout", dout, q, "q")
+    check_lse("lse", lse, b, h, sq)
+    named = dict(q=q, k=k, v=v, out=out, dout=dout, lse=lse)
+    for name, grad, ref, ref_name in (("dq", dq, q, "q"), ("dk", dk, k, "k"), ("dv", dv, v, "v")):
+        if grad is not None:
+            check_like(name, grad, ref, ref_name)
+            check_output_layout(name, grad)
+            named[name] = grad
+    check_scale(softmax_scale, dims[-1])
+    _check_devices(named, require_cuda)
+    return dims
+
+
+def _byte_range(x):
+    if x.numel() == 0:
+        return (0, 0)
+    span = sum((size - 1) * stride for size, stride in zip(x.shape, x.stride())) + 1
+    start = x.data_ptr()
+    return start, start + span * x.element_size()
+
+
+def check_no_aliasing(outputs: dict, inputs: dict) -> None:
+    """Outputs must not share memory with inputs (other CTAs still read them while an output
+    is written: e.g. dk written over k changes the dQ computed from k afterwards), nor start at
+    the same address as another output. Outputs may interleave without overlapping, as the
+    three views of one packed (batch, seqlen, 3, heads, headdim) gradient do. Needs real
+    tensors (data pointers), so it runs when the op executes, not while tracing."""
+    for oname, o in outputs.items():
+        o0, o1 = _byte_range(o)
+        for iname, i in inputs.items():
+            i0, i1 = _byte_range(i)
+            if o0 < i1 and i0 < o1:
+                raise ValueError(f"{oname} overlaps the memory of input {iname}: outputs must not alias inputs")
+    ptrs = {}
+    for oname, o in outputs.items():
+        if o.data_ptr() in ptrs:
+            raise ValueError(f"{oname} and {ptrs[o.data_ptr()]} are the same memory: each output needs its own")
+        ptrs[o.data_ptr()] = oname
 
 
 @functools.lru_cache(maxsize=None)
@@ -123,10 +209,15 @@ def _device_error(index: int) -> str | None:
     return None
 
 
-def check_runtime(device: torch.device) -> None:
-    """Checks that need the real device: architecture, then the native library."""
+def check_runtime(device: torch.device, headdim: int | None = None) -> None:
+    """Checks that need the real device: architecture, then the native library, then whether
+    this build of it has the head dim (builds may leave head dims out)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     err = _device_error(index)
     if err is not None:
         raise ValueError(err)
-    _lib.load()
+    lib = _lib.load()
+    if headdim is not None and not lib.flashback_headdim_supported(headdim):
+        built = [d for d in SUPPORTED_HEADDIMS if lib.flashback_headdim_supported(d)]
+        raise ValueError(f"headdim {headdim} is not supported by this build of flashback "
+                         f"(built: {', '.join(map(str, built)) or 'none'})")

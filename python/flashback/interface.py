@@ -25,9 +25,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_sca
     always are; the flag is kept so callers need not change when faster, atomic-based kernels
     arrive.) The returned lse carries no gradient.
     """
-    _checks.check_qkv(q, k, v)
+    _checks.check_forward_args(q, k, v, softmax_scale=softmax_scale)
     scale = _checks.check_scale(softmax_scale, q.shape[-1])
-    _checks.check_devices(q=q, k=k, v=v)
     out, lse = torch.ops.flashback.fwd(q, k, v, scale, bool(causal), bool(deterministic))
     return (out, lse) if return_lse else out
 
@@ -35,19 +34,16 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_sca
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                       softmax_scale: float | None = None, out: Tensor | None = None,
                       lse: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """(out, lse) with no autograd. out and lse may be preallocated (written in place)."""
-    b, sq, _, h, _, d = _checks.check_qkv(q, k, v)
+    """(out, lse) with no autograd. out and lse may be preallocated (written in place); they
+    must not share memory with q, k or v."""
+    b, sq, _, h, _, d = _checks.check_forward_args(q, k, v, out, lse, softmax_scale)
     scale = _checks.check_scale(softmax_scale, d)
     if out is None and lse is None:
-        _checks.check_devices(q=q, k=k, v=v)
         return torch.ops.flashback.fwd(q, k, v, scale, bool(causal), False)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if lse is None:
         lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
-    _checks.check_like("out", out, q, "q")
-    _checks.check_lse("lse", lse, b, h, sq)
-    _checks.check_devices(q=q, k=k, v=v, out=out, lse=lse)
     torch.ops.flashback.fwd_out(q, k, v, out, lse, scale, bool(causal))
     return out, lse
 
@@ -57,23 +53,16 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
                        deterministic: bool = False, dq: Tensor | None = None,
                        dk: Tensor | None = None, dv: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) for the out and lse that attention_forward returned with the same arguments.
-    dq, dk and dv may be preallocated (written in place)."""
-    b, sq, _, h, _, d = _checks.check_qkv(q, k, v)
+    dq, dk and dv may be preallocated (written in place); they must not share memory with the
+    inputs or start at the same address as each other (interleaved views of one packed
+    gradient tensor are fine)."""
+    d = _checks.check_backward_args(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale)[-1]
     scale = _checks.check_scale(softmax_scale, d)
-    _checks.check_like("out", out, q, "q")
-    _checks.check_like("dout", dout, q, "q")
-    _checks.check_lse("lse", lse, b, h, sq)
-    named = dict(q=q, k=k, v=v, out=out, dout=dout, lse=lse)
     if dq is None and dk is None and dv is None:
-        _checks.check_devices(**named)
         return torch.ops.flashback.bwd(dout, q, k, v, out, lse, scale, bool(causal), bool(deterministic))
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if dq is None else dq
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device) if dk is None else dk
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device) if dv is None else dv
-    _checks.check_like("dq", dq, q, "q")
-    _checks.check_like("dk", dk, k, "k")
-    _checks.check_like("dv", dv, v, "v")
-    _checks.check_devices(**named, dq=dq, dk=dk, dv=dv)
     torch.ops.flashback.bwd_out(dout, q, k, v, out, lse, dq, dk, dv, scale, bool(causal),
                                 bool(deterministic))
     return dq, dk, dv

@@ -15,13 +15,22 @@ from torch import Tensor
 from . import _checks, _lib
 
 
+def _in_place_ok(x: Tensor) -> bool:
+    """The kernels access x directly: 16-byte aligned base, strides in multiples of 8
+    elements, last dim contiguous."""
+    return x.data_ptr() % 16 == 0 and x.stride(-1) == 1 and all(s % 8 == 0 for s in x.stride()[:3])
+
+
 def _kernel_ready(x: Tensor) -> Tensor:
-    """x itself when the kernels can read it in place (16-byte aligned base, strides in
-    multiples of 8 elements, last dim contiguous), else a contiguous copy."""
-    ok = x.data_ptr() % 16 == 0 and x.stride(-1) == 1 and all(s % 8 == 0 for s in x.stride()[:3])
-    # clone() to contiguous_format, not .contiguous(): the latter returns x itself when only the
-    # stride of a size-1 dim is odd, or when x is contiguous but starts at an unaligned offset.
-    return x if ok else x.clone(memory_format=torch.contiguous_format)
+    """An input as the kernels can read it: x itself, or a contiguous copy. clone() to
+    contiguous_format, not .contiguous(): the latter returns x itself when only the stride of
+    a size-1 dim is odd, or when x is contiguous but starts at an unaligned offset."""
+    return x if _in_place_ok(x) else x.clone(memory_format=torch.contiguous_format)
+
+
+def _kernel_target(x: Tensor) -> Tensor:
+    """An output as the kernels can write it: x itself, or a fresh buffer copied into x after."""
+    return x if _in_place_ok(x) else torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 def _strides(x: Tensor) -> _lib.Strides:
@@ -33,10 +42,13 @@ def _stream(device: torch.device) -> int:
 
 
 def _launch_fwd(q, k, v, out, lse, softmax_scale, causal) -> None:
-    _checks.check_runtime(q.device)
+    # The ops are public too (torch.ops.flashback.*): they check their arguments themselves.
+    _checks.check_forward_args(q, k, v, out, lse, softmax_scale)
+    _checks.check_no_aliasing(dict(out=out, lse=lse), dict(q=q, k=k, v=v))
+    _checks.check_runtime(q.device, q.shape[-1])
     lib = _lib.load()
     q, k, v = _kernel_ready(q), _kernel_ready(k), _kernel_ready(v)
-    dst = _kernel_ready(out)
+    dst = _kernel_target(out)
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     p = _lib.FwdParams(
@@ -52,11 +64,13 @@ def _launch_fwd(q, k, v, out, lse, softmax_scale, causal) -> None:
 
 
 def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic) -> None:
-    _checks.check_runtime(q.device)
+    _checks.check_backward_args(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale)
+    _checks.check_no_aliasing(dict(dq=dq, dk=dk, dv=dv),
+                              dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse))
+    _checks.check_runtime(q.device, q.shape[-1])
     lib = _lib.load()
     dout, q, k, v, out = (_kernel_ready(x) for x in (dout, q, k, v, out))
-    lse = lse.contiguous()
-    dsts = [_kernel_ready(x) for x in (dq, dk, dv)]
+    dsts = [_kernel_target(x) for x in (dq, dk, dv)]
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     p = _lib.BwdParams(
@@ -100,6 +114,7 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool,
 
 @fwd.register_fake
 def _(q, k, v, softmax_scale, causal, deterministic):
+    _checks.check_forward_args(q, k, v, require_cuda=False)
     return torch.empty(q.shape, dtype=q.dtype, device=q.device), _empty_lse(q)
 
 
@@ -111,6 +126,7 @@ def fwd_out(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_s
 
 @fwd_out.register_fake
 def _(q, k, v, out, lse, softmax_scale, causal):
+    _checks.check_forward_args(q, k, v, out, lse, require_cuda=False)
     return None
 
 
@@ -126,6 +142,7 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
 
 @bwd.register_fake
 def _(dout, q, k, v, out, lse, softmax_scale, causal, deterministic):
+    _checks.check_backward_args(dout, q, k, v, out, lse, require_cuda=False)
     return tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
 
 
@@ -137,6 +154,7 @@ def bwd_out(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Ten
 
 @bwd_out.register_fake
 def _(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic):
+    _checks.check_backward_args(dout, q, k, v, out, lse, dq, dk, dv, require_cuda=False)
     return None
 
 

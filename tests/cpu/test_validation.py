@@ -287,7 +287,11 @@ def call_fwd(lib, p):
     (lambda p: setattr(p, "lse", None), 1, "lse is a null pointer"),
     (lambda p: setattr(p, "k", p.k + 8), 1, "k must be 16-byte aligned"),
     (lambda p: setattr(p.v_strides, "row", 130), 1, "v row stride must be a non-negative multiple of 8"),
-    (lambda p: setattr(p.out_strides, "head", 8), 1, "out head stride 8 overlaps a row of headdim 128"),
+    (lambda p: setattr(p.out_strides, "head", 8), 1, "out head stride 8 overlaps other elements"),
+    (lambda p: setattr(p.out_strides, "batch", 0), 1, "out batch stride 0 overlaps other elements"),
+    # row stride == head stride: row i+1 of head 0 is row i of head 1
+    (lambda p: setattr(p.out_strides, "row", p.out_strides.head), 1, "out row stride 128 overlaps"),
+    (lambda p: setattr(p, "batch", 70000), 2, "batch (70000) and nheads (4) must be at most 65535"),
     (lambda p: setattr(p, "headdim", 96), 2, "headdim 96 is not supported"),
     (lambda p: setattr(p, "dtype", 1), 2, "dtype 1 is not supported"),
     (lambda p: setattr(p, "nheads", 3), 1, "nheads (3) must be divisible by nheads_k (2)"),
@@ -362,3 +366,97 @@ def test_python_struct_mirror_matches_header():
             names = line.split(None, 1)[1] if not line.startswith("const ") else line.split(None, 2)[2]
             decl_names += [re.sub(r"[*\s]", "", n) for n in names.split(",")]
         assert decl_names == [f[0] for f in cls._fields_], struct
+
+
+# --- outputs that overlap themselves or the inputs; limits -------------------------------
+
+@pytest.mark.parametrize("scale", [1e39, 1e-50, 10**400])
+def test_softmax_scale_must_fit_float32(scale):
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"softmax_scale must be > 0 and finite as a float32"):
+        flashback.attention(q, k, v, softmax_scale=scale)
+
+
+@pytest.mark.parametrize("b,h,expected", [(70000, 1, r"batch 70000 is larger than the supported maximum 65535"),
+                                          (1, 65536, r"nheads 65536 is larger than the supported maximum 65535")])
+def test_grid_limits(b, h, expected):
+    with fake_mode():
+        q = torch.empty(b, 2, h, 64, dtype=BF16, device="cuda")
+        with pytest.raises(ValueError, match=expected):
+            flashback.attention(q, q, q)
+
+
+def test_output_that_overlaps_itself():
+    b, s, h, d = 2, 16, 4, 64
+    q, k, v = qkv(b=b, sq=s, sk=s, h=h, hk=h, d=d)
+    expanded = torch.empty(1, s, h, d, dtype=BF16).expand(b, s, h, d)  # batch stride 0
+    with pytest.raises(ValueError, match=r"out has overlapping memory"):
+        flashback.attention_forward(q, k, v, out=expanded)
+    rows_on_heads = torch.empty(b * s * d + h * d, dtype=BF16).as_strided((b, s, h, d), (s * d, d, d, 1))
+    with pytest.raises(ValueError, match=r"dk has overlapping memory"):
+        flashback.attention_backward(**bwd_args_like(q, k, v), dk=rows_on_heads)
+
+
+def bwd_args_like(q, k, v):
+    lse = torch.randn(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32)
+    return dict(dout=torch.randn_like(q), q=q, k=k, v=v, out=torch.randn_like(q), lse=lse)
+
+
+def test_outputs_must_not_alias_inputs():
+    q, k, v = qkv()
+    args = bwd_args_like(q, k, v)
+    grads = dict(dq=torch.empty_like(q), dk=torch.empty_like(k), dv=torch.empty_like(v))
+    inputs = {n: args[n] for n in ("dout", "q", "k", "v", "out", "lse")}
+    _checks.check_no_aliasing(grads, inputs)  # distinct buffers pass
+    with pytest.raises(ValueError, match=r"dk overlaps the memory of input k"):
+        _checks.check_no_aliasing(dict(grads, dk=k), inputs)
+    with pytest.raises(ValueError, match=r"dv overlaps the memory of input q"):
+        _checks.check_no_aliasing(dict(grads, dv=q[:, :, :2]), inputs)
+    with pytest.raises(ValueError, match=r"dv and dk are the same memory"):
+        _checks.check_no_aliasing(dict(grads, dv=grads["dk"]), inputs)
+    # Three interleaved views of one packed gradient are fine.
+    packed = torch.empty(2, 16, 3, 4, 64, dtype=BF16)
+    dq, dk, dv = packed.unbind(2)
+    _checks.check_no_aliasing(dict(dq=dq, dk=dk, dv=dv), dict(q=q))
+
+
+def test_ops_check_their_arguments_too():
+    # torch.ops.flashback.* are public: float32 or mismatched head dims must not reach a kernel.
+    # On fake CUDA tensors the fake kernels reject them (so torch.compile fails at trace time).
+    with fake_mode():
+        q32 = torch.empty(1, 8, 2, 64, device="cuda")
+        with pytest.raises(TypeError, match=r"q has dtype torch.float32"):
+            torch.ops.flashback.fwd(q32, q32, q32, 0.1, False, False)
+        q = torch.empty(1, 8, 2, 64, dtype=BF16, device="cuda")
+        k = torch.empty(1, 8, 2, 128, dtype=BF16, device="cuda")
+        with pytest.raises(ValueError, match=r"same headdim, got 64 and 128"):
+            torch.ops.flashback.fwd(q, k, k, 0.1, False, False)
+        with pytest.raises(ValueError, match=r"lse must have shape"):
+            torch.ops.flashback.fwd_out(q, q, q, torch.empty_like(q), torch.empty(1, device="cuda"), 0.1, False)
+    # The real implementations run the same checks before anything else.
+    from flashback import ops
+
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=r"k has dtype torch.float32"):
+        ops._launch_fwd(q, k.float(), v, torch.empty_like(q), torch.empty(2, 4, 16), 0.1, False)
+    a = bwd_args_like(q, k, v)
+    with pytest.raises(ValueError, match=r"lse must have shape"):
+        ops._launch_bwd(a["dout"], q, k, v, a["out"], a["lse"][:, :1], torch.empty_like(q),
+                        torch.empty_like(k), torch.empty_like(v), 0.1, False, False)
+
+
+def test_headdim_left_out_of_the_build(monkeypatch):
+    class PartialBuild:
+        @staticmethod
+        def flashback_headdim_supported(d):
+            return int(d == 256)
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (9, 0))
+    monkeypatch.setattr(_lib, "load", lambda: PartialBuild)
+    _checks._device_error.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=r"headdim 64 is not supported by this build of flashback \(built: 256\)"):
+            _checks.check_runtime(torch.device("cuda", 0), 64)
+        _checks.check_runtime(torch.device("cuda", 0), 256)
+    finally:
+        _checks._device_error.cache_clear()
