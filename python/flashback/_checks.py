@@ -22,7 +22,7 @@ MAX_BATCH = MAX_HEADS = 65535
 _DTYPE_TEXT = ", ".join(str(d) for d in SUPPORTED_DTYPES)
 
 
-def _check_tensor(name: str, x) -> None:
+def _check_tensor(name: str, x, last_dim_contiguous: bool = True) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in SUPPORTED_DTYPES:
@@ -31,7 +31,7 @@ def _check_tensor(name: str, x) -> None:
         raise ValueError(
             f"{name} must have 4 dims (batch, seqlen, nheads, headdim), got {x.dim()} dims "
             f"with shape {tuple(x.shape)}")
-    if x.stride(-1) != 1 and x.shape[-1] > 1:
+    if last_dim_contiguous and x.stride(-1) != 1 and x.shape[-1] > 1:
         raise ValueError(
             f"{name} must be contiguous in its last dim (headdim), got strides {tuple(x.stride())}")
 
@@ -103,9 +103,9 @@ def check_qkv(q, k, v) -> tuple[int, int, int, int, int, int]:
     return b, sq, sk, h, hk, d
 
 
-def check_like(name: str, x, ref, ref_name: str) -> None:
-    """x (an output or dout) must match ref in shape, dtype and device."""
-    _check_tensor(name, x)
+def check_like(name: str, x, ref, ref_name: str, last_dim_contiguous: bool = True) -> None:
+    """x (an output or dout) must match ref in shape and dtype."""
+    _check_tensor(name, x, last_dim_contiguous)
     if tuple(x.shape) != tuple(ref.shape):
         raise ValueError(f"{name} must have the shape of {ref_name} {tuple(ref.shape)}, got {tuple(x.shape)}")
     if x.dtype != ref.dtype:
@@ -160,7 +160,9 @@ def check_backward_args(dout, q, k, v, out, lse, dq=None, dk=None, dv=None, soft
     dims = check_qkv(q, k, v)
     b, sq, _, h, _, _ = dims
     check_like("out", out, q, "q")
-    check_like("dout", dout, q, "q")
+    # Autograd hands over dout in whatever layout the loss produced (out.sum() gives an
+    # all-zero-stride broadcast), so any dout is taken and copied when the kernels need it.
+    check_like("dout", dout, q, "q", last_dim_contiguous=False)
     check_lse("lse", lse, b, h, sq)
     named = dict(q=q, k=k, v=v, out=out, dout=dout, lse=lse)
     for name, grad, ref, ref_name in (("dq", dq, q, "q"), ("dk", dk, k, "k"), ("dv", dv, v, "v")):

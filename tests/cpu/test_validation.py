@@ -460,3 +460,13 @@ def test_headdim_left_out_of_the_build(monkeypatch):
         _checks.check_runtime(torch.device("cuda", 0), 256)
     finally:
         _checks._device_error.cache_clear()
+
+
+def test_dout_may_have_any_layout():
+    # out.sum().backward() hands the backward an expanded dout with all strides 0.
+    a = bwd_args()
+    a["dout"] = torch.ones(1, dtype=BF16).expand(a["q"].shape)
+    assert a["dout"].stride() == (0, 0, 0, 0)
+    _checks.check_backward_args(**a, require_cuda=False)
+    a["dout"] = a["q"].transpose(-1, -2).contiguous().transpose(-1, -2)
+    _checks.check_backward_args(**a, require_cuda=False)
