@@ -194,6 +194,17 @@ size_t bwd_workspace_bytes(const flashback_bwd_params& p) {
     if (status_ != FLASHBACK_SUCCESS) return status_;    \
   } while (0)
 
+// The checks both directions share: the shape, then q, k and v (read-only in both).
+template <typename Params>
+flashback_status check_shape_and_qkv(const Params& p) {
+  const Shape s{p.batch, p.seqlen_q, p.seqlen_k, p.nheads, p.nheads_k, p.headdim};
+  FLASHBACK_TRY(check_shape(s, p.dtype, p.softmax_scale));
+  FLASHBACK_TRY(check_tensor("q", p.q, p.q_strides, s.batch, s.seqlen_q, s.nheads, s.headdim));
+  FLASHBACK_TRY(check_tensor("k", p.k, p.k_strides, s.batch, s.seqlen_k, s.nheads_k, s.headdim));
+  FLASHBACK_TRY(check_tensor("v", p.v, p.v_strides, s.batch, s.seqlen_k, s.nheads_k, s.headdim));
+  return FLASHBACK_SUCCESS;
+}
+
 }  // namespace
 }  // namespace flashback
 
@@ -229,11 +240,8 @@ flashback_status flashback_check_device(int device) {
 
 flashback_status flashback_attention_forward(const flashback_fwd_params* p) {
   if (p == nullptr) return fail(FLASHBACK_ERROR_INVALID_VALUE, "params is a null pointer");
+  FLASHBACK_TRY(check_shape_and_qkv(*p));
   const Shape s{p->batch, p->seqlen_q, p->seqlen_k, p->nheads, p->nheads_k, p->headdim};
-  FLASHBACK_TRY(check_shape(s, p->dtype, p->softmax_scale));
-  FLASHBACK_TRY(check_tensor("q", p->q, p->q_strides, s.batch, s.seqlen_q, s.nheads, s.headdim));
-  FLASHBACK_TRY(check_tensor("k", p->k, p->k_strides, s.batch, s.seqlen_k, s.nheads_k, s.headdim));
-  FLASHBACK_TRY(check_tensor("v", p->v, p->v_strides, s.batch, s.seqlen_k, s.nheads_k, s.headdim));
   FLASHBACK_TRY(check_tensor("out", p->out, p->out_strides, s.batch, s.seqlen_q, s.nheads, s.headdim, true));
   FLASHBACK_TRY(check_lse("lse", p->lse));
   FLASHBACK_TRY(check_current_device());
@@ -249,11 +257,8 @@ size_t flashback_bwd_workspace_size(const flashback_bwd_params* p) {
 
 flashback_status flashback_attention_backward(const flashback_bwd_params* p) {
   if (p == nullptr) return fail(FLASHBACK_ERROR_INVALID_VALUE, "params is a null pointer");
+  FLASHBACK_TRY(check_shape_and_qkv(*p));
   const Shape s{p->batch, p->seqlen_q, p->seqlen_k, p->nheads, p->nheads_k, p->headdim};
-  FLASHBACK_TRY(check_shape(s, p->dtype, p->softmax_scale));
-  FLASHBACK_TRY(check_tensor("q", p->q, p->q_strides, s.batch, s.seqlen_q, s.nheads, s.headdim));
-  FLASHBACK_TRY(check_tensor("k", p->k, p->k_strides, s.batch, s.seqlen_k, s.nheads_k, s.headdim));
-  FLASHBACK_TRY(check_tensor("v", p->v, p->v_strides, s.batch, s.seqlen_k, s.nheads_k, s.headdim));
   FLASHBACK_TRY(check_tensor("out", p->out, p->out_strides, s.batch, s.seqlen_q, s.nheads, s.headdim));
   FLASHBACK_TRY(check_tensor("dout", p->dout, p->dout_strides, s.batch, s.seqlen_q, s.nheads, s.headdim));
   FLASHBACK_TRY(check_tensor("dq", p->dq, p->dq_strides, s.batch, s.seqlen_q, s.nheads, s.headdim, true));
