@@ -274,32 +274,32 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     // before writing the next P^T, so role B has read this one.
     fh::named_bar_sync(T::kBarDs, 256);
 
-    // (5) dV += P^T dO_i  |  (6) dK += dS^T Q_i
+    // (5) dV += P^T dO_i  |  (6) dK += dS^T Q_i, then (7) dQ_i[:, 128 role ..] = dS K_j in
+    // two 64-column quarters u = 2 role, 2 role + 1, all three issued back to back as three
+    // commit groups (one fence covers the A fragments and the zeroed dQ registers). Groups
+    // complete in order: wait<1> covers dV/dK and the first quarter (the stage can go back to
+    // the producer and quarter 0 is added while quarter 1 is still on the tensor cores),
+    // wait<0> the second quarter.
     uint32_t a[4][4];
     to_a_frags(s, a);
+    float dq0[32], dq1[32];
+    zero(dq0);
+    zero(dq1);
     fh::wgmma_fence();
     gemm_acc_dkv<T>(acc_kv, a, y2);
     fh::wgmma_commit();
-    // (7) dQ_i[:, 128 role ..] = dS K_j in two 64-column quarters u = 2 role, 2 role + 1:
-    // 32 accumulator registers at a time instead of 64. With 64, ptxas (nvcc 13.0) found no
-    // room for the contiguous accumulator blocks next to dK/dV (128) and spilled ~600 bytes
-    // around every wgmma (C7512).
-#pragma unroll 1
-    for (int quarter = 0; quarter < 2; ++quarter) {
-      const int u = 2 * role + quarter;
-      float dq[32];
-      zero(dq);
-      fh::wgmma_fence();
-      gemm_dq<T>(dq, ds_s, smem + T::kOffK, u);
-      fh::wgmma_commit();
-      fh::wgmma_wait<0>();
-      fh::wgmma_fence_operand(dq);
-      if (quarter == 0) {
-        fh::wgmma_fence_operand(acc_kv);
-        if (warp_leader) pipe->consumer_release(st);  // Q_i, dO_i no longer read by us
-      }
-      add_dq_partial(p, w.batch, head, m_block, u, t, dq);
-    }
+    gemm_dq<T>(dq0, ds_s, smem + T::kOffK, 2 * role);
+    fh::wgmma_commit();
+    gemm_dq<T>(dq1, ds_s, smem + T::kOffK, 2 * role + 1);
+    fh::wgmma_commit();
+    fh::wgmma_wait<1>();
+    fh::wgmma_fence_operand(acc_kv);
+    fh::wgmma_fence_operand(dq0);
+    if (warp_leader) pipe->consumer_release(st);  // Q_i, dO_i no longer read by us
+    add_dq_partial(p, w.batch, head, m_block, 2 * role, t, dq0);
+    fh::wgmma_wait<0>();
+    fh::wgmma_fence_operand(dq1);
+    add_dq_partial(p, w.batch, head, m_block, 2 * role + 1, t, dq1);
     st.advance();
   }
   if (role == 0) {

@@ -127,13 +127,20 @@ FB_DEVICE bool mbar_try_wait_cluster(uint64_t* bar, uint32_t parity) {
 // Blocking waits. A phase that never completes (wrong expect_tx bytes, wrong arrival count, wrong
 // parity) hangs the kernel; builds that define FLASHBACK_MBAR_TIMEOUT_CYCLES (the GPU tests do)
 // trap after that many clock cycles instead, so a bug costs an error, not a hung device.
+//
+// The trap sits in a separate non-inlined function. Inlined (a BPT.TRAP block inside the
+// kernel), ptxas (nvcc 13.0) ignored the registers that setmaxnreg.inc gives a consumer
+// warpgroup whose sibling branch (the producer) has code: the bwd_sm90 consumers were
+// allocated only up to R171 of 240 and spilled around every wgmma (C7512). With the call the
+// same kernel compiles spill-free (SASS up to R215); the call is on the cold path only.
 #if defined(FLASHBACK_MBAR_TIMEOUT_CYCLES)
-#define FLASHBACK_MBAR_SPIN(try_wait_call)                                      \
-  do {                                                                          \
-    const long long start_ = clock64();                                         \
-    while (!(try_wait_call)) {                                                  \
-      if (clock64() - start_ > (long long)(FLASHBACK_MBAR_TIMEOUT_CYCLES)) __trap(); \
-    }                                                                           \
+static __device__ __noinline__ void mbar_timeout_trap() { __trap(); }
+#define FLASHBACK_MBAR_SPIN(try_wait_call)                                                  \
+  do {                                                                                      \
+    const long long start_ = clock64();                                                     \
+    while (!(try_wait_call)) {                                                              \
+      if (clock64() - start_ > (long long)(FLASHBACK_MBAR_TIMEOUT_CYCLES)) mbar_timeout_trap(); \
+    }                                                                                       \
   } while (0)
 #else
 #define FLASHBACK_MBAR_SPIN(try_wait_call) \
