@@ -155,29 +155,25 @@ flashback_status launched(cudaError_t err, const char* what) {
   return ok();
 }
 
-// FLASHBACK_FORCE_REFERENCE=1 (read once per process) sends every backward to the reference
-// kernels, so tests and benchmarks can compare both paths in one build.
 bool env_flag(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && v[0] != '\0' && v[0] != '0';
 }
+
+// FLASHBACK_FORCE_REFERENCE=1 (read once per process) sends every backward to the reference
+// kernels, so tests and benchmarks can compare both paths in one build.
 bool force_reference() {
   static const bool force = env_flag("FLASHBACK_FORCE_REFERENCE");
   return force;
 }
-// The Hopper backward (csrc/bwd_sm90) passes the GPU suite but measured 98-110 TFLOP/s on the
-// head-dim-256 sweep (docs/perf-log.md, v2), below the reference path's ~110-120: until it is
-// faster it runs only on request, FLASHBACK_BWD_SM90=1 (read once per process).
-bool sm90_bwd_requested() {
-  static const bool on = env_flag("FLASHBACK_BWD_SM90");
-  return on;
-}
 
-// The backward path for these params: the Hopper kernels of csrc/bwd_sm90 when requested and
-// they take the shapes (head dim 256, bf16, not deterministic, TMA-addressable tensors), else
-// the reference. The device itself is checked separately (sm_90 only, check_current_device).
+// The backward path for these params: the Hopper kernels of csrc/bwd_sm90 when they take the
+// shapes (head dim 256, bf16, not deterministic, TMA-addressable tensors), else the reference.
+// Default since v3 (docs/perf-log.md): 218-244 TFLOP/s on the head-dim-256 sweep against the
+// reference's 119-126, with the whole GPU suite passing on it. The device itself is checked
+// separately (sm_90 only, check_current_device).
 bool use_sm90_bwd(const flashback_bwd_params& p) {
-  return sm90_bwd_requested() && !force_reference() && sm90::bwd_sm90_can_implement(p, nullptr);
+  return !force_reference() && sm90::bwd_sm90_can_implement(p, nullptr);
 }
 
 size_t bwd_workspace_bytes(const flashback_bwd_params& p) {

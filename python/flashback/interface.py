@@ -21,9 +21,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_sca
               deterministic: bool = False, return_lse: bool = False):
     """Differentiable softmax(scale * q k^T) v. Returns out, or (out, lse) when return_lse.
 
-    deterministic: the gradients are bitwise reproducible run to run. The default (reference)
-    backward always is; the opt-in Hopper backward (FLASHBACK_BWD_SM90=1) adds dQ with atomics
-    and is used only when deterministic is False. The returned lse carries no gradient.
+    deterministic: the gradients are bitwise reproducible run to run (the atomic-free reference
+    backward). When False, head dim 256 uses the faster Hopper backward, which sums dQ with
+    atomics. The returned lse carries no gradient.
     """
     _checks.check_forward_args(q, k, v, softmax_scale=softmax_scale)
     scale = _checks.check_scale(softmax_scale, q.shape[-1])
