@@ -1,6 +1,7 @@
 """Bad input is refused before any launch, with an error naming the argument, what was given and
 what is supported. Runs on CPU tensors (and fake CUDA tensors), so it runs in CI."""
 import ctypes
+import os
 import pathlib
 
 import pytest
@@ -470,3 +471,32 @@ def test_dout_may_have_any_layout():
     _checks.check_backward_args(**a, require_cuda=False)
     a["dout"] = a["q"].transpose(-1, -2).contiguous().transpose(-1, -2)
     _checks.check_backward_args(**a, require_cuda=False)
+
+
+def test_c_api_backward_path_choice(native):
+    # Head dim 256 with deterministic=0 takes the Hopper backward, whose workspace also holds
+    # an fp32 dQ accumulator (>= 4 * batch * nheads * seqlen_q * 256 bytes); deterministic=1
+    # or broadcast (stride-0) inputs take the atomic-free reference, which needs only D.
+    def bwd_params(deterministic, k_batch_stride=None):
+        f = valid_fwd_params(d=256)
+        if k_batch_stride is not None:
+            f.k_strides.batch = k_batch_stride
+        addr = iter(range(1 << 31, 1 << 33, 1 << 20))
+        return _lib.BwdParams(q=f.q, k=f.k, v=f.v, out=f.out, dout=next(addr), lse=f.lse,
+                              dq=next(addr), dk=next(addr), dv=next(addr), q_strides=f.q_strides,
+                              k_strides=f.k_strides, v_strides=f.v_strides, out_strides=f.out_strides,
+                              dout_strides=f.q_strides, dq_strides=f.q_strides, dk_strides=f.v_strides,
+                              dv_strides=f.v_strides, batch=f.batch, seqlen_q=f.seqlen_q,
+                              seqlen_k=f.seqlen_k, nheads=f.nheads, nheads_k=f.nheads_k, headdim=256,
+                              softmax_scale=0.1, causal=1, deterministic=deterministic, dtype=0,
+                              workspace=None, workspace_bytes=0, stream=None)
+
+    size = lambda p: native.flashback_bwd_workspace_size(ctypes.byref(p))
+    f = valid_fwd_params(d=256)
+    dq_accum_bytes = 4 * f.batch * f.nheads * f.seqlen_q * 256
+    reference = size(bwd_params(deterministic=1))
+    assert 0 < reference < dq_accum_bytes
+    if os.environ.get("FLASHBACK_FORCE_REFERENCE", "0") not in ("", "0"):
+        pytest.skip("FLASHBACK_FORCE_REFERENCE is set")
+    assert size(bwd_params(deterministic=0)) >= dq_accum_bytes
+    assert size(bwd_params(deterministic=0, k_batch_stride=0)) == reference
