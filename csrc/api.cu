@@ -149,6 +149,11 @@ flashback_status check_current_device() {
   return flashback_check_device(device);
 }
 
+// Launches are checked with cudaGetLastError, which also returns an error an earlier call of
+// the caller's left on this thread; clear that first so it is not reported as ours (and so the
+// backward's "tensor map did not encode" signal cannot be mistaken).
+void clear_stale_cuda_error() { (void)cudaGetLastError(); }
+
 flashback_status launched(cudaError_t err, const char* what) {
   if (err != cudaSuccess)
     return fail(FLASHBACK_ERROR_CUDA, "%s failed: %s", what, cudaGetErrorString(err));
@@ -176,10 +181,14 @@ bool use_sm90_bwd(const flashback_bwd_params& p) {
   return !force_reference() && sm90::bwd_sm90_can_implement(p, nullptr);
 }
 
+// The workspace depends on the shapes and flags only, not on pointers or strides (the header
+// promises a size "for these shapes"): room for the Hopper path whenever it could be chosen,
+// and for the reference, which it falls back to when a tensor map does not encode.
 size_t bwd_workspace_bytes(const flashback_bwd_params& p) {
   const size_t ref = reference_bwd_workspace_size(p);
-  if (!use_sm90_bwd(p)) return ref;
-  // The fast path may still fall back at launch (a tensor map the driver rejects): room for both.
+  const bool sm90_possible = !force_reference() && p.headdim == 256 &&
+                             p.dtype == FLASHBACK_DTYPE_BF16 && !p.deterministic;
+  if (!sm90_possible) return ref;
   const size_t fast = sm90::bwd_sm90_workspace_size(p);
   return fast > ref ? fast : ref;
 }
@@ -241,6 +250,7 @@ flashback_status flashback_attention_forward(const flashback_fwd_params* p) {
   FLASHBACK_TRY(check_tensor("out", p->out, p->out_strides, s.batch, s.seqlen_q, s.nheads, s.headdim, true));
   FLASHBACK_TRY(check_lse("lse", p->lse));
   FLASHBACK_TRY(check_current_device());
+  clear_stale_cuda_error();
   return launched(run_reference_fwd(*p, static_cast<cudaStream_t>(p->stream)), "forward launch");
 }
 
@@ -272,6 +282,7 @@ flashback_status flashback_attention_backward(const flashback_bwd_params* p) {
       return fail(FLASHBACK_ERROR_INVALID_VALUE, "workspace must be 256-byte aligned");
   }
   FLASHBACK_TRY(check_current_device());
+  clear_stale_cuda_error();
   const cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
   if (use_sm90_bwd(*p)) {
     const cudaError_t err = sm90::run_bwd_sm90(*p, stream);

@@ -12,10 +12,12 @@
 
 #include <cstdlib>
 
-// A wrong barrier count or byte count would hang the GPU; trap after ~2 s at 2 GHz instead.
-// The spin reads clock64 only while waiting, which costs nothing measurable.
+// A wrong barrier count or byte count would hang the GPU; trap instead once one wait has
+// spun for 1e12 cycles (~8 minutes at 2 GHz): far beyond any legitimate wait, even with the
+// GPU time-sliced or the process stopped in a debugger, yet a hang still ends. The GPU tests
+// build the Hopper primitives with a ~2 s limit. The spin reads clock64 only while waiting.
 #ifndef FLASHBACK_MBAR_TIMEOUT_CYCLES
-#define FLASHBACK_MBAR_TIMEOUT_CYCLES 4000000000ll
+#define FLASHBACK_MBAR_TIMEOUT_CYCLES 1000000000000ll
 #endif
 
 #include "bwd_sm90/bwd_sm90.h"
@@ -123,15 +125,21 @@ bool bwd_sm90_can_implement(const flashback_bwd_params& p, const char** why) {
   } else if (p.deterministic) {
     reason = "deterministic: the fast path adds dQ with atomics";
   } else {
-    // TMA: 16-byte aligned bases, byte strides multiples of 16 and below 2^40, extents < 2^31.
+    // TMA with 128-byte swizzle. The driver accepts 16-byte aligned bases and byte strides
+    // that are multiples of 16, but whether the swizzle pattern then still matches what the
+    // wgmma descriptors assume is unconfirmed on hardware (HOPPER-FACTS §13), and the GPU
+    // suite only ran 128-byte aligned layouts. So the fast path takes 128-byte aligned bases
+    // and strides in multiples of 64 elements (what every dense or packed PyTorch layout at
+    // head dim 256 has); anything else runs on the reference kernels. Strides below 2^39
+    // elements keep byte strides below TMA's 2^40.
     const void* ptrs[4] = {p.q, p.k, p.v, p.dout};
     const flashback_strides sts[4] = {p.q_strides, p.k_strides, p.v_strides, p.dout_strides};
     for (int i = 0; i < 4 && reason == nullptr; ++i) {
-      if (reinterpret_cast<uintptr_t>(ptrs[i]) % 16 != 0) reason = "a tensor is not 16-byte aligned";
+      if (reinterpret_cast<uintptr_t>(ptrs[i]) % 128 != 0) reason = "a tensor is not 128-byte aligned";
       const int64_t s[3] = {sts[i].row, sts[i].head, sts[i].batch};
       for (int k = 0; k < 3; ++k) {
-        if (s[k] <= 0 || s[k] % 8 != 0 || s[k] >= (int64_t{1} << 39)) {
-          reason = "a stride is not a positive multiple of 8 elements below 2^39";
+        if (s[k] <= 0 || s[k] % 64 != 0 || s[k] >= (int64_t{1} << 39)) {
+          reason = "a stride is not a positive multiple of 64 elements below 2^39";
         }
       }
     }

@@ -474,9 +474,10 @@ def test_dout_may_have_any_layout():
 
 
 def test_c_api_backward_path_choice(native):
-    # Head dim 256 with deterministic=0 takes the Hopper backward, whose workspace also holds
+    # Head dim 256 with deterministic=0 may take the Hopper backward, whose workspace also holds
     # an fp32 dQ accumulator (>= 4 * batch * nheads * seqlen_q * 256 bytes); deterministic=1
-    # or broadcast (stride-0) inputs take the atomic-free reference, which needs only D.
+    # takes the atomic-free reference, which needs only D. The size depends on shapes and flags
+    # only: broadcast (stride-0) inputs, which run on the reference, get the same size.
     def bwd_params(deterministic, k_batch_stride=None):
         f = valid_fwd_params(d=256)
         if k_batch_stride is not None:
@@ -499,4 +500,4 @@ def test_c_api_backward_path_choice(native):
     if os.environ.get("FLASHBACK_FORCE_REFERENCE", "0") not in ("", "0"):
         pytest.skip("FLASHBACK_FORCE_REFERENCE is set")
     assert size(bwd_params(deterministic=0)) >= dq_accum_bytes
-    assert size(bwd_params(deterministic=0, k_batch_stride=0)) == reference
+    assert size(bwd_params(deterministic=0, k_batch_stride=0)) == size(bwd_params(deterministic=0))
