@@ -134,11 +134,6 @@ def is_loadable() -> bool:
         return False
 
 
-def _reset_for_tests() -> None:
-    global _lib
-    _lib = None
-
-
 def last_error(lib: ctypes.CDLL) -> str:
     return lib.flashback_last_error().decode("utf-8", "replace")
 

@@ -36,14 +36,14 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                       lse: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(out, lse) with no autograd. out and lse may be preallocated (written in place); they
     must not share memory with q, k or v."""
-    b, sq, _, h, _, d = _checks.check_forward_args(q, k, v, out, lse, softmax_scale)
+    d = _checks.check_forward_args(q, k, v, out, lse, softmax_scale)[-1]
     scale = _checks.check_scale(softmax_scale, d)
     if out is None and lse is None:
         return torch.ops.flashback.fwd(q, k, v, scale, bool(causal), False)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if lse is None:
-        lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
+        lse = _ops._empty_lse(q)
     torch.ops.flashback.fwd_out(q, k, v, out, lse, scale, bool(causal))
     return out, lse
 
