@@ -26,22 +26,26 @@ namespace sm90 {
 // and walks the Q blocks of block_m rows that see them.
 struct BwdSm90Config {
   int head_dim;
-  int block_m;        // Q rows per step (wgmma N of S^T / dP^T, K of dV / dK)
-  int block_n;        // K/V rows per CTA (wgmma M of every transposed GEMM)
-  int q_stages;       // Q/dO pipeline depth
+  int block_m;        // Q rows per step
+  int block_n;        // K/V rows per CTA
+  int q_stages;       // Q pipeline depth
+  int do_stages;      // dO pipeline depth
   int producer_regs;  // setmaxnreg of the TMA warpgroup
   int consumer_regs;  // setmaxnreg of the two MMA warpgroups
 };
 
-// Two consumer warpgroups over the same 64 K/V rows, split by role so that one thread never
-// holds both dK and dV (2 x 128 fp32 registers at d = 256, DESIGN.md section 5):
-//   warpgroup A: (1) S^T, (2) P^T, (5) dV += P^T dO, (7) dQ[:, 0:128]
-//   warpgroup B: (3) dP^T, (4) dS^T, (6) dK += dS^T Q, (7) dQ[:, 128:256]
-// Each does 2.5 of the 5 GEMMs of a tile pair. P^T goes from A to B through shared memory
-// (fp32), dS through shared memory as the wgmma operand of (7).
-// Registers: 128 (dV or dK) + 64 (dQ half) + 16 (bf16 fragments) + addresses < 240.
+// Two consumer warpgroups split the work by data, not by role (DESIGN.md section 5):
+//   (1)-(4) warpgroup w computes S, dP, P, dS for all 64 queries and keys 40w..40w+39
+//           (64 x 40 each) and stores P^T and dS^T in bf16 to shared memory;
+//   one barrier: both halves of P^T and dS^T are there;
+//   (5)-(7) warpgroup w computes dV^T, dK^T and dQ^T for head-dim rows 128w..128w+127 over all
+//           80 keys (dV/dK accumulate across steps, dQ^T goes to dQaccum).
+// Registers per consumer thread: dV^T + dK^T 2 x 128 x 80 / 128 = 160, dQ^T 64, S and dP 40
+// (dead before dQ starts): <= 224 live accumulators under the 240 of setmaxnreg.
+// Shared memory: K, V 40 KB each, Q 2 x 32 KB, dO 1 x 32 KB, P^T and dS^T 2 x 10 KB each
+// (double-buffered: one barrier per step) = 216 KB. A second dO stage would need 228 KB.
 constexpr BwdSm90Config kBwdSm90Hdim256 = {
-    /*head_dim=*/256, /*block_m=*/64, /*block_n=*/64, /*q_stages=*/2,
+    /*head_dim=*/256, /*block_m=*/64, /*block_n=*/80, /*q_stages=*/2, /*do_stages=*/1,
     /*producer_regs=*/24, /*consumer_regs=*/240};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.

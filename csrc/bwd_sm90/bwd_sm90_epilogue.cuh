@@ -1,7 +1,8 @@
 // Where the gradients leave the Hopper backward's registers.
 //
-// (7) dQ: each consumer warpgroup holds a 64 x 64 fp32 dQ partial (a quarter u of the head
-// dim) for the current (Q block, K/V block) pair and adds it into the fp32 dQaccum workspace.
+// (7) dQ: each consumer warpgroup holds two 64 x 64 fp32 dQ^T partials (head-dim quarters u,
+// rows = head dim, columns = queries) for the current (Q block, K/V block) pair and adds them
+// into the fp32 dQaccum workspace.
 // DESIGN.md section 5 measured the layout of the adds as the deciding factor (2.2 us per 64 KB
 // tile when a warp covers whole 128-byte lines, 7.6-8 us straight from the fragment layout), so
 // dQaccum is not row-major: tile (batch, head, Q block) stores quarter u, register group g
@@ -9,8 +10,8 @@
 // red.global.add.v4.f32 per thread per group then covers 512 contiguous bytes per warp.
 // The postprocess kernel (bwd_sm90_prepost.cu) maps it back to rows and columns.
 //
-// dK, dV: written once per CTA as bf16 straight from the accumulator layout (a quad of lanes
-// covers 16 contiguous bytes of a row); rows past seqlen_k are not written.
+// dK, dV: written once per CTA. The accumulators are transposed (dV^T, dK^T: rows = head dim),
+// so they go through shared memory (stmatrix.trans) and leave as whole 512-byte rows.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -41,22 +42,50 @@ __device__ __forceinline__ void add_dq_partial(const BwdSm90Params& p, int batch
   }
 }
 
-// dK or dV rows [n0, n0 + 64) of one kv head from an m64n256 accumulator, times `scale`.
-__device__ __forceinline__ void store_dkv(void* out, const flashback_strides& st, int batch,
-                                          int kv_head, int n0, int seqlen_k, int t, float scale,
-                                          const float (&acc)[128]) {
-  __nv_bfloat16* base = static_cast<__nv_bfloat16*>(out) + batch * st.batch + kv_head * st.head;
-  const int r0 = n0 + hopper::acc_row(0, t);
+// dV^T or dK^T of one warpgroup (head-dim quarters 2 wg and 2 wg + 1, m64 x kBlockN each),
+// times `scale`, as bf16 into a staging tile [key][d] (rows of `row_bytes`): stmatrix.trans
+// turns each 8 x 8 block (8 head-dim rows x 8 keys) into 8 key rows of 16 contiguous bytes.
+template <int kBlockN>
+__device__ __forceinline__ void stage_dkv_t(uint8_t* stage, uint32_t row_bytes,
+                                            const float (&acc)[2][kBlockN / 2], float scale,
+                                            int wg, int t) {
+  static_assert(kBlockN % 16 == 0, "key groups are taken two at a time");
+  const int lane = t % 32;
+  const int mat = lane / 8;
+  const int r = lane % 8;
+  const uint32_t base = hopper::smem_u32(stage);
 #pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    const int c = hopper::acc_col(4 * j, t);
-    if (r0 < seqlen_k) {
-      *reinterpret_cast<uint32_t*>(base + r0 * st.row + c) =
-          hopper::pack_bf16x2(acc[4 * j] * scale, acc[4 * j + 1] * scale);
+  for (int jj = 0; jj < 2; ++jj) {
+    const int d0 = 64 * (2 * wg + jj) + 16 * (t / 32);
+    uint32_t pk[kBlockN / 4];  // pk[2c] = key group c, rows d0..; pk[2c + 1] = rows d0 + 8..
+#pragma unroll
+    for (int i = 0; i < kBlockN / 4; ++i) {
+      pk[i] = hopper::pack_bf16x2(acc[jj][2 * i] * scale, acc[jj][2 * i + 1] * scale);
     }
-    if (r0 + 8 < seqlen_k) {
-      *reinterpret_cast<uint32_t*>(base + (r0 + 8) * st.row + c) =
-          hopper::pack_bf16x2(acc[4 * j + 2] * scale, acc[4 * j + 3] * scale);
+#pragma unroll
+    for (int c = 0; c < kBlockN / 8; c += 2) {
+      const int key = 8 * (c + mat / 2) + r;
+      const int d = d0 + 8 * (mat & 1);
+      hopper::stmatrix_x4_trans(base + key * row_bytes + d * 2, pk[2 * c], pk[2 * c + 1],
+                                pk[2 * c + 2], pk[2 * c + 3]);
+    }
+  }
+}
+
+// Staged rows [n0, n0 + kBlockN) of dK or dV to global memory: a warp writes one whole row of
+// 512 bytes per instruction; rows past seqlen_k are not written. `tid` counts 256 threads.
+template <int kBlockN>
+__device__ __forceinline__ void copy_dkv_out(void* out, const flashback_strides& st,
+                                             const uint8_t* stage, uint32_t row_bytes, int batch,
+                                             int kv_head, int n0, int seqlen_k, int tid) {
+  __nv_bfloat16* base = static_cast<__nv_bfloat16*>(out) + batch * st.batch + kv_head * st.head;
+  constexpr int kChunks = 256 * 2 / 16;  // 16-byte chunks per row
+  for (int idx = tid; idx < kBlockN * kChunks; idx += 256) {
+    const int row = idx / kChunks;
+    const int chunk = idx % kChunks;
+    if (n0 + row < seqlen_k) {
+      const uint4 v = *reinterpret_cast<const uint4*>(stage + row * row_bytes + chunk * 16);
+      *reinterpret_cast<uint4*>(base + static_cast<int64_t>(n0 + row) * st.row + chunk * 8) = v;
     }
   }
 }

@@ -4,9 +4,8 @@
 // Kernel structure: 3 warpgroups of 128 threads, __launch_bounds__(384, 1) (168 registers
 // each at entry, needed for setmaxnreg):
 //   warpgroup 0  producer: setmaxnreg.dec to 24, one thread issues every TMA copy
-//   warpgroups 1, 2  consumers (setmaxnreg 240), one code path with a role each:
-//                A: (1) S^T, (2) P^T, (5) dV, (7) dQ[:, 0:128]
-//                B: (3) dP^T, (4) dS^T, (6) dK, (7) dQ[:, 128:256]
+//   warpgroups 1, 2  consumers (setmaxnreg 240), split by data: keys 40w.. for S, dP, P, dS;
+//                head-dim rows 128w.. for dV^T, dK^T, dQ^T
 // See bwd_sm90_mainloop.cuh for the shared-memory plan and the GEMM operands.
 #include <cuda.h>
 
@@ -40,7 +39,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = fh::align_smem(smem_raw);
   uint64_t* kv_bar = reinterpret_cast<uint64_t*>(smem + Traits::kOffBar);
-  auto* pipe = reinterpret_cast<fh::TmaPipeline<Traits::kStages>*>(smem + Traits::kOffBar + 8);
+  auto* pipe_q = reinterpret_cast<fh::TmaPipeline<Traits::kQStages>*>(smem + Traits::kOffPipeQ);
+  auto* pipe_do =
+      reinterpret_cast<fh::TmaPipeline<Traits::kDoStages>*>(smem + Traits::kOffPipeDo);
 
   const int wg = fh::warpgroup_index();
   if (threadIdx.x == 0) {
@@ -49,7 +50,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     fh::tma_prefetch_map(&map_v);
     fh::tma_prefetch_map(&map_do);
     fh::mbar_init(kv_bar, 1);
-    pipe->init(8);  // empty[s]: one arrival per consumer warp (2 warpgroups x 4 warps)
+    pipe_q->init(8);  // empty[s]: one arrival per consumer warp (2 warpgroups x 4 warps)
+    pipe_do->init(8);
   }
   __syncthreads();
 
@@ -58,11 +60,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     fh::setmaxnreg_dec<kBwdSm90Hdim256.producer_regs>();
     if (threadIdx.x == 0) {
       const BwdSm90Maps maps{&map_q, &map_k, &map_v, &map_do};
-      bwd_sm90_producer<Traits>(p, maps, w, smem, kv_bar, pipe);
+      bwd_sm90_producer<Traits>(p, maps, w, smem, kv_bar, pipe_q, pipe_do);
     }
   } else {
     fh::setmaxnreg_inc<kBwdSm90Hdim256.consumer_regs>();
-    bwd_sm90_consumer<Traits>(p, w, smem, kv_bar, pipe, wg - 1);
+    bwd_sm90_consumer<Traits>(p, w, smem, kv_bar, pipe_q, pipe_do, wg - 1);
   }
 }
 
@@ -88,14 +90,15 @@ WorkspaceParts workspace_parts(const flashback_bwd_params& p) {
   return w;
 }
 
-// 4-D map over a (batch, seqlen, heads, d) bf16 tensor, boxes of 64 d x 64 rows with the
+// 4-D map over a (batch, seqlen, heads, d) bf16 tensor, boxes of 64 d x box_rows rows with the
 // 128-byte swizzle wgmma reads (FACTS section 2). The two middle dims go in ascending stride
 // order ({d, heads, seqlen, batch} for the usual contiguous layout, where a head is 512 bytes
 // and a row nheads * 512): the driver documents strides as growing with the dimension, and a
 // box of {64, 1, 64, 1} lands in shared memory exactly as {64, 64, 1, 1} would. *head_inner
 // tells the kernel which coordinate order to use.
 cudaError_t make_map(CUtensorMap* map, bool* head_inner, const void* ptr,
-                     const flashback_strides& st, int batch, int seqlen, int heads) {
+                     const flashback_strides& st, int batch, int seqlen, int heads,
+                     uint32_t box_rows) {
   *head_inner = st.head < st.row;
   const uint64_t s_rows = static_cast<uint64_t>(st.row) * 2;
   const uint64_t s_head = static_cast<uint64_t>(st.head) * 2;
@@ -105,8 +108,8 @@ cudaError_t make_map(CUtensorMap* map, bool* head_inner, const void* ptr,
                                        static_cast<uint64_t>(seqlen), static_cast<uint64_t>(batch)};
   const uint64_t strides_rows_first[3] = {s_rows, s_head, static_cast<uint64_t>(st.batch) * 2};
   const uint64_t strides_head_first[3] = {s_head, s_rows, static_cast<uint64_t>(st.batch) * 2};
-  const uint32_t box_rows_first[4] = {64, 64, 1, 1};
-  const uint32_t box_head_first[4] = {64, 1, 64, 1};
+  const uint32_t box_rows_first[4] = {64, box_rows, 1, 1};
+  const uint32_t box_head_first[4] = {64, 1, box_rows, 1};
   return *head_inner
              ? fh::make_tensor_map(map, ptr, fh::TmaType::kBf16, 4, dims_head_first,
                                    strides_head_first, box_head_first, fh::TmaSwizzle::k128B)
@@ -155,10 +158,14 @@ size_t bwd_sm90_workspace_size(const flashback_bwd_params& p) { return workspace
 cudaError_t run_bwd_sm90(const flashback_bwd_params& p, cudaStream_t stream) {
   CUtensorMap map_q, map_k, map_v, map_do;
   bool hi[4];
-  if (make_map(&map_q, &hi[0], p.q, p.q_strides, p.batch, p.seqlen_q, p.nheads) != cudaSuccess ||
-      make_map(&map_k, &hi[1], p.k, p.k_strides, p.batch, p.seqlen_k, p.nheads_k) != cudaSuccess ||
-      make_map(&map_v, &hi[2], p.v, p.v_strides, p.batch, p.seqlen_k, p.nheads_k) != cudaSuccess ||
-      make_map(&map_do, &hi[3], p.dout, p.dout_strides, p.batch, p.seqlen_q, p.nheads) !=
+  constexpr uint32_t kRowsQ = Traits::kBlockM, kRowsKv = Traits::kBlockN;
+  if (make_map(&map_q, &hi[0], p.q, p.q_strides, p.batch, p.seqlen_q, p.nheads, kRowsQ) !=
+          cudaSuccess ||
+      make_map(&map_k, &hi[1], p.k, p.k_strides, p.batch, p.seqlen_k, p.nheads_k, kRowsKv) !=
+          cudaSuccess ||
+      make_map(&map_v, &hi[2], p.v, p.v_strides, p.batch, p.seqlen_k, p.nheads_k, kRowsKv) !=
+          cudaSuccess ||
+      make_map(&map_do, &hi[3], p.dout, p.dout_strides, p.batch, p.seqlen_q, p.nheads, kRowsQ) !=
           cudaSuccess) {
     return cudaErrorNotSupported;  // nothing launched: the caller takes the reference path
   }

@@ -4,23 +4,26 @@
 //   (3) dP = dO_i V_j^T (4) dS = P * (dP - D_i)
 //   (5) dV_j += P^T dO_i   (6) dK_j += dS^T Q_i   (7) dQ_i += dS K_j
 //
-// Everything is computed transposed (K/V rows = wgmma M = 64): S^T and dP^T come out with one
-// key per accumulator row, so P^T and dS^T are already the register A operands of (5) and (6)
-// (FACTS section 3: an fp32 accumulator converts in place into A fragments).
+// Split by data (bwd_sm90.h): consumer warpgroup w owns keys 40w..40w+39 for (1)-(4) and
+// head-dim rows 128w..128w+127 for (5)-(7). (5)-(7) are computed transposed (M = head dim):
+//   (5) dV^T += dO^T P     (6) dK^T += Q^T dS     (7) dQ^T = K^T dS^T
+// so every operand is a tile already in shared memory and no GEMM needs registers from the other
+// warpgroup. P^T and dS^T ([key][query], 80 rows of 128 bytes) are the only hand-off: written
+// with stmatrix.trans from each warpgroup's S / dP accumulators, read by both after one barrier.
 //
-// Shared memory (all 128B-swizzled tiles of 64 rows x 128 bytes, 1024-aligned, written by TMA
-// except dS):
-//   K_j, V_j         4 atom-columns each (d = 0..255), loaded once        64 KB
-//   Q_i, dO_i        q_stages x 4 atom-columns each                        128 KB
-//   dS^T             [kv][q] bf16, written by warpgroup B                   8 KB
-//   P^T              fp32 in accumulator order, A -> B hand-off             16 KB
+// Shared memory (128B-swizzled tiles, 1024-aligned; TMA writes all but P^T / dS^T):
+//   K_j, V_j     4 atom-columns of 80 rows x 128 B each, loaded once          80 KB
+//   Q_i          q_stages x 4 atom-columns of 64 rows                           64 KB
+//   dO_i         do_stages x 4 atom-columns of 64 rows                          32 KB
+//   P^T, dS^T    2 buffers each (step parity), 80 rows x 128 B                  40 KB
 //
-// wgmma operand majorness (FACTS section 11):
-//   (1) S^T = K Q^T    A = K  K-major, B = Q  K-major           (SS, M 64, N 64,  K 256)
-//   (3) dP^T = V dO^T  A = V  K-major, B = dO K-major           (SS, M 64, N 64,  K 256)
-//   (5) dV += P^T dO   A = P^T registers, B = dO MN-major       (RS, M 64, N 256, K 64)
-//   (6) dK += dS^T Q   A = dS^T registers, B = Q MN-major       (RS, M 64, N 256, K 64)
-//   (7) dQ = dS K      A = dS^T smem MN-major, B = K MN-major   (SS, M 64, N 128 per WG, K 64)
+// wgmma operands (FACTS section 11; M always 64 per instruction):
+//   (1) S   = Q K_w^T    A = Q_i K-major, B = K rows 40w.. K-major      (SS, m64n40, K 256)
+//   (3) dP  = dO V_w^T   A = dO_i K-major, B = V rows 40w.. K-major     (SS, m64n40, K 256)
+//   (5) dV^T = dO^T P    A = dO_i MN-major (trans-a), B = P^T K-major    (SS, m64n80, K 64)
+//   (6) dK^T = Q^T dS    A = Q_i MN-major (trans-a), B = dS^T K-major    (SS, m64n80, K 64)
+//   (7) dQ^T = K^T dS^T  A = K MN-major (trans-a), B = dS^T MN-major     (SS, m64n64, K 80)
+// (5)-(7) per warpgroup: two m64 tiles (head-dim quarters 2w, 2w+1).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -42,30 +45,44 @@ struct BwdSm90Traits {
   static constexpr int kHeadDim = kCfg.head_dim;
   static constexpr int kBlockM = kCfg.block_m;
   static constexpr int kBlockN = kCfg.block_n;
-  static constexpr int kStages = kCfg.q_stages;
+  static constexpr int kQStages = kCfg.q_stages;
+  static constexpr int kDoStages = kCfg.do_stages;
   static constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
-  static_assert(kHeadDim == 256 && kBlockM == 64 && kBlockN == 64,
-                "the warp roles below are written for 64 x 64 tiles at d = 256");
+  static_assert(kHeadDim == 256 && kBlockM == 64 && kBlockN == 80,
+                "the warpgroup split below is written for 64 x 80 tiles at d = 256");
   static_assert(kBlockM == kDqTileRows, "dQaccum tiles are Q blocks");
+  static constexpr int kHalfN = kBlockN / 2;               // keys per consumer warpgroup
   static constexpr int kAtomCols = kHeadDim / 64;          // 64-element (128-byte) columns
-  static constexpr uint32_t kAtomBytes = 64 * 128;        // one 64-row atom-column
-  static constexpr uint32_t kTileBytes = kAtomCols * kAtomBytes;  // 64 x 256 bf16 = 32 KB
+  static constexpr uint32_t kQAtomBytes = kBlockM * 128;   // one atom-column of a Q-side tile
+  static constexpr uint32_t kKvAtomBytes = kBlockN * 128;  // one atom-column of K or V
+  static constexpr uint32_t kQTileBytes = kAtomCols * kQAtomBytes;   // 32 KB
+  static constexpr uint32_t kKvTileBytes = kAtomCols * kKvAtomBytes;  // 40 KB
+  static constexpr uint32_t kHandBytes = kBlockN * kBlockM * 2;       // P^T or dS^T, 10 KB
   static constexpr uint32_t kOffK = 0;
-  static constexpr uint32_t kOffV = kOffK + kTileBytes;
-  static constexpr uint32_t kOffQ = kOffV + kTileBytes;
-  static constexpr uint32_t kOffDo = kOffQ + kStages * kTileBytes;
-  static constexpr uint32_t kOffDs = kOffDo + kStages * kTileBytes;
-  static constexpr uint32_t kOffP = kOffDs + kBlockN * kBlockM * 2;
-  static constexpr uint32_t kOffBar = kOffP + kBlockN * kBlockM * 4;
+  static constexpr uint32_t kOffV = kOffK + kKvTileBytes;
+  static constexpr uint32_t kOffQ = kOffV + kKvTileBytes;
+  static constexpr uint32_t kOffDo = kOffQ + kQStages * kQTileBytes;
+  static constexpr uint32_t kOffP = kOffDo + kDoStages * kQTileBytes;  // 2 buffers
+  static constexpr uint32_t kOffDs = kOffP + 2 * kHandBytes;           // 2 buffers
+  static constexpr uint32_t kOffBar = kOffDs + 2 * kHandBytes;
+  static constexpr uint32_t kOffPipeQ = kOffBar + 8;  // after the K/V barrier
+  static constexpr uint32_t kOffPipeDo = kOffPipeQ + sizeof(fh::TmaPipeline<kQStages>);
   static constexpr size_t kSmemBytes =
-      1024 /* alignment slack */ + kOffBar + 8 /* kv barrier */ + sizeof(fh::TmaPipeline<kStages>);
+      1024 /* alignment slack */ + kOffPipeDo + sizeof(fh::TmaPipeline<kDoStages>);
   static_assert(kSmemBytes <= 232448, "over the 227 KB a CTA may have");
+  static_assert(kKvAtomBytes % 1024 == 0 && kHalfN * 128 % 1024 == 0 && kHandBytes % 1024 == 0,
+                "swizzled tiles and their 40-row halves must stay 1024-aligned");
+  // Epilogue staging of dV and dK as bf16 [key][d] rows padded by 16 bytes (stmatrix rows of
+  // one matrix then fall into 8 different bank groups), over K, V and Q, dead by then.
+  static constexpr uint32_t kStageRowBytes = kHeadDim * 2 + 16;
+  static constexpr uint32_t kStageBytes = kBlockN * kStageRowBytes;
+  static_assert(2 * kStageBytes <= kOffDo, "dK/dV staging must fit over K, V and Q");
   // setmaxnreg budget: __launch_bounds__(384, 1) gives 168 per thread = 64512 in the pool.
   static_assert(128 * kCfg.producer_regs + 256 * kCfg.consumer_regs <= 168 * kThreads,
                 "setmaxnreg budget exceeds the register file: .inc would deadlock");
   // Named barriers between the consumer warpgroups (id 0 is __syncthreads).
-  static constexpr uint32_t kBarP = 1;   // P^T of this step is in shared memory
-  static constexpr uint32_t kBarDs = 2;  // dS^T of this step is in shared memory
+  static constexpr uint32_t kBarHandoff = 1;  // both halves of P^T, dS^T of this step written
+  static constexpr uint32_t kBarEpilogue = 2;  // K/V/Q reads done, then staging written
 };
 
 struct BwdSm90Maps {
@@ -76,10 +93,10 @@ struct BwdSm90Maps {
 };
 
 // ------------------------------------------------------------------------------ producer ---
-// One thread: K_j and V_j once, then Q_i and dO_i of every step into the ring of stages.
+// One thread: K_j and V_j once, then Q_i and dO_i of every step into their rings.
 // Maps are 4-D {d, seqlen, heads, batch} or {d, heads, seqlen, batch} (p.head_inner), boxes
-// of 64 d x 64 rows. Rows past seqlen arrive as zeros and still count in the transaction bytes
-// (FACTS section 4.2).
+// of 64 d x 64 rows (Q, dO) or 64 d x 80 rows (K, V). Rows past seqlen arrive as zeros and
+// still count in the transaction bytes (FACTS section 4.2).
 __device__ __forceinline__ void tma_rows(void* dst, const CUtensorMap* map, uint64_t* bar,
                                          bool head_inner, int d0, int row, int head, int batch) {
   if (head_inner) {
@@ -95,75 +112,88 @@ template <class T>
 __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const BwdSm90Maps& m,
                                                   const BwdSm90Work& w, uint8_t* smem,
                                                   uint64_t* kv_bar,
-                                                  fh::TmaPipeline<T::kStages>* pipe) {
+                                                  fh::TmaPipeline<T::kQStages>* pipe_q,
+                                                  fh::TmaPipeline<T::kDoStages>* pipe_do) {
   if (w.n_iters == 0) return;  // nobody would wait for the copies
   const int n0 = w.n_block * T::kBlockN;
-  fh::mbar_arrive_expect_tx(kv_bar, 2 * T::kTileBytes);
+  fh::mbar_arrive_expect_tx(kv_bar, 2 * T::kKvTileBytes);
 #pragma unroll
   for (int a = 0; a < T::kAtomCols; ++a) {
-    tma_rows(smem + T::kOffK + a * T::kAtomBytes, m.k, kv_bar, p.head_inner & 2, 64 * a, n0,
+    tma_rows(smem + T::kOffK + a * T::kKvAtomBytes, m.k, kv_bar, p.head_inner & 2, 64 * a, n0,
              w.kv_head, w.batch);
-    tma_rows(smem + T::kOffV + a * T::kAtomBytes, m.v, kv_bar, p.head_inner & 4, 64 * a, n0,
+    tma_rows(smem + T::kOffV + a * T::kKvAtomBytes, m.v, kv_bar, p.head_inner & 4, 64 * a, n0,
              w.kv_head, w.batch);
   }
-  fh::PipelineState<T::kStages> st;
+  fh::PipelineState<T::kQStages> sq;
+  fh::PipelineState<T::kDoStages> sd;
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block;
     bwd_sm90_iter(p, w, it, head, m_block);
-    pipe->producer_acquire(st);
-    pipe->producer_expect(st, 2 * T::kTileBytes);
-    uint64_t* full = pipe->full_barrier(st);
+    const int m0 = m_block * T::kBlockM;
+    // Q first: with one dO stage the producer waits here for dO_{i-1} to be released (after
+    // dV of step i-1), and Q_i is already on its way by then.
+    pipe_q->producer_acquire(sq);
+    pipe_q->producer_expect(sq, T::kQTileBytes);
 #pragma unroll
     for (int a = 0; a < T::kAtomCols; ++a) {
-      const int m0 = m_block * T::kBlockM;
-      tma_rows(smem + T::kOffQ + st.stage * T::kTileBytes + a * T::kAtomBytes, m.q, full,
-               p.head_inner & 1, 64 * a, m0, head, w.batch);
-      tma_rows(smem + T::kOffDo + st.stage * T::kTileBytes + a * T::kAtomBytes, m.dout, full,
-               p.head_inner & 8, 64 * a, m0, head, w.batch);
+      tma_rows(smem + T::kOffQ + sq.stage * T::kQTileBytes + a * T::kQAtomBytes, m.q,
+               pipe_q->full_barrier(sq), p.head_inner & 1, 64 * a, m0, head, w.batch);
     }
-    st.advance();
+    sq.advance();
+    pipe_do->producer_acquire(sd);
+    pipe_do->producer_expect(sd, T::kQTileBytes);
+#pragma unroll
+    for (int a = 0; a < T::kAtomCols; ++a) {
+      tma_rows(smem + T::kOffDo + sd.stage * T::kQTileBytes + a * T::kQAtomBytes, m.dout,
+               pipe_do->full_barrier(sd), p.head_inner & 8, 64 * a, m0, head, w.batch);
+    }
+    sd.advance();
   }
 }
 
 // ------------------------------------------------------------------- consumer helpers ---
 
-// S^T or dP^T (64 keys x 64 queries) = X_j Y_i^T over d = 256: 16 k-steps of m64n64k16, both
-// operands K-major (k-step s: atom-column s/4, 32 bytes per step inside it).
+// (1) S or (3) dP for this warpgroup's 40 keys: X_i (64 queries, K-major, atom-columns 8 KB
+// apart) times Y rows (40 keys of an 80-row tile, K-major, atom-columns 10 KB apart), K = 256.
 template <class T>
-__device__ __forceinline__ void gemm_kv_by_q(float (&acc)[32], const uint8_t* x,
+__device__ __forceinline__ void gemm_q_by_kv(float (&acc)[T::kHalfN / 2], const uint8_t* x,
                                              const uint8_t* y) {
   const uint64_t dx = fh::desc_kmajor_sw128(x);
   const uint64_t dy = fh::desc_kmajor_sw128(y);
 #pragma unroll
   for (int s = 0; s < T::kHeadDim / 16; ++s) {
-    const uint32_t off = fh::kmajor_k_offset(s, 64);
-    fh::wgmma_ss<64>(acc, fh::desc_advance(dx, off), fh::desc_advance(dy, off), s > 0);
+    fh::wgmma_ss<T::kHalfN>(acc, fh::desc_advance(dx, fh::kmajor_k_offset(s, T::kBlockM)),
+                            fh::desc_advance(dy, fh::kmajor_k_offset(s, T::kBlockN)), s > 0);
   }
 }
 
-// dV += P^T dO or dK += dS^T Q: A = the 64 x 64 bf16 fragments (k-block c = queries 16c..),
-// B = the Q-side tile as MN-major (rows = queries, 4 atom-columns of d 8 KB apart).
+// (5) dV^T or (6) dK^T quarter += X^T H: A = the Q-side tile's atom-column (64 head-dim rows,
+// read M-major), B = the hand-off tile H^T [key][query] (K-major, K = 64 queries).
 template <class T>
-__device__ __forceinline__ void gemm_acc_dkv(float (&acc)[128], const uint32_t (&a)[4][4],
-                                             const uint8_t* y) {
-  const uint64_t dy = fh::desc_mnmajor_sw128(y, T::kAtomBytes);
+__device__ __forceinline__ void gemm_dkv(float (&acc)[T::kBlockN / 2], const uint8_t* x_atom,
+                                         const uint8_t* hand) {
+  const uint64_t da = fh::desc_mnmajor_sw128(x_atom, T::kQAtomBytes);
+  const uint64_t db = fh::desc_kmajor_sw128(hand);
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    fh::wgmma_rs<256, 1>(acc, a[c], fh::desc_advance(dy, fh::mnmajor_k_offset(c)), true);
+  for (int s = 0; s < T::kBlockM / 16; ++s) {
+    fh::wgmma_ss<T::kBlockN, 1, 0>(acc, fh::desc_advance(da, fh::mnmajor_k_offset(s)),
+                                   fh::desc_advance(db, fh::kmajor_k_offset(s, T::kBlockN)),
+                                   true);
   }
 }
 
-// (7) dQ[:, 64 u .. 64 u + 64] = dS K_j: A = dS^T tile [kv][q] read as MN-major (M = q
-// contiguous), B = K_j's atom-column u as MN-major (rows = keys). K = 64 keys, 4 steps.
+// (7) dQ^T quarter = K^T dS^T: A = K's atom-column (64 head-dim rows, M-major over 80 keys),
+// B = dS^T [key][query] read N-major (N = 64 queries), K = 80 keys in 5 steps.
 template <class T>
-__device__ __forceinline__ void gemm_dq(float (&dq)[32], const uint8_t* ds, const uint8_t* k,
-                                        int u) {
-  const uint64_t da = fh::desc_mnmajor_sw128(ds, T::kAtomBytes);
-  const uint64_t db = fh::desc_mnmajor_sw128(k + u * T::kAtomBytes, T::kAtomBytes);
+__device__ __forceinline__ void gemm_dq(float (&acc)[T::kBlockM / 2], const uint8_t* k_atom,
+                                        const uint8_t* ds) {
+  const uint64_t da = fh::desc_mnmajor_sw128(k_atom, T::kKvAtomBytes);
+  const uint64_t db = fh::desc_mnmajor_sw128(ds, T::kHandBytes);
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const uint32_t off = fh::mnmajor_k_offset(c);
-    fh::wgmma_ss<64, 1, 1>(dq, fh::desc_advance(da, off), fh::desc_advance(db, off), c > 0);
+  for (int s = 0; s < T::kBlockN / 16; ++s) {
+    const uint32_t off = fh::mnmajor_k_offset(s);
+    fh::wgmma_ss<T::kBlockM, 1, 1>(acc, fh::desc_advance(da, off), fh::desc_advance(db, off),
+                                   s > 0);
   }
 }
 
@@ -173,140 +203,187 @@ __device__ __forceinline__ void zero(float (&x)[R]) {
   for (int i = 0; i < R; ++i) x[i] = 0.f;
 }
 
-template <int R>
-__device__ __forceinline__ void to_a_frags(const float (&x)[R], uint32_t (&a)[4][4]) {
+// A 64 x 40 accumulator (queries x this warpgroup's keys) as bf16 into the hand-off tile
+// [key][query] (80 rows x 128 B, 128B-swizzled as a K-major wgmma operand): stmatrix.trans
+// turns each 8 x 8 block (8 queries x 8 keys) into 8 key rows of 16 contiguous bytes.
+// Block (key group j, query half h) of warp v holds keys 8j.., queries 16v + 8h..; matrices
+// are taken in the order (j, 0), (j, 1), (j + 1, 0), (j + 1, 1).
+template <class T>
+__device__ __forceinline__ void store_hand_t(uint8_t* hand, const float (&acc)[T::kHalfN / 2],
+                                             int wg, int t) {
+  const int lane = t % 32;
+  const int warp = t / 32;
+  const uint32_t base = fh::smem_u32(hand);
+  uint32_t pk[T::kHalfN / 4];
 #pragma unroll
-  for (int c = 0; c < 4; ++c) fh::acc_to_a_frag(x, c, a[c]);
+  for (int i = 0; i < T::kHalfN / 4; ++i) pk[i] = fh::pack_bf16x2(acc[2 * i], acc[2 * i + 1]);
+  // pk[2j] = (j, 0), pk[2j + 1] = (j, 1).
+  const int mat = lane / 8;  // x4: matrices 0..3; x2 uses lanes 0..15
+  const int r = lane % 8;
+  auto addr = [&](int j, int h) {
+    const int key = T::kHalfN * wg + 8 * j + r;
+    const int chunk = 2 * warp + h;
+    return base + key * 128 + ((chunk ^ (key & 7)) << 4);
+  };
+#pragma unroll
+  for (int j = 0; j + 1 < T::kHalfN / 8; j += 2) {
+    fh::stmatrix_x4_trans(addr(j + mat / 2, mat & 1), pk[2 * j], pk[2 * j + 1], pk[2 * j + 2],
+                          pk[2 * j + 3]);
+  }
+  if constexpr ((T::kHalfN / 8) % 2 == 1) {
+    constexpr int j = T::kHalfN / 8 - 1;
+    fh::stmatrix_x2_trans(addr(j, mat & 1), pk[2 * j], pk[2 * j + 1]);
+  }
 }
 
 // ---------------------------------------------------------------- consumer warpgroups ---
-// Both consumer warpgroups run this one function; `role` (0 = A, 1 = B, warpgroup-uniform)
-// only picks operands and the elementwise middle:
-//   role A: (1) S^T = K Q^T, (2) P^T -> shared memory, (5) dV += P^T dO, (7) dQ[:, 0:128]
-//   role B: (3) dP^T = V dO^T, (4) dS^T -> shared memory, (6) dK += dS^T Q, (7) dQ[:, 128:256]
-// One instruction stream instead of two: written as two functions, ptxas spilled ~900 bytes
-// and serialized the wgmmas (C7512) although each alone compiled spill-free at <= 236
-// registers (nvcc 13.0).
 template <class T>
 __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const BwdSm90Work& w,
                                                   uint8_t* smem, uint64_t* kv_bar,
-                                                  fh::TmaPipeline<T::kStages>* pipe, int role) {
+                                                  fh::TmaPipeline<T::kQStages>* pipe_q,
+                                                  fh::TmaPipeline<T::kDoStages>* pipe_do,
+                                                  int wg) {
   const int t = threadIdx.x % 128;
   const bool warp_leader = (threadIdx.x % 32) == 0;
   const int n0 = w.n_block * T::kBlockN;
-  float* p_share = reinterpret_cast<float*>(smem + T::kOffP);
-  uint8_t* ds_s = smem + T::kOffDs;
-  // GEMM 1 operands: A: K_j x Q_i; B: V_j x dO_i. GEMM 2's B operand: A: dO_i; B: Q_i.
-  const uint8_t* x_kv = smem + (role == 0 ? T::kOffK : T::kOffV);
-  const uint32_t off_y1 = role == 0 ? T::kOffQ : T::kOffDo;
-  const uint32_t off_y2 = role == 0 ? T::kOffDo : T::kOffQ;
-  // LSE * log2e rows (role A) or D rows (role B), padded to whole Q blocks.
-  const float* stat = role == 0 ? p.lse_log2 : p.dsum;
-  float acc_kv[128];  // dV (role A) or dK (role B)
-  zero(acc_kv);
+  const int rows_padded = p.m_blocks * T::kBlockM;
+  const int diag = p.seqlen_k - p.seqlen_q;  // causal: query i sees keys <= i + diag
+  // This thread's two query rows in S / dP (accumulator rows) and first key column.
+  const int q_row = fh::acc_row(0, t);
+  const int key0 = n0 + T::kHalfN * wg + fh::acc_col(0, t);
+  const uint8_t* k_half = smem + T::kOffK + T::kHalfN * wg * 128;
+  const uint8_t* v_half = smem + T::kOffV + T::kHalfN * wg * 128;
+
+  float acc_dv[2][T::kBlockN / 2];  // dV^T, head-dim quarters 2 wg and 2 wg + 1
+  float acc_dk[2][T::kBlockN / 2];  // dK^T, same quarters
+  zero(acc_dv[0]);
+  zero(acc_dv[1]);
+  zero(acc_dk[0]);
+  zero(acc_dk[1]);
   if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);
 
-  fh::PipelineState<T::kStages> st;
+  fh::PipelineState<T::kQStages> sq;
+  fh::PipelineState<T::kDoStages> sd;
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block;
     bwd_sm90_iter(p, w, it, head, m_block);
     const int m0 = m_block * T::kBlockM;
-    // This thread's 16 query columns (8 pairs) of LSE * log2e or D.
-    const float* stat_row = stat +
-                            (static_cast<int64_t>(w.batch) * p.nheads + head) * p.m_blocks * T::kBlockM +
-                            m0 + 2 * (t % 4);
-    float2 rowstat[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) rowstat[j] = *reinterpret_cast<const float2*>(stat_row + 8 * j);
+    const int64_t stat_row =
+        (static_cast<int64_t>(w.batch) * p.nheads + head) * rows_padded + m0 + q_row;
+    const float lse0 = p.lse_log2[stat_row];
+    const float lse1 = p.lse_log2[stat_row + 8];
+    const float dsum0 = p.dsum[stat_row];
+    const float dsum1 = p.dsum[stat_row + 8];
+    uint8_t* p_t = smem + T::kOffP + (it & 1) * T::kHandBytes;
+    uint8_t* ds_t = smem + T::kOffDs + (it & 1) * T::kHandBytes;
+    const uint8_t* q_s = smem + T::kOffQ + sq.stage * T::kQTileBytes;
+    const uint8_t* do_s = smem + T::kOffDo + sd.stage * T::kQTileBytes;
 
-    pipe->consumer_wait(st);
-    const uint8_t* y1 = smem + off_y1 + st.stage * T::kTileBytes;
-    const uint8_t* y2 = smem + off_y2 + st.stage * T::kTileBytes;
-
-    // (1) S^T = K_j Q_i^T  |  (3) dP^T = V_j dO_i^T
-    float s[32];
-    zero(s);  // not loop-carried: the wgmma asm reads its accumulators ("+f") even when
-              // scale-d is false, which otherwise keeps the last step's values alive
-    fh::wgmma_fence();
-    gemm_kv_by_q<T>(s, x_kv, y1);
-    fh::wgmma_commit();
-    fh::wgmma_wait<0>();
+    // (1) S = Q_i K_w^T  then  (3) dP = dO_i V_w^T, two commit groups.
+    float s[T::kHalfN / 2], dp[T::kHalfN / 2];
+    // Zeroed although the first wgmma ignores them (scale-d false): its asm reads the
+    // accumulators ("+f"), which would otherwise keep the last step's values alive. The operand
+    // fences pin the zeroing before wgmma.fence (else ptxas sees register writes between fence
+    // and wgmma and injects a warpgroup.arrive, C7519).
+    zero(s);
+    zero(dp);
     fh::wgmma_fence_operand(s);
+    fh::wgmma_fence_operand(dp);
+    pipe_q->consumer_wait(sq);
+    fh::wgmma_fence();
+    gemm_q_by_kv<T>(s, q_s, k_half);
+    fh::wgmma_commit();
+    pipe_do->consumer_wait(sd);
+    fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
+    gemm_q_by_kv<T>(dp, do_s, v_half);
+    fh::wgmma_commit();
 
-    if (role == 0) {
-      // (2) P^T = exp2(S^T * scale * log2e - LSE * log2e); 0 for keys past seqlen_k and
-      // (causal) keys after the query's diagonal. Query rows past seqlen_q have LSE = +inf.
-      const int diag = p.seqlen_k - p.seqlen_q;
+    // (2) P = exp2(S * scale * log2e - LSE * log2e) while dP is on the tensor cores. Keys past
+    // seqlen_k and (causal) after the query's diagonal give 0; query rows past seqlen_q have
+    // LSE = +inf. Only blocks that reach past seqlen_k or cross the diagonal test each element.
+    fh::wgmma_wait<1>();
+    fh::wgmma_fence_operand(s);
+    const bool need_mask =
+        n0 + T::kBlockN > p.seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag);
+    if (need_mask) {
 #pragma unroll
-      for (int r = 0; r < 32; ++r) {
-        const int key = n0 + fh::acc_row(r, t);
-        const int query = m0 + fh::acc_col(r, t);
-        const float l = (r & 1) ? rowstat[r >> 2].y : rowstat[r >> 2].x;
+      for (int r = 0; r < T::kHalfN / 2; ++r) {
+        const int key = key0 + 8 * (r >> 2) + (r & 1);
+        const int query = m0 + q_row + 8 * ((r >> 1) & 1);
+        const float l = (r & 2) ? lse1 : lse0;
         const bool masked = key >= p.seqlen_k || (p.causal && key > query + diag);
         s[r] = masked ? 0.f : exp2f(s[r] * p.scale_log2 - l);
       }
-      // Hand P^T to role B (fp32; its accumulator layout is ours: thread t, register r).
-#pragma unroll
-      for (int r = 0; r < 32; ++r) p_share[r * 128 + t] = s[r];
-      fh::named_bar_arrive(T::kBarP, 256);
     } else {
-      // (4) dS^T = P^T * (dP^T - D)
-      fh::named_bar_sync(T::kBarP, 256);
 #pragma unroll
-      for (int r = 0; r < 32; ++r) {
-        const float d = (r & 1) ? rowstat[r >> 2].y : rowstat[r >> 2].x;
-        s[r] = p_share[r * 128 + t] * (s[r] - d);
+      for (int r = 0; r < T::kHalfN / 2; ++r) {
+        s[r] = exp2f(s[r] * p.scale_log2 - ((r & 2) ? lse1 : lse0));
       }
-      // dS^T to shared memory as bf16 [kv][q], 128B-swizzled (the layout TMA would write for
-      // a 64 x 64 box): key row R, query column C at R*128 + ((C/8 ^ R%8) * 16) + (C%8)*2.
-      // A quad writes 16 contiguous bytes; a warp's 8 rows hit 8 different 16-byte bank groups.
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const int r = 2 * j;
-        const int row = fh::acc_row(r, t);
-        const int col = fh::acc_col(r, t);
-        const uint32_t off = row * 128 + (((col >> 3) ^ (row & 7)) << 4) + (col & 7) * 2;
-        *reinterpret_cast<uint32_t*>(ds_s + off) = fh::pack_bf16x2(s[r], s[r + 1]);
-      }
-      fh::fence_proxy_async_shared();  // generic stores -> wgmma (async proxy) reads of dS^T
     }
-    // dS^T of this step is in shared memory for both roles' (7). Role A also passes here
-    // before writing the next P^T, so role B has read this one.
-    fh::named_bar_sync(T::kBarDs, 256);
+    store_hand_t<T>(p_t, s, wg, t);
 
-    // (5) dV += P^T dO_i  |  (6) dK += dS^T Q_i, then (7) dQ_i[:, 128 role ..] = dS K_j in
-    // two 64-column quarters u = 2 role, 2 role + 1, all three issued back to back as three
-    // commit groups (one fence covers the A fragments and the zeroed dQ registers). Groups
-    // complete in order: wait<1> covers dV/dK and the first quarter (the stage can go back to
-    // the producer and quarter 0 is added while quarter 1 is still on the tensor cores),
-    // wait<0> the second quarter.
-    uint32_t a[4][4];
-    to_a_frags(s, a);
-    float dq0[32], dq1[32];
-    zero(dq0);
-    zero(dq1);
-    fh::wgmma_fence();
-    gemm_acc_dkv<T>(acc_kv, a, y2);
-    fh::wgmma_commit();
-    gemm_dq<T>(dq0, ds_s, smem + T::kOffK, 2 * role);
-    fh::wgmma_commit();
-    gemm_dq<T>(dq1, ds_s, smem + T::kOffK, 2 * role + 1);
-    fh::wgmma_commit();
-    fh::wgmma_wait<1>();
-    fh::wgmma_fence_operand(acc_kv);
-    fh::wgmma_fence_operand(dq0);
-    if (warp_leader) pipe->consumer_release(st);  // Q_i, dO_i no longer read by us
-    add_dq_partial(p, w.batch, head, m_block, 2 * role, t, dq0);
+    // (4) dS = P * (dP - D)
     fh::wgmma_wait<0>();
-    fh::wgmma_fence_operand(dq1);
-    add_dq_partial(p, w.batch, head, m_block, 2 * role + 1, t, dq1);
-    st.advance();
+    fh::wgmma_fence_operand(dp);
+#pragma unroll
+    for (int r = 0; r < T::kHalfN / 2; ++r) dp[r] = s[r] * (dp[r] - ((r & 2) ? dsum1 : dsum0));
+    store_hand_t<T>(ds_t, dp, wg, t);
+    fh::fence_proxy_async_shared();  // stmatrix (generic proxy) -> wgmma (async proxy) reads
+    // Both warpgroups' halves are in place. The buffers alternate with the step's parity: the
+    // other warpgroup passed this barrier only after its last wgmma of step i-1 had completed,
+    // so step i+1 may overwrite what step i-1 read.
+    fh::named_bar_sync(T::kBarHandoff, 256);
+
+    // (7) dQ^T = K^T dS^T, (5) dV^T += dO^T P, (6) dK^T += Q^T dS. One dQ quarter at a time
+    // (32 registers: 160 for dV^T/dK^T + 2 x 32 in flight made ptxas serialize and spill): the
+    // first quarter is added while dV^T / dK^T run, the second after them. Groups retire in
+    // order: dV frees dO_i, dK frees Q_i.
+    float dq[T::kBlockM / 2];
+    zero(dq);
+    fh::wgmma_fence_operand(dq);
+    fh::wgmma_fence();
+    gemm_dq<T>(dq, smem + T::kOffK + (2 * wg) * T::kKvAtomBytes, ds_t);
+    fh::wgmma_commit();
+    gemm_dkv<T>(acc_dv[0], do_s + (2 * wg) * T::kQAtomBytes, p_t);
+    gemm_dkv<T>(acc_dv[1], do_s + (2 * wg + 1) * T::kQAtomBytes, p_t);
+    fh::wgmma_commit();
+    gemm_dkv<T>(acc_dk[0], q_s + (2 * wg) * T::kQAtomBytes, ds_t);
+    gemm_dkv<T>(acc_dk[1], q_s + (2 * wg + 1) * T::kQAtomBytes, ds_t);
+    fh::wgmma_commit();
+    fh::wgmma_wait<2>();
+    fh::wgmma_fence_operand(dq);
+    add_dq_partial(p, w.batch, head, m_block, 2 * wg, t, dq);
+    fh::wgmma_fence();
+    gemm_dq<T>(dq, smem + T::kOffK + (2 * wg + 1) * T::kKvAtomBytes, ds_t);
+    fh::wgmma_commit();
+    fh::wgmma_wait<2>();
+    if (warp_leader) pipe_do->consumer_release(sd);
+    fh::wgmma_wait<1>();
+    if (warp_leader) pipe_q->consumer_release(sq);
+    fh::wgmma_wait<0>();
+    fh::wgmma_fence_operand(dq);
+    add_dq_partial(p, w.batch, head, m_block, 2 * wg + 1, t, dq);
+    sq.advance();
+    sd.advance();
   }
-  if (role == 0) {
-    store_dkv(p.dv, p.dv_strides, w.batch, w.kv_head, n0, p.seqlen_k, t, 1.f, acc_kv);
-  } else {
-    store_dkv(p.dk, p.dk_strides, w.batch, w.kv_head, n0, p.seqlen_k, t, p.softmax_scale, acc_kv);
-  }
+  fh::wgmma_fence_operand(acc_dv[0]);
+  fh::wgmma_fence_operand(acc_dv[1]);
+  fh::wgmma_fence_operand(acc_dk[0]);
+  fh::wgmma_fence_operand(acc_dk[1]);
+
+  // Epilogue: both warpgroups are done reading K, V, Q (their last wgmmas were waited for) once
+  // both pass this barrier; then the staging tiles may overwrite them.
+  fh::named_bar_sync(T::kBarEpilogue, 256);
+  uint8_t* stage_dv = smem;
+  uint8_t* stage_dk = smem + T::kStageBytes;
+  stage_dkv_t<T::kBlockN>(stage_dv, T::kStageRowBytes, acc_dv, 1.f, wg, t);
+  stage_dkv_t<T::kBlockN>(stage_dk, T::kStageRowBytes, acc_dk, p.softmax_scale, wg, t);
+  fh::named_bar_sync(T::kBarEpilogue, 256);
+  const int tid = threadIdx.x - 128;  // 0..255 over both consumer warpgroups
+  copy_dkv_out<T::kBlockN>(p.dv, p.dv_strides, stage_dv, T::kStageRowBytes, w.batch, w.kv_head,
+                           n0, p.seqlen_k, tid);
+  copy_dkv_out<T::kBlockN>(p.dk, p.dk_strides, stage_dk, T::kStageRowBytes, w.batch, w.kv_head,
+                           n0, p.seqlen_k, tid);
 }
 
 }  // namespace sm90

@@ -4,9 +4,9 @@
 //     workspace rows padded to whole Q blocks (padding: D = 0, LSE = +inf, so padded rows give
 //     P = exp2(S * scale_log2 - inf) = 0 and the main kernel needs no row bounds for them).
 // postprocess, one CTA per (Q block, head, batch): dQ = scale * dQaccum to bf16. dQaccum holds
-//     each 64 x 256 tile in the order the main kernel's wgmma accumulators add it (see
+//     each 64 x 256 tile in the order the main kernel's dQ^T accumulators add it (see
 //     bwd_sm90_epilogue.cuh), so that its atomics cover whole 128-byte lines; this kernel maps
-//     (quarter, group, thread, element) back to (row, column).
+//     (quarter, group, thread, element) back to (query row, head-dim column).
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -62,40 +62,49 @@ __global__ void __launch_bounds__(kPreThreads)
   }
 }
 
-// Thread t reads, for quarter u (= 64-column block, u = 2 w + quarter of consumer warpgroup
-// w in the main kernel) and g = 0..7, the float4 its wgmma accumulator registers 4g..4g+3
-// added: rows r0 and r0 + 8 of the tile, columns c and c + 1 (FACTS section 3 accumulator
-// layout, N = 64, column offset 64 u).
+// dQaccum tile layout (bwd_sm90_epilogue.cuh): float4 number i = (u * 8 + g) * 128 + t holds
+// what thread t of a consumer warpgroup added from its dQ^T accumulator registers 4g..4g+3 of
+// head-dim quarter u: with the m64n64 accumulator layout (FACTS section 3, rows = head dim,
+// columns = queries), d0 = 64 u + 16 (t / 32) + (t % 32) / 4 and q0 = 8 g + 2 (t % 4), its four
+// floats are (q0, d0), (q0 + 1, d0), (q0, d0 + 8), (q0 + 1, d0 + 8). The kernel reads the tile
+// in that order (coalesced), transposes it through shared memory as scaled bf16 and writes
+// whole 512-byte rows.
 constexpr int kPostThreads = 256;
+constexpr int kPostRowElems = kHeadDim + 8;  // 16 bytes of padding per row
 
 __global__ void __launch_bounds__(kPostThreads)
     bwd_sm90_postprocess_kernel(const flashback_bwd_params p, int m_blocks,
                                 const float* dq_accum) {
+  __shared__ __align__(16) bf16 tile_s[kDqTileRows * kPostRowElems];
   const int m_block = blockIdx.x;
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
-  const int t = threadIdx.x % 128;
   const int64_t tile = (static_cast<int64_t>(batch) * p.nheads + head) * m_blocks + m_block;
-  const int r0 = m_block * kDqTileRows + 16 * (t / 32) + (t % 32) / 4;
-  bf16* dq = static_cast<bf16*>(p.dq) + batch * p.dq_strides.batch + head * p.dq_strides.head;
+  const float4* src = reinterpret_cast<const float4*>(dq_accum + tile * kDqTileFloats);
   const float s = p.softmax_scale;
-#pragma unroll
-  for (int pass = 0; pass < 2; ++pass) {
-    const int u = static_cast<int>(threadIdx.x) / 128 + 2 * pass;
-    const float4* src =
-        reinterpret_cast<const float4*>(dq_accum + tile * kDqTileFloats + u * (kDqTileFloats / 4)) + t;
 #pragma unroll 4
-    for (int g = 0; g < 8; ++g) {
-      const float4 v = src[g * 128];
-      const int c = 64 * u + 8 * g + 2 * (t % 4);
-      if (r0 < p.seqlen_q) {
-        *reinterpret_cast<__nv_bfloat162*>(dq + r0 * p.dq_strides.row + c) =
-            __floats2bfloat162_rn(v.x * s, v.y * s);
-      }
-      if (r0 + 8 < p.seqlen_q) {
-        *reinterpret_cast<__nv_bfloat162*>(dq + (r0 + 8) * p.dq_strides.row + c) =
-            __floats2bfloat162_rn(v.z * s, v.w * s);
-      }
+  for (int i = threadIdx.x; i < kDqTileFloats / 4; i += kPostThreads) {
+    const float4 v = src[i];
+    const int t = i % 128;
+    const int g = (i / 128) % 8;
+    const int u = i / 1024;
+    const int d0 = 64 * u + 16 * (t / 32) + (t % 32) / 4;
+    const int q0 = 8 * g + 2 * (t % 4);
+    tile_s[q0 * kPostRowElems + d0] = __float2bfloat16_rn(v.x * s);
+    tile_s[(q0 + 1) * kPostRowElems + d0] = __float2bfloat16_rn(v.y * s);
+    tile_s[q0 * kPostRowElems + d0 + 8] = __float2bfloat16_rn(v.z * s);
+    tile_s[(q0 + 1) * kPostRowElems + d0 + 8] = __float2bfloat16_rn(v.w * s);
+  }
+  __syncthreads();
+  bf16* dq = static_cast<bf16*>(p.dq) + batch * p.dq_strides.batch + head * p.dq_strides.head;
+  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  for (int i = threadIdx.x; i < kDqTileRows * kChunks; i += kPostThreads) {
+    const int row = i / kChunks;
+    const int chunk = i % kChunks;
+    const int q = m_block * kDqTileRows + row;
+    if (q < p.seqlen_q) {
+      *reinterpret_cast<uint4*>(dq + static_cast<int64_t>(q) * p.dq_strides.row + chunk * 8) =
+          *reinterpret_cast<const uint4*>(tile_s + row * kPostRowElems + chunk * 8);
     }
   }
 }

@@ -9,9 +9,10 @@ both files.
 """
 import os
 
-# N values we instantiate (PTX allows every multiple of 8 up to 256). 80 is the K/V tile of the
+# N values we instantiate (PTX allows every multiple of 8 up to 256). 40 is the half K/V tile
+# (S and dP per consumer warpgroup) of the hdim-256 backward; 80 is the K/V tile of the
 # hdim-256 backward; 64/128/256 the usual head-dim slices; 16/32/96/192 for small tests and tiles.
-SHAPES = [16, 32, 64, 80, 96, 128, 192, 256]
+SHAPES = [16, 32, 40, 64, 80, 96, 128, 192, 256]
 
 
 def reg_list(first, count):

@@ -4,6 +4,7 @@
 //   tma.h       tensor maps (host), TMA load/multicast/store/reduce, bulk reduce-add
 //   wgmma.h     smem descriptors, wgmma SS/RS m64nNk16 bf16->fp32, fence/commit/wait, layouts
 //   regs.h      setmaxnreg inc/dec
+//   stmatrix.h  stmatrix (.trans): accumulator fragments -> transposed bf16 tiles in smem
 //   cluster.h   cluster launch, ranks, mapa/DSMEM, cluster barrier
 // Tests: tests/gpu/hopper/ (each primitive against PyTorch on an H100/H200). Worked example:
 // tests/gpu/hopper/gemm.cu, a warp-specialized bf16 GEMM.
@@ -13,5 +14,6 @@
 #include "hopper/common.h"
 #include "hopper/mbarrier.h"
 #include "hopper/regs.h"
+#include "hopper/stmatrix.h"
 #include "hopper/tma.h"
 #include "hopper/wgmma.h"

@@ -8,10 +8,10 @@ namespace flashback {
 namespace hopper {
 namespace detail {
 
-// Supported N: 16, 32, 64, 80, 96, 128, 192, 256. Other N: add to SHAPES and regenerate.
+// Supported N: 16, 32, 40, 64, 80, 96, 128, 192, 256. Other N: add to SHAPES and regenerate.
 template <int N>
 struct WgmmaBf16;
-#define FLASHBACK_WGMMA_SHAPES 16, 32, 64, 80, 96, 128, 192, 256
+#define FLASHBACK_WGMMA_SHAPES 16, 32, 40, 64, 80, 96, 128, 192, 256
 
 template <>
 struct WgmmaBf16<16> {
@@ -81,6 +81,46 @@ struct WgmmaBf16<32> {
         "}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(ScaleA),
+          "n"(ScaleB), "n"(TransB));
+  }
+};
+
+
+template <>
+struct WgmmaBf16<40> {
+  static constexpr int kAccRegs = 20;
+
+  // D(64x40, fp32) (+)= A(64x16, smem descriptor) * B(16x40, smem descriptor)
+  template <int ScaleA, int ScaleB, int TransA, int TransB>
+  __device__ static __forceinline__ void ss(float (&d)[20], uint64_t desc_a, uint64_t desc_b,
+                                            uint32_t scale_d) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %22, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n40k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19}, %20, %21, p, %23, %24, %25, %26;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(ScaleA), "n"(ScaleB), "n"(TransA),
+          "n"(TransB));
+  }
+
+  // D(64x40, fp32) (+)= A(64x16, four bf16x2 registers) * B(16x40, smem descriptor)
+  template <int ScaleA, int ScaleB, int TransB>
+  __device__ static __forceinline__ void rs(float (&d)[20], const uint32_t (&a)[4],
+                                            uint64_t desc_b, uint32_t scale_d) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %25, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n40k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19}, {%20, %21, %22, %23}, %24, p, %26, %27, %28;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(ScaleA),
           "n"(ScaleB), "n"(TransB));
   }
