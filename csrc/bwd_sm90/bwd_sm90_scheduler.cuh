@@ -16,17 +16,27 @@ struct BwdSm90Work {
                  // dK / dV of the kv head sum in registers with no atomics
 };
 
-// One-dimensional grid, K/V block index slowest. With causal masking the first K/V blocks
-// have the most Q blocks to visit (rows at or after theirs), so they start first and the
-// short ones fill the tail of the last wave (longest-causal-work-first). The heads and batches
-// of one K/V block run side by side and share nothing but the launch order.
+// One-dimensional grid in one of two orders (measured on the H200, docs/perf-log.md v4):
+// - causal: K/V block index slowest. The first K/V blocks have the most Q blocks to visit
+//   (rows at or after theirs), so they start first and the short ones fill the tail of the
+//   last wave (longest-causal-work-first); the heads and batches of one K/V block run side by
+//   side.
+// - not causal: every CTA has the same work, so the order serves L2 instead: K/V block index
+//   fastest, so a wave's CTAs share the Q, dO and dQaccum rows of one or two heads
+//   (+5-8% over the causal order at 4k-16k).
 template <int kBlockM, int kBlockN>
 __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
   BwdSm90Work w;
-  const int per_n_block = p.nheads_k * p.batch;
   const int id = static_cast<int>(blockIdx.x);
-  w.n_block = id / per_n_block;
-  const int rest = id % per_n_block;
+  int rest;
+  if (p.causal) {
+    const int per_n_block = p.nheads_k * p.batch;
+    w.n_block = id / per_n_block;
+    rest = id % per_n_block;
+  } else {
+    w.n_block = id % p.n_blocks;
+    rest = id / p.n_blocks;
+  }
   w.kv_head = rest % p.nheads_k;
   w.batch = rest / p.nheads_k;
   const int n0 = w.n_block * kBlockN;

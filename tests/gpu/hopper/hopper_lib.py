@@ -28,6 +28,7 @@ _SIGNATURES = {
     "fbh_wgmma": [c_void_p, c_void_p, c_void_p, c_int, c_int, c_int, c_int],
     "fbh_wgmma_supported_n": [POINTER(c_int), c_int],
     "fbh_wgmma_chain": [c_void_p, c_void_p, c_void_p, c_void_p, c_int],
+    "fbh_stmatrix_trans": [c_void_p, c_void_p, c_int],
     "fbh_cluster_dsmem": [c_void_p, c_void_p, c_void_p, c_void_p, c_int, c_int],
     "fbh_setmaxnreg": [c_void_p, c_void_p],
     "fbh_gemm_bf16_tn": [c_void_p, c_void_p, c_void_p, c_int, c_int, c_int, c_int, c_int, c_void_p],

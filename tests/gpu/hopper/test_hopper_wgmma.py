@@ -12,7 +12,7 @@ pytestmark = pytest.mark.gpu
 
 # The shapes the library was generated for (FLASHBACK_WGMMA_SHAPES); the list below is only
 # used for test ids -- test_supported_shapes checks it against the library.
-SHAPES = [16, 32, 64, 80, 96, 128, 192, 256]
+SHAPES = [16, 32, 40, 64, 80, 96, 128, 192, 256]
 VARIANTS = [  # (a_mn, b_mn, rs)
     (0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0), (0, 0, 1), (0, 1, 1),
 ]
@@ -27,7 +27,7 @@ def test_supported_shapes(hlib):
     buf = (ctypes.c_int * 32)()
     count = hlib.fbh_wgmma_supported_n(buf, 32)
     assert list(buf[:count]) == SHAPES
-    assert {64, 80, 128, 256} <= set(SHAPES)
+    assert {40, 64, 80, 128, 256} <= set(SHAPES)
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=[variant_id(v) for v in VARIANTS])

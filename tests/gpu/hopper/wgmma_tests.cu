@@ -189,6 +189,7 @@ FBH_EXPORT int fbh_wgmma(const void* a, const void* b, float* d, int n, int a_mn
   switch (n) {
     case 16: return dispatch_variant<16>(a, b, d, a_mn, b_mn, rs);
     case 32: return dispatch_variant<32>(a, b, d, a_mn, b_mn, rs);
+    case 40: return dispatch_variant<40>(a, b, d, a_mn, b_mn, rs);
     case 64: return dispatch_variant<64>(a, b, d, a_mn, b_mn, rs);
     case 80: return dispatch_variant<80>(a, b, d, a_mn, b_mn, rs);
     case 96: return dispatch_variant<96>(a, b, d, a_mn, b_mn, rs);

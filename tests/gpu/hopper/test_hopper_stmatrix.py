@@ -1,0 +1,22 @@
+"""stmatrix .trans: mma-fragment registers of a 16 x 16 bf16 matrix land in shared memory
+transposed (the P^T / dS^T hand-off and the dK/dV epilogue of the Hopper backward)."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hopper_lib import check, ptr  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("x4", [1, 0], ids=["x4", "x2"])
+def test_stmatrix_trans(hlib, x4):
+    a = torch.randn(16, 16, device="cuda").bfloat16()
+    out = torch.full((16, 16), float("nan"), device="cuda", dtype=torch.bfloat16)
+    check(hlib, hlib.fbh_stmatrix_trans(ptr(a), ptr(out), x4), "fbh_stmatrix_trans")
+    expect = a.t()
+    if x4:
+        assert torch.equal(out, expect)
+    else:
+        assert torch.equal(out[:8], expect[:8])
+        assert torch.isnan(out[8:].float()).all()
