@@ -42,6 +42,9 @@ HEADDIM = 256
 NHEADS = 8
 SHAPES = ((4, 4096), (2, 8192), (1, 16384))  # (batch, seqlen): 16384 tokens each
 IMPLS = ("flashback", "sdpa_flash", "cudnn", "sdpa_efficient", "fa3")
+# The default run leaves out SDPA's memory-efficient backend: at ~40 TFLOP/s it alone would take
+# most of the sweep's time, and its numbers are in the committed baselines. "--impls all" adds it.
+DEFAULT_IMPLS = ("flashback", "sdpa_flash", "cudnn", "fa3")
 BWD_CALL = "flashback_bwd_call"  # extra rows of impl "flashback": the raw attention_backward call
 YARDSTICK = "sdpa_flash"
 COLUMNS = ("flashback", BWD_CALL, "sdpa_flash", "cudnn", "sdpa_efficient", "fa3")  # table order
@@ -148,9 +151,22 @@ def format_table(payload):
             f"{'/'.join(sorted({str(r['headdim']) for r in rows})) or '-'}, nheads "
             f"{'/'.join(sorted({str(r['nheads']) for r in rows})) or '-'})"]
     text += ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines]
+    text.append(path_summary(rows))
     for note in payload.get("notes", []):
         text.append("note: " + note)
     return "\n".join(text)
+
+
+def path_summary(rows):
+    """One line on which backward kernels flashback ran (rows record it as "path")."""
+    seen = [r for r in rows if "path" in r]
+    if not seen:
+        return "flashback backward path: not recorded"
+    off = [r for r in seen if r["path"] != "sm90"]
+    if not off:
+        return f"flashback backward path: sm90 on all {len(seen)} timed backward rows"
+    return "flashback backward path: NOT sm90 on " + "; ".join(
+        f"{r['impl']} causal={r['causal']} {r['batch']}x{r['seqlen']}: {r['path']}" for r in off)
 
 
 def plot(payload, png_path):
@@ -282,10 +298,11 @@ def time_ms(fn, iters, warmup, repeats):
     return runs
 
 
-def measure(impl, q, k, v, dout, causal, iters, warmup, repeats, notes):
+def measure(impl, q, k, v, dout, causal, iters, warmup, repeats, notes, paths=None):
     """{direction or BWD_CALL: [ms per run]} for one implementation on one shape. An error
     before anything is measured propagates (the caller skips the implementation); one in the
-    extra flashback_bwd_call measurement becomes a note."""
+    extra flashback_bwd_call measurement becomes a note. For flashback, `paths` (a dict) gets
+    the backward kernels that ran ("sm90" or "reference: why") per timed key."""
     import torch
     fwd = _forward_fn(impl, causal)
     out = fwd(q, k, v)  # also the check that the implementation takes the shape
@@ -295,12 +312,16 @@ def measure(impl, q, k, v, dout, causal, iters, warmup, repeats, notes):
     del out
     if impl == "flashback":
         import flashback
+        if paths is not None:
+            paths["bwd"] = flashback.last_backward_path()
         qd, kd, vd = q.detach(), k.detach(), v.detach()
         try:
             with torch.no_grad():
                 o, lse = flashback.attention_forward(qd, kd, vd, causal=causal)
                 res[BWD_CALL] = time_ms(lambda: flashback.attention_backward(dout, qd, kd, vd, o, lse, causal=causal),
                                         iters, warmup, repeats)
+                if paths is not None:
+                    paths[BWD_CALL] = flashback.last_backward_path()
         except Exception as e:  # noqa: BLE001
             notes.append(f"{BWD_CALL} causal={causal} batch={q.shape[0]} seqlen={q.shape[1]} failed: {_short(e)}")
             print("note: " + notes[-1], flush=True)
@@ -339,8 +360,9 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot):
             for t in (q, k, v):
                 t.requires_grad_()
             for impl in impls:
+                paths = {}
                 try:
-                    res = measure(impl, q, k, v, dout, causal, iters, warmup, repeats, payload["notes"])
+                    res = measure(impl, q, k, v, dout, causal, iters, warmup, repeats, payload["notes"], paths)
                 except Exception as e:  # noqa: BLE001 - a backend that rejects the shape is skipped
                     note = f"{impl} causal={causal} batch={batch} seqlen={seqlen} skipped: {_short(e)}"
                     payload["notes"].append(note)
@@ -350,6 +372,8 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot):
                 for key, ms_runs in res.items():
                     row_impl, direction = (BWD_CALL, "bwd") if key == BWD_CALL else (impl, key)
                     row = result_row(row_impl, direction, causal, batch, seqlen, NHEADS, HEADDIM, ms_runs)
+                    if key in paths:
+                        row["path"] = paths[key]
                     payload["results"].append(row)
                     print(f"{row_impl:>18} {direction} causal={causal!s:5} {batch}x{seqlen:<6} "
                           f"TFLOP/s {'/'.join(f'{t:.1f}' for t in row['tflops'])}", flush=True)
@@ -371,8 +395,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="few iterations, for smoke tests")
     p.add_argument("--plot", action="store_true", help="also write a PNG next to the JSON")
-    p.add_argument("--impls", default=",".join(IMPLS),
-                   help=f"comma-separated subset of {','.join(IMPLS)} (default all; 'all' means all)")
+    p.add_argument("--impls", default=",".join(DEFAULT_IMPLS),
+                   help=f"comma-separated subset of {','.join(IMPLS)} (default {','.join(DEFAULT_IMPLS)}; "
+                        f"'all' means all, sdpa_efficient included; fa3 runs when importable)")
     p.add_argument("--out", default=os.path.join(HERE, "results"), help="directory for the JSON (and PNG)")
     p.add_argument("--iters", type=int, default=None, help="timed calls per run (default 100, --quick 10)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up calls (default 10, --quick 2)")

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "bwd_sm90/bwd_sm90.h"
@@ -21,6 +23,9 @@ namespace flashback {
 namespace {
 
 thread_local std::string g_last_error;
+// Process-wide, not per thread: autograd runs the backward on its own device thread.
+std::mutex g_bwd_path_mu;
+std::string g_last_bwd_path;
 
 flashback_status fail(flashback_status status, const char* fmt, ...) {
   char buf[512];
@@ -174,11 +179,30 @@ bool force_reference() {
 
 // The backward path for these params: the Hopper kernels of csrc/bwd_sm90 when they take the
 // shapes (head dim 256, bf16, not deterministic, TMA-addressable tensors), else the reference.
-// Default since v3 (docs/perf-log.md): 218-244 TFLOP/s on the head-dim-256 sweep against the
-// reference's 119-126, with the whole GPU suite passing on it. The device itself is checked
-// separately (sm_90 only, check_current_device).
-bool use_sm90_bwd(const flashback_bwd_params& p) {
-  return !force_reference() && sm90::bwd_sm90_can_implement(p, nullptr);
+// Default since v3 (docs/perf-log.md). The device itself is checked separately (sm_90 only,
+// check_current_device). `why` gets the reason when it is the reference.
+bool use_sm90_bwd(const flashback_bwd_params& p, const char** why) {
+  if (force_reference()) {
+    *why = "FLASHBACK_FORCE_REFERENCE is set";
+    return false;
+  }
+  return sm90::bwd_sm90_can_implement(p, why);
+}
+
+// Records the path a backward took (flashback_last_backward_path) and, under
+// FLASHBACK_LOG_PATH=1, prints each distinct one once per process, so a silent fallback to the
+// slow kernels shows in a benchmark or a training log.
+void record_bwd_path(const char* path, const char* why) {
+  std::string s = path;
+  if (why != nullptr) {
+    s += ": ";
+    s += why;
+  }
+  static const bool log = env_flag("FLASHBACK_LOG_PATH");
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lock(g_bwd_path_mu);
+  if (log && seen.insert(s).second) std::fprintf(stderr, "flashback: backward path: %s\n", s.c_str());
+  g_last_bwd_path = std::move(s);
 }
 
 // The workspace depends on the shapes and flags only, not on pointers or strides (the header
@@ -220,6 +244,13 @@ extern "C" {
 int flashback_headdim_supported(int headdim) { return headdim_supported(headdim) ? 1 : 0; }
 
 const char* flashback_last_error(void) { return g_last_error.c_str(); }
+
+const char* flashback_last_backward_path(void) {
+  thread_local std::string copy;
+  std::lock_guard<std::mutex> lock(g_bwd_path_mu);
+  copy = g_last_bwd_path;
+  return copy.c_str();
+}
 
 const char* flashback_version(void) { return "0.1.0"; }
 
@@ -284,12 +315,20 @@ flashback_status flashback_attention_backward(const flashback_bwd_params* p) {
   FLASHBACK_TRY(check_current_device());
   clear_stale_cuda_error();
   const cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
-  if (use_sm90_bwd(*p)) {
+  const char* why = nullptr;
+  if (use_sm90_bwd(*p, &why)) {
     const cudaError_t err = sm90::run_bwd_sm90(*p, stream);
     // cudaErrorNotSupported: a tensor map did not encode and nothing was launched.
-    if (err != cudaErrorNotSupported) return launched(err, "backward launch (sm90)");
+    if (err != cudaErrorNotSupported) {
+      const flashback_status st = launched(err, "backward launch (sm90)");
+      if (st == FLASHBACK_SUCCESS) record_bwd_path("sm90", nullptr);
+      return st;
+    }
+    why = "the driver did not encode a tensor map of the Hopper path";
   }
-  return launched(run_reference_bwd(*p, stream), "backward launch");
+  const flashback_status st = launched(run_reference_bwd(*p, stream), "backward launch");
+  if (st == FLASHBACK_SUCCESS) record_bwd_path("reference", why);
+  return st;
 }
 
 }  // extern "C"

@@ -101,6 +101,13 @@ FLASHBACK_API const char *flashback_last_error(void);
 
 FLASHBACK_API const char *flashback_version(void);
 
+/* Which kernels the last successful flashback_attention_backward call of this process (any
+ * thread) launched: "sm90" (the Hopper backward) or "reference: <why the Hopper path
+ * declined>"; "" before any. The string stays valid until the next call on this thread.
+ * With the environment variable FLASHBACK_LOG_PATH=1 the library also prints each distinct
+ * answer once per process to stderr ("flashback: backward path: ..."). */
+FLASHBACK_API const char *flashback_last_backward_path(void);
+
 /* sizeof(flashback_fwd_params) and sizeof(flashback_bwd_params) as compiled into the library,
  * so a binding written in another language can check its copy of the structs. */
 FLASHBACK_API void flashback_params_sizes(size_t *fwd_bytes, size_t *bwd_bytes);

@@ -10,7 +10,7 @@ from .interface import attention, attention_backward, attention_forward
 __version__ = "0.1.0"
 
 __all__ = [
-    "attention", "attention_forward", "attention_backward", "is_available",
+    "attention", "attention_forward", "attention_backward", "is_available", "last_backward_path",
     "SUPPORTED_HEADDIMS", "FlashbackError", "LibraryNotFoundError", "__version__",
 ]
 
@@ -24,3 +24,13 @@ def is_available() -> bool:
     if not torch.cuda.is_available() or not _lib.is_loadable():
         return False
     return _checks._device_error(torch.cuda.current_device()) is None
+
+
+def last_backward_path() -> str:
+    """Which kernels the last backward of this process ran: "sm90" (the Hopper backward) or
+    "reference: <why the Hopper path declined>" (e.g. "reference: deterministic: ..."); "" before
+    any backward. Call it after the backward has been launched (through autograd too). Set
+    FLASHBACK_LOG_PATH=1 to have the library print each distinct path once to stderr."""
+    from . import _lib
+
+    return _lib.load().flashback_last_backward_path().decode("utf-8", "replace")

@@ -129,3 +129,19 @@ def test_commit(bench, tmp_path, monkeypatch):
     assert bench.git_commit(str(tmp_path)) == "unknown"  # not a git checkout
     if os.path.exists(os.path.join(ROOT, ".git")):
         assert re.fullmatch(r"[0-9a-f]{4,40}", bench.git_commit(ROOT))
+
+
+def test_default_impls_leave_out_the_slow_backend(bench):
+    assert "sdpa_efficient" not in bench.DEFAULT_IMPLS
+    assert set(bench.DEFAULT_IMPLS) <= set(bench.IMPLS)
+    assert {"flashback", "sdpa_flash", "cudnn", "fa3"} <= set(bench.DEFAULT_IMPLS)
+
+
+def test_path_summary_names_every_point_off_the_fast_path(bench):
+    row = dict(impl="flashback", direction="bwd", causal=True, batch=4, seqlen=4096)
+    assert bench.path_summary([]) == "flashback backward path: not recorded"
+    assert "sm90 on all 2 timed" in bench.path_summary([dict(row, path="sm90"), dict(row, path="sm90")])
+    text = bench.path_summary([dict(row, path="sm90"),
+                               dict(row, seqlen=8192, path="reference: a tensor is not 128-byte aligned")])
+    assert text.startswith("flashback backward path: NOT sm90 on ")
+    assert "4x8192" in text and "128-byte aligned" in text and "4x4096" not in text

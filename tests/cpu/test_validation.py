@@ -501,3 +501,12 @@ def test_c_api_backward_path_choice(native):
         pytest.skip("FLASHBACK_FORCE_REFERENCE is set")
     assert size(bwd_params(deterministic=0)) >= dq_accum_bytes
     assert size(bwd_params(deterministic=0, k_batch_stride=0)) == size(bwd_params(deterministic=0))
+
+
+def test_c_api_backward_path_is_empty_before_any_backward(native):
+    # Recorded only by a backward that launched; a rejected call leaves it alone.
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
+        pytest.skip("an sm_90 GPU is present: an earlier test may have run a backward")
+    assert native.flashback_attention_backward(None) == 1
+    assert native.flashback_last_backward_path() == b""
+    assert flashback.last_backward_path() == ""

@@ -116,6 +116,9 @@ def _require_flashback():
                     "found or failed to load (build it, or set FLASHBACK_LIBRARY)", pytrace=False)
 
 
+_FORCE_REFERENCE = os.environ.get("FLASHBACK_FORCE_REFERENCE", "0") not in ("", "0")
+
+
 def _new_seed():
     env = os.environ.get("FLASHBACK_TEST_SEED")
     return int(env) if env else int.from_bytes(os.urandom(8), "little") >> 1
@@ -236,6 +239,11 @@ def _inputs_and_references(case):
 def test_matches_reference(case, deterministic):
     x, (out32, lse32, g32), (outlp, _, glp) = _inputs_and_references(case)
     ctx, out, lse, grads = _call_poisoned(case, x, deterministic)
+    path = flashback.last_backward_path()
+    if case.headdim == 256 and not deterministic and not _FORCE_REFERENCE:
+        assert path == "sm90", f"{ctx}: the backward ran {path!r}, not the Hopper kernel"
+    else:
+        assert path.startswith("reference: "), f"{ctx}: the backward ran {path!r}"
 
     assert out.shape == x.q.shape and out.dtype == DTYPE
     assert lse.shape == (case.batch, case.nheads, case.seqlen_q)
@@ -390,6 +398,40 @@ def test_packed_qkv(causal):
     _check(ctx, "out", out, out32, outlp)
     for i, name in enumerate(("dq", "dk", "dv")):
         _check(ctx, name, grad[:, :, i], grad32[:, :, i], gradlp[:, :, i])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_unaligned_layout_takes_the_reference_path(causal):
+    """A q that is 16-byte but not 128-byte aligned (a view at an offset of 8 elements) is valid
+    input the Hopper backward declines: it must run on the reference kernels, say so, and be right."""
+    case = Case(2, 1000, 1000, 8, 2, 256, causal)
+    x = _make_inputs(case)
+    buf = torch.empty(x.q.numel() + 8, device=DEVICE, dtype=DTYPE)
+    q_off = buf[8:].view(x.q.shape)
+    q_off.copy_(x.q)
+    assert q_off.data_ptr() % 128 != 0 and q_off.data_ptr() % 16 == 0
+    t = Inputs(x.seed, q_off, x.k, x.v, x.dout)
+    ctx, out, lse, grads = _call_poisoned(case, t, deterministic=False)
+    ctx = "q at a 16-byte offset " + ctx
+    path = flashback.last_backward_path()
+    assert path.startswith("reference: ") and "128-byte aligned" in path, f"{ctx}: path {path!r}"
+    (out32, lse32, g32) = _reference(x.q, x.k, x.v, x.dout, causal, None, upcast=True)
+    (outlp, _, glp) = _reference(x.q, x.k, x.v, x.dout, causal, None, upcast=False)
+    _check(ctx, "out", out, out32, outlp)
+    for name, ours, r32, rlp in zip(("dq", "dk", "dv"), grads, g32, glp):
+        _check(ctx, name, ours, r32, rlp)
+
+
+@pytest.mark.gpu
+def test_backward_path_through_autograd():
+    """The path is recorded process-wide, so it shows after autograd's own thread ran the backward."""
+    q, k, v = (torch.randn(1, 300, 4, 256, device=DEVICE, dtype=DTYPE, requires_grad=True) for _ in range(3))
+    flashback.attention(q, k, v, causal=True).sum().backward()
+    assert flashback.last_backward_path() == ("reference: FLASHBACK_FORCE_REFERENCE is set"
+                                              if _FORCE_REFERENCE else "sm90")
+    flashback.attention(q, k, v, causal=True, deterministic=True).sum().backward()
+    assert flashback.last_backward_path().startswith("reference: ")
 
 
 @pytest.mark.gpu
