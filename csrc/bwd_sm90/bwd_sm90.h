@@ -53,6 +53,7 @@ struct BwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k
   int m_blocks;     // ceil(seqlen_q / block_m): also the padded row count / block_m
   int n_blocks;     // ceil(seqlen_k / block_n)
+  int l2_group;     // (batch, kv head) pairs scheduled together (bwd_sm90_scheduler.cuh)
   int causal;
   int head_inner;  // bit 0 Q, 1 K, 2 V, 3 dO: that tensor map's dims are {d, head, seq, batch}
                    // (else {d, seq, head, batch}); see make_map in bwd_sm90_launch.cu

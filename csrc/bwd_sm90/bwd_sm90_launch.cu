@@ -9,6 +9,8 @@
 // See bwd_sm90_mainloop.cuh for the shared-memory plan and the GEMM operands.
 #include <cuda.h>
 
+#include <algorithm>
+
 #include <cstdlib>
 
 // A wrong barrier count or byte count would hang the GPU; trap instead once one wait has
@@ -49,7 +51,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     fh::tma_prefetch_map(&map_k);
     fh::tma_prefetch_map(&map_v);
     fh::tma_prefetch_map(&map_do);
-    fh::mbar_init(kv_bar, 1);
+    fh::mbar_init(kv_bar, 1);      // K
+    fh::mbar_init(kv_bar + 1, 1);  // V
     pipe_q->init(8);  // empty[s]: one arrival per consumer warp (2 warpgroups x 4 warps)
     pipe_do->init(8);
   }
@@ -192,6 +195,11 @@ cudaError_t run_bwd_sm90(const flashback_bwd_params& p, cudaStream_t stream) {
   kp.m_blocks = m_blocks;
   kp.n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
   kp.causal = p.causal ? 1 : 0;
+  // Causal: as many (batch, kv head) pairs at a time as keep ~16k query rows of Q, dO and
+  // dQaccum (x the GQA group) in L2; otherwise one (docs/perf-log.md v4).
+  const int pairs = p.batch * p.nheads_k;
+  const int rows_per_pair = p.seqlen_q * (p.nheads / p.nheads_k);
+  kp.l2_group = p.causal ? std::max(1, std::min(pairs, 16384 / std::max(1, rows_per_pair))) : 1;
   kp.head_inner = (hi[0] ? 1 : 0) | (hi[1] ? 2 : 0) | (hi[2] ? 4 : 0) | (hi[3] ? 8 : 0);
   kp.scale_log2 = p.softmax_scale * 1.4426950408889634f;
   kp.softmax_scale = p.softmax_scale;

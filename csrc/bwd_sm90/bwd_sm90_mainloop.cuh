@@ -65,7 +65,7 @@ struct BwdSm90Traits {
   static constexpr uint32_t kOffP = kOffDo + kDoStages * kQTileBytes;  // 2 buffers
   static constexpr uint32_t kOffDs = kOffP + 2 * kHandBytes;           // 2 buffers
   static constexpr uint32_t kOffBar = kOffDs + 2 * kHandBytes;
-  static constexpr uint32_t kOffPipeQ = kOffBar + 8;  // after the K/V barrier
+  static constexpr uint32_t kOffPipeQ = kOffBar + 16;  // after the K and V barriers
   static constexpr uint32_t kOffPipeDo = kOffPipeQ + sizeof(fh::TmaPipeline<kQStages>);
   static constexpr size_t kSmemBytes =
       1024 /* alignment slack */ + kOffPipeDo + sizeof(fh::TmaPipeline<kDoStages>);
@@ -116,14 +116,16 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
                                                   fh::TmaPipeline<T::kDoStages>* pipe_do) {
   if (w.n_iters == 0) return;  // nobody would wait for the copies
   const int n0 = w.n_block * T::kBlockN;
-  fh::mbar_arrive_expect_tx(kv_bar, 2 * T::kKvTileBytes);
+  // K on its own barrier, first: the first S needs K and Q_0 only; V (for dP) follows Q_0.
+  auto load_kv = [&](uint32_t off, const CUtensorMap* map, uint64_t* bar, bool head_inner) {
+    fh::mbar_arrive_expect_tx(bar, T::kKvTileBytes);
 #pragma unroll
-  for (int a = 0; a < T::kAtomCols; ++a) {
-    tma_rows(smem + T::kOffK + a * T::kKvAtomBytes, m.k, kv_bar, p.head_inner & 2, 64 * a, n0,
-             w.kv_head, w.batch);
-    tma_rows(smem + T::kOffV + a * T::kKvAtomBytes, m.v, kv_bar, p.head_inner & 4, 64 * a, n0,
-             w.kv_head, w.batch);
-  }
+    for (int a = 0; a < T::kAtomCols; ++a) {
+      tma_rows(smem + off + a * T::kKvAtomBytes, map, bar, head_inner, 64 * a, n0, w.kv_head,
+               w.batch);
+    }
+  };
+  load_kv(T::kOffK, m.k, kv_bar, p.head_inner & 2);
   fh::PipelineState<T::kQStages> sq;
   fh::PipelineState<T::kDoStages> sd;
   for (int it = 0; it < w.n_iters; ++it) {
@@ -140,6 +142,7 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
                pipe_q->full_barrier(sq), p.head_inner & 1, 64 * a, m0, head, w.batch);
     }
     sq.advance();
+    if (it == 0) load_kv(T::kOffV, m.v, kv_bar + 1, p.head_inner & 4);
     pipe_do->producer_acquire(sd);
     pipe_do->producer_expect(sd, T::kQTileBytes);
 #pragma unroll
@@ -260,7 +263,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   zero(acc_dv[1]);
   zero(acc_dk[0]);
   zero(acc_dk[1]);
-  if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);
+  if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);  // K
 
   fh::PipelineState<T::kQStages> sq;
   fh::PipelineState<T::kDoStages> sd;
@@ -293,6 +296,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     fh::wgmma_fence();
     gemm_q_by_kv<T>(s, q_s, k_half);
     fh::wgmma_commit();
+    if (it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
     pipe_do->consumer_wait(sd);
     fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
     gemm_q_by_kv<T>(dp, do_s, v_half);

@@ -16,29 +16,26 @@ struct BwdSm90Work {
                  // dK / dV of the kv head sum in registers with no atomics
 };
 
-// One-dimensional grid in one of two orders (measured on the H200, docs/perf-log.md v4):
-// - causal: K/V block index slowest. The first K/V blocks have the most Q blocks to visit
-//   (rows at or after theirs), so they start first and the short ones fill the tail of the
-//   last wave (longest-causal-work-first); the heads and batches of one K/V block run side by
-//   side.
-// - not causal: every CTA has the same work, so the order serves L2 instead: K/V block index
-//   fastest, so a wave's CTAs share the Q, dO and dQaccum rows of one or two heads
-//   (+5-8% over the causal order at 4k-16k).
+// One-dimensional grid. The (batch, kv head) pairs are cut into groups of p.l2_group pairs;
+// groups run one after the other, and inside a group the K/V block index is slower than the
+// pair. So the CTAs in flight at any time belong to about one group, whose Q, dO and dQaccum
+// rows (2 KB per query row) the launch sizes to stay in L2 (~16k query rows), and inside the
+// group the first K/V blocks, which in the causal case have the most Q blocks to visit (rows at
+// or after theirs), start first and the short ones fill the group's tail
+// (longest-causal-work-first). Without causal masking every CTA has the same work and
+// l2_group is 1: the K/V blocks of one head side by side.
 template <int kBlockM, int kBlockN>
 __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
   BwdSm90Work w;
   const int id = static_cast<int>(blockIdx.x);
-  int rest;
-  if (p.causal) {
-    const int per_n_block = p.nheads_k * p.batch;
-    w.n_block = id / per_n_block;
-    rest = id % per_n_block;
-  } else {
-    w.n_block = id % p.n_blocks;
-    rest = id / p.n_blocks;
-  }
-  w.kv_head = rest % p.nheads_k;
-  w.batch = rest / p.nheads_k;
+  const int pairs = p.nheads_k * p.batch;
+  const int group = id / (p.l2_group * p.n_blocks);
+  const int rest = id - group * p.l2_group * p.n_blocks;
+  const int group_pairs = min(p.l2_group, pairs - group * p.l2_group);
+  w.n_block = rest / group_pairs;
+  const int pair = group * p.l2_group + rest % group_pairs;
+  w.kv_head = pair % p.nheads_k;
+  w.batch = pair / p.nheads_k;
   const int n0 = w.n_block * kBlockN;
   // Causal (bottom-right aligned): query row i sees key j iff j <= i + seqlen_k - seqlen_q,
   // so the first row that sees key n0 is n0 - seqlen_k + seqlen_q.
