@@ -26,6 +26,7 @@
 #include "bwd_sm90/bwd_sm90_prepost.h"
 #include "bwd_sm90/bwd_sm90_scheduler.cuh"
 #include "hopper/hopper.h"
+#include "sm90/sm90_common.h"
 
 namespace flashback {
 namespace sm90 {
@@ -93,33 +94,6 @@ WorkspaceParts workspace_parts(const flashback_bwd_params& p) {
   return w;
 }
 
-// 4-D map over a (batch, seqlen, heads, d) bf16 tensor, boxes of 64 d x box_rows rows with the
-// 128-byte swizzle wgmma reads (FACTS section 2). The two middle dims go in ascending stride
-// order ({d, heads, seqlen, batch} for the usual contiguous layout, where a head is 512 bytes
-// and a row nheads * 512): the driver documents strides as growing with the dimension, and a
-// box of {64, 1, 64, 1} lands in shared memory exactly as {64, 64, 1, 1} would. *head_inner
-// tells the kernel which coordinate order to use.
-cudaError_t make_map(CUtensorMap* map, bool* head_inner, const void* ptr,
-                     const flashback_strides& st, int batch, int seqlen, int heads,
-                     uint32_t box_rows) {
-  *head_inner = st.head < st.row;
-  const uint64_t s_rows = static_cast<uint64_t>(st.row) * 2;
-  const uint64_t s_head = static_cast<uint64_t>(st.head) * 2;
-  const uint64_t dims_rows_first[4] = {256, static_cast<uint64_t>(seqlen),
-                                       static_cast<uint64_t>(heads), static_cast<uint64_t>(batch)};
-  const uint64_t dims_head_first[4] = {256, static_cast<uint64_t>(heads),
-                                       static_cast<uint64_t>(seqlen), static_cast<uint64_t>(batch)};
-  const uint64_t strides_rows_first[3] = {s_rows, s_head, static_cast<uint64_t>(st.batch) * 2};
-  const uint64_t strides_head_first[3] = {s_head, s_rows, static_cast<uint64_t>(st.batch) * 2};
-  const uint32_t box_rows_first[4] = {64, box_rows, 1, 1};
-  const uint32_t box_head_first[4] = {64, 1, box_rows, 1};
-  return *head_inner
-             ? fh::make_tensor_map(map, ptr, fh::TmaType::kBf16, 4, dims_head_first,
-                                   strides_head_first, box_head_first, fh::TmaSwizzle::k128B)
-             : fh::make_tensor_map(map, ptr, fh::TmaType::kBf16, 4, dims_rows_first,
-                                   strides_rows_first, box_rows_first, fh::TmaSwizzle::k128B);
-}
-
 }  // namespace
 
 bool bwd_sm90_can_implement(const flashback_bwd_params& p, const char** why) {
@@ -131,26 +105,11 @@ bool bwd_sm90_can_implement(const flashback_bwd_params& p, const char** why) {
   } else if (p.deterministic) {
     reason = "deterministic: the fast path adds dQ with atomics";
   } else {
-    // TMA with 128-byte swizzle. The driver accepts 16-byte aligned bases and byte strides
-    // that are multiples of 16, but whether the swizzle pattern then still matches what the
-    // wgmma descriptors assume is unconfirmed on hardware (HOPPER-FACTS §13), and the GPU
-    // suite only ran 128-byte aligned layouts. So the fast path takes 128-byte aligned bases
-    // and strides in multiples of 64 elements (what every dense or packed PyTorch layout at
-    // head dim 256 has); anything else runs on the reference kernels. Strides below 2^39
-    // elements keep byte strides below TMA's 2^40.
-    const void* ptrs[4] = {p.q, p.k, p.v, p.dout};
-    const flashback_strides sts[4] = {p.q_strides, p.k_strides, p.v_strides, p.dout_strides};
-    for (int i = 0; i < 4 && reason == nullptr; ++i) {
-      if (reinterpret_cast<uintptr_t>(ptrs[i]) % 128 != 0) reason = "a tensor is not 128-byte aligned";
-      const int64_t s[3] = {sts[i].row, sts[i].head, sts[i].batch};
-      for (int k = 0; k < 3; ++k) {
-        if (s[k] <= 0 || s[k] % 64 != 0 || s[k] >= (int64_t{1} << 39)) {
-          reason = "a stride is not a positive multiple of 64 elements below 2^39";
-        }
-      }
-    }
     // The dK/dV/dQ writes and the preprocess use 4- and 16-byte vectors (the API checks
     // alignment and strides of those already).
+    const void* ptrs[4] = {p.q, p.k, p.v, p.dout};
+    const flashback_strides sts[4] = {p.q_strides, p.k_strides, p.v_strides, p.dout_strides};
+    tma_layout_ok(ptrs, sts, 4, &reason);
   }
   if (why) *why = reason;
   return reason == nullptr;
@@ -162,13 +121,13 @@ cudaError_t run_bwd_sm90(const flashback_bwd_params& p, cudaStream_t stream) {
   CUtensorMap map_q, map_k, map_v, map_do;
   bool hi[4];
   constexpr uint32_t kRowsQ = Traits::kBlockM, kRowsKv = Traits::kBlockN;
-  if (make_map(&map_q, &hi[0], p.q, p.q_strides, p.batch, p.seqlen_q, p.nheads, kRowsQ) !=
+  if (make_rows_map(&map_q, &hi[0], p.q, p.q_strides, p.batch, p.seqlen_q, p.nheads, kRowsQ) !=
           cudaSuccess ||
-      make_map(&map_k, &hi[1], p.k, p.k_strides, p.batch, p.seqlen_k, p.nheads_k, kRowsKv) !=
+      make_rows_map(&map_k, &hi[1], p.k, p.k_strides, p.batch, p.seqlen_k, p.nheads_k, kRowsKv) !=
           cudaSuccess ||
-      make_map(&map_v, &hi[2], p.v, p.v_strides, p.batch, p.seqlen_k, p.nheads_k, kRowsKv) !=
+      make_rows_map(&map_v, &hi[2], p.v, p.v_strides, p.batch, p.seqlen_k, p.nheads_k, kRowsKv) !=
           cudaSuccess ||
-      make_map(&map_do, &hi[3], p.dout, p.dout_strides, p.batch, p.seqlen_q, p.nheads, kRowsQ) !=
+      make_rows_map(&map_do, &hi[3], p.dout, p.dout_strides, p.batch, p.seqlen_q, p.nheads, kRowsQ) !=
           cudaSuccess) {
     return cudaErrorNotSupported;  // nothing launched: the caller takes the reference path
   }

@@ -34,6 +34,7 @@
 #include "bwd_sm90/bwd_sm90_epilogue.cuh"
 #include "bwd_sm90/bwd_sm90_scheduler.cuh"
 #include "hopper/hopper.h"
+#include "sm90/sm90_common.h"
 
 namespace flashback {
 namespace sm90 {
@@ -94,20 +95,7 @@ struct BwdSm90Maps {
 
 // ------------------------------------------------------------------------------ producer ---
 // One thread: K_j and V_j once, then Q_i and dO_i of every step into their rings.
-// Maps are 4-D {d, seqlen, heads, batch} or {d, heads, seqlen, batch} (p.head_inner), boxes
-// of 64 d x 64 rows (Q, dO) or 64 d x 80 rows (K, V). Rows past seqlen arrive as zeros and
-// still count in the transaction bytes (FACTS section 4.2).
-__device__ __forceinline__ void tma_rows(void* dst, const CUtensorMap* map, uint64_t* bar,
-                                         bool head_inner, int d0, int row, int head, int batch) {
-  if (head_inner) {
-    const int c[4] = {d0, head, row, batch};
-    fh::tma_load<4>(dst, map, bar, c);
-  } else {
-    const int c[4] = {d0, row, head, batch};
-    fh::tma_load<4>(dst, map, bar, c);
-  }
-}
-
+// Maps (sm90_common.h) give boxes of 64 d x 64 rows (Q, dO) or 64 d x 80 rows (K, V).
 template <class T>
 __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const BwdSm90Maps& m,
                                                   const BwdSm90Work& w, uint8_t* smem,

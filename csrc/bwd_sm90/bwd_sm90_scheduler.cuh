@@ -4,6 +4,7 @@
 #pragma once
 
 #include "bwd_sm90/bwd_sm90.h"
+#include "sm90/sm90_common.h"
 
 namespace flashback {
 namespace sm90 {
@@ -37,9 +38,8 @@ __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
   w.kv_head = pair % p.nheads_k;
   w.batch = pair / p.nheads_k;
   const int n0 = w.n_block * kBlockN;
-  // Causal (bottom-right aligned): query row i sees key j iff j <= i + seqlen_k - seqlen_q,
-  // so the first row that sees key n0 is n0 - seqlen_k + seqlen_q.
-  w.m_begin = p.causal ? max(0, n0 - p.seqlen_k + p.seqlen_q) / kBlockM : 0;
+  w.m_begin =
+      p.causal ? max(0, causal_first_query(n0, p.seqlen_q, p.seqlen_k)) / kBlockM : 0;
   w.m_count = max(0, p.m_blocks - w.m_begin);
   w.n_iters = p.group * w.m_count;
   return w;

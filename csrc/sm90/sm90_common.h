@@ -1,0 +1,94 @@
+// What the Hopper attention kernels (csrc/fwd_sm90, csrc/bwd_sm90) share: the tensor maps of the
+// (batch, seqlen, heads, 256) bf16 tensors, the TMA load of one atom-column box, the layout test
+// both fast paths apply, and the causal key range of a query block.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "flashback/flashback.h"
+#include "hopper/hopper.h"
+
+namespace flashback {
+namespace sm90 {
+
+// 4-D map over a (batch, seqlen, heads, d = 256) bf16 tensor, boxes of 64 d x box_rows rows with
+// the 128-byte swizzle wgmma reads (FACTS section 2). The two middle dims go in ascending stride
+// order ({d, heads, seqlen, batch} for the usual contiguous layout, where a head is 512 bytes
+// and a row nheads * 512): the driver documents strides as growing with the dimension, and a
+// box of {64, 1, rows, 1} lands in shared memory exactly as {64, rows, 1, 1} would.
+// *head_inner tells the kernel which coordinate order to use (tma_rows).
+inline cudaError_t make_rows_map(CUtensorMap* map, bool* head_inner, const void* ptr,
+                                 const flashback_strides& st, int batch, int seqlen, int heads,
+                                 uint32_t box_rows) {
+  *head_inner = st.head < st.row;
+  const uint64_t s_rows = static_cast<uint64_t>(st.row) * 2;
+  const uint64_t s_head = static_cast<uint64_t>(st.head) * 2;
+  const uint64_t dims_rows_first[4] = {256, static_cast<uint64_t>(seqlen),
+                                       static_cast<uint64_t>(heads), static_cast<uint64_t>(batch)};
+  const uint64_t dims_head_first[4] = {256, static_cast<uint64_t>(heads),
+                                       static_cast<uint64_t>(seqlen), static_cast<uint64_t>(batch)};
+  const uint64_t strides_rows_first[3] = {s_rows, s_head, static_cast<uint64_t>(st.batch) * 2};
+  const uint64_t strides_head_first[3] = {s_head, s_rows, static_cast<uint64_t>(st.batch) * 2};
+  const uint32_t box_rows_first[4] = {64, box_rows, 1, 1};
+  const uint32_t box_head_first[4] = {64, 1, box_rows, 1};
+  return *head_inner ? hopper::make_tensor_map(map, ptr, hopper::TmaType::kBf16, 4,
+                                               dims_head_first, strides_head_first,
+                                               box_head_first, hopper::TmaSwizzle::k128B)
+                     : hopper::make_tensor_map(map, ptr, hopper::TmaType::kBf16, 4,
+                                               dims_rows_first, strides_rows_first,
+                                               box_rows_first, hopper::TmaSwizzle::k128B);
+}
+
+// One box (64 d x the map's rows) at (d0, row) of (head, batch) into `dst`, completing on `bar`.
+// Rows past seqlen arrive as zeros and still count in the transaction bytes (FACTS section 4.2).
+__device__ __forceinline__ void tma_rows(void* dst, const CUtensorMap* map, uint64_t* bar,
+                                         bool head_inner, int d0, int row, int head, int batch) {
+  if (head_inner) {
+    const int c[4] = {d0, head, row, batch};
+    hopper::tma_load<4>(dst, map, bar, c);
+  } else {
+    const int c[4] = {d0, row, head, batch};
+    hopper::tma_load<4>(dst, map, bar, c);
+  }
+}
+
+// Whether `n` tensors can be read through make_rows_map by the fast kernels. TMA with 128-byte
+// swizzle: the driver accepts 16-byte aligned bases and byte strides that are multiples of 16,
+// but whether the swizzle pattern then still matches what the wgmma descriptors assume is
+// unconfirmed on hardware (HOPPER-FACTS section 13), and the GPU suite only ran 128-byte aligned
+// layouts. So the fast paths take 128-byte aligned bases and strides in multiples of 64
+// elements (what every dense or packed PyTorch layout at head dim 256 has). Strides below 2^39
+// elements keep byte strides below TMA's 2^40. `why` gets the first reason not.
+inline bool tma_layout_ok(const void* const* ptrs, const flashback_strides* strides, int n,
+                          const char** why) {
+  for (int i = 0; i < n; ++i) {
+    if (reinterpret_cast<uintptr_t>(ptrs[i]) % 128 != 0) {
+      *why = "a tensor is not 128-byte aligned";
+      return false;
+    }
+    const int64_t s[3] = {strides[i].row, strides[i].head, strides[i].batch};
+    for (int k = 0; k < 3; ++k) {
+      if (s[k] <= 0 || s[k] % 64 != 0 || s[k] >= (int64_t{1} << 39)) {
+        *why = "a stride is not a positive multiple of 64 elements below 2^39";
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// Causal masking is aligned bottom-right: query row i sees key j iff j <= i + seqlen_k - seqlen_q.
+// The first query row that sees key n0 (may be <= 0 or past the last row):
+__host__ __device__ __forceinline__ int causal_first_query(int n0, int seqlen_q, int seqlen_k) {
+  return n0 - (seqlen_k - seqlen_q);
+}
+// One past the last key that query rows [.., m_end) see (may be <= 0: no key at all):
+__host__ __device__ __forceinline__ int causal_key_end(int m_end, int seqlen_q, int seqlen_k) {
+  return m_end + (seqlen_k - seqlen_q);
+}
+
+}  // namespace sm90
+}  // namespace flashback
