@@ -15,6 +15,7 @@
 #include <string>
 
 #include "bwd_sm90/bwd_sm90.h"
+#include "fwd_sm90/fwd_sm90.h"
 #include "common/attention.cuh"
 #include "flashback/flashback.h"
 #include "launch.h"
@@ -24,7 +25,8 @@ namespace {
 
 thread_local std::string g_last_error;
 // Process-wide, not per thread: autograd runs the backward on its own device thread.
-std::mutex g_bwd_path_mu;
+std::mutex g_path_mu;
+std::string g_last_fwd_path;
 std::string g_last_bwd_path;
 
 flashback_status fail(flashback_status status, const char* fmt, ...) {
@@ -170,17 +172,25 @@ bool env_flag(const char* name) {
   return v != nullptr && v[0] != '\0' && v[0] != '0';
 }
 
-// FLASHBACK_FORCE_REFERENCE=1 (read once per process) sends every backward to the reference
-// kernels, so tests and benchmarks can compare both paths in one build.
+// FLASHBACK_FORCE_REFERENCE=1 (read once per process) sends every forward and backward to the
+// reference kernels, so tests and benchmarks can compare both paths in one build.
 bool force_reference() {
   static const bool force = env_flag("FLASHBACK_FORCE_REFERENCE");
   return force;
 }
 
-// The backward path for these params: the Hopper kernels of csrc/bwd_sm90 when they take the
-// shapes (head dim 256, bf16, not deterministic, TMA-addressable tensors), else the reference.
-// Default since v3 (docs/perf-log.md). The device itself is checked separately (sm_90 only,
+// The path for these params: the Hopper kernels (csrc/fwd_sm90, csrc/bwd_sm90) when they take
+// the shapes (head dim 256, bf16, TMA-addressable tensors; the backward also not deterministic),
+// else the reference. The device itself is checked separately (sm_90 only,
 // check_current_device). `why` gets the reason when it is the reference.
+bool use_sm90_fwd(const flashback_fwd_params& p, const char** why) {
+  if (force_reference()) {
+    *why = "FLASHBACK_FORCE_REFERENCE is set";
+    return false;
+  }
+  return sm90::fwd_sm90_can_implement(p, why);
+}
+
 bool use_sm90_bwd(const flashback_bwd_params& p, const char** why) {
   if (force_reference()) {
     *why = "FLASHBACK_FORCE_REFERENCE is set";
@@ -189,10 +199,10 @@ bool use_sm90_bwd(const flashback_bwd_params& p, const char** why) {
   return sm90::bwd_sm90_can_implement(p, why);
 }
 
-// Records the path a backward took (flashback_last_backward_path) and, under
+// Records the path a call took (flashback_last_forward_path / _backward_path) and, under
 // FLASHBACK_LOG_PATH=1, prints each distinct one once per process, so a silent fallback to the
 // slow kernels shows in a benchmark or a training log.
-void record_bwd_path(const char* path, const char* why) {
+void record_path(std::string* last, const char* direction, const char* path, const char* why) {
   std::string s = path;
   if (why != nullptr) {
     s += ": ";
@@ -200,9 +210,18 @@ void record_bwd_path(const char* path, const char* why) {
   }
   static const bool log = env_flag("FLASHBACK_LOG_PATH");
   static std::set<std::string> seen;
-  std::lock_guard<std::mutex> lock(g_bwd_path_mu);
-  if (log && seen.insert(s).second) std::fprintf(stderr, "flashback: backward path: %s\n", s.c_str());
-  g_last_bwd_path = std::move(s);
+  std::lock_guard<std::mutex> lock(g_path_mu);
+  if (log && seen.insert(std::string(direction) + s).second) {
+    std::fprintf(stderr, "flashback: %s path: %s\n", direction, s.c_str());
+  }
+  *last = std::move(s);
+}
+
+const char* copy_path(const std::string& last) {
+  thread_local std::string copy;
+  std::lock_guard<std::mutex> lock(g_path_mu);
+  copy = last;
+  return copy.c_str();
 }
 
 // The workspace depends on the shapes and flags only, not on pointers or strides (the header
@@ -245,12 +264,9 @@ int flashback_headdim_supported(int headdim) { return headdim_supported(headdim)
 
 const char* flashback_last_error(void) { return g_last_error.c_str(); }
 
-const char* flashback_last_backward_path(void) {
-  thread_local std::string copy;
-  std::lock_guard<std::mutex> lock(g_bwd_path_mu);
-  copy = g_last_bwd_path;
-  return copy.c_str();
-}
+const char* flashback_last_forward_path(void) { return copy_path(g_last_fwd_path); }
+
+const char* flashback_last_backward_path(void) { return copy_path(g_last_bwd_path); }
 
 const char* flashback_version(void) { return "0.1.0"; }
 
@@ -282,7 +298,21 @@ flashback_status flashback_attention_forward(const flashback_fwd_params* p) {
   FLASHBACK_TRY(check_lse("lse", p->lse));
   FLASHBACK_TRY(check_current_device());
   clear_stale_cuda_error();
-  return launched(run_reference_fwd(*p, static_cast<cudaStream_t>(p->stream)), "forward launch");
+  const cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
+  const char* why = nullptr;
+  if (use_sm90_fwd(*p, &why)) {
+    const cudaError_t err = sm90::run_fwd_sm90(*p, stream);
+    // cudaErrorNotSupported: a tensor map did not encode and nothing was launched.
+    if (err != cudaErrorNotSupported) {
+      const flashback_status st = launched(err, "forward launch (sm90)");
+      if (st == FLASHBACK_SUCCESS) record_path(&g_last_fwd_path, "forward", "sm90", nullptr);
+      return st;
+    }
+    why = "the driver did not encode a tensor map of the Hopper path";
+  }
+  const flashback_status st = launched(run_reference_fwd(*p, stream), "forward launch");
+  if (st == FLASHBACK_SUCCESS) record_path(&g_last_fwd_path, "forward", "reference", why);
+  return st;
 }
 
 size_t flashback_bwd_workspace_size(const flashback_bwd_params* p) {
@@ -321,13 +351,13 @@ flashback_status flashback_attention_backward(const flashback_bwd_params* p) {
     // cudaErrorNotSupported: a tensor map did not encode and nothing was launched.
     if (err != cudaErrorNotSupported) {
       const flashback_status st = launched(err, "backward launch (sm90)");
-      if (st == FLASHBACK_SUCCESS) record_bwd_path("sm90", nullptr);
+      if (st == FLASHBACK_SUCCESS) record_path(&g_last_bwd_path, "backward", "sm90", nullptr);
       return st;
     }
     why = "the driver did not encode a tensor map of the Hopper path";
   }
   const flashback_status st = launched(run_reference_bwd(*p, stream), "backward launch");
-  if (st == FLASHBACK_SUCCESS) record_bwd_path("reference", why);
+  if (st == FLASHBACK_SUCCESS) record_path(&g_last_bwd_path, "backward", "reference", why);
   return st;
 }
 

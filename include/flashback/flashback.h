@@ -101,11 +101,12 @@ FLASHBACK_API const char *flashback_last_error(void);
 
 FLASHBACK_API const char *flashback_version(void);
 
-/* Which kernels the last successful flashback_attention_backward call of this process (any
- * thread) launched: "sm90" (the Hopper backward) or "reference: <why the Hopper path
- * declined>"; "" before any. The string stays valid until the next call on this thread.
- * With the environment variable FLASHBACK_LOG_PATH=1 the library also prints each distinct
- * answer once per process to stderr ("flashback: backward path: ..."). */
+/* Which kernels the last successful flashback_attention_forward / _backward call of this
+ * process (any thread) launched: "sm90" (the Hopper kernel) or "reference: <why the Hopper
+ * path declined>"; "" before any. The string stays valid until the next such call on this
+ * thread. With the environment variable FLASHBACK_LOG_PATH=1 the library also prints each
+ * distinct answer once per process to stderr ("flashback: backward path: ..."). */
+FLASHBACK_API const char *flashback_last_forward_path(void);
 FLASHBACK_API const char *flashback_last_backward_path(void);
 
 /* sizeof(flashback_fwd_params) and sizeof(flashback_bwd_params) as compiled into the library,

@@ -10,7 +10,7 @@ from .interface import attention, attention_backward, attention_forward
 __version__ = "0.1.0"
 
 __all__ = [
-    "attention", "attention_forward", "attention_backward", "is_available", "last_backward_path",
+    "attention", "attention_forward", "attention_backward", "is_available", "last_forward_path", "last_backward_path",
     "SUPPORTED_HEADDIMS", "FlashbackError", "LibraryNotFoundError", "__version__",
 ]
 
@@ -24,6 +24,14 @@ def is_available() -> bool:
     if not torch.cuda.is_available() or not _lib.is_loadable():
         return False
     return _checks._device_error(torch.cuda.current_device()) is None
+
+
+def last_forward_path() -> str:
+    """Which kernels the last forward of this process ran: "sm90" (the Hopper forward) or
+    "reference: <why the Hopper path declined>"; "" before any forward."""
+    from . import _lib
+
+    return _lib.load().flashback_last_forward_path().decode("utf-8", "replace")
 
 
 def last_backward_path() -> str:

@@ -90,6 +90,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.flashback_last_error.restype = ctypes.c_char_p
     lib.flashback_version.argtypes = []
     lib.flashback_version.restype = ctypes.c_char_p
+    lib.flashback_last_forward_path.argtypes = []
+    lib.flashback_last_forward_path.restype = ctypes.c_char_p
     lib.flashback_last_backward_path.argtypes = []
     lib.flashback_last_backward_path.restype = ctypes.c_char_p
     lib.flashback_params_sizes.argtypes = [ctypes.POINTER(ctypes.c_size_t)] * 2

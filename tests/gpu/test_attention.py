@@ -239,6 +239,11 @@ def _inputs_and_references(case):
 def test_matches_reference(case, deterministic):
     x, (out32, lse32, g32), (outlp, _, glp) = _inputs_and_references(case)
     ctx, out, lse, grads = _call_poisoned(case, x, deterministic)
+    fwd_path = flashback.last_forward_path()
+    if case.headdim == 256 and not _FORCE_REFERENCE:
+        assert fwd_path == "sm90", f"{ctx}: the forward ran {fwd_path!r}, not the Hopper kernel"
+    else:
+        assert fwd_path.startswith("reference: "), f"{ctx}: the forward ran {fwd_path!r}"
     path = flashback.last_backward_path()
     if case.headdim == 256 and not deterministic and not _FORCE_REFERENCE:
         assert path == "sm90", f"{ctx}: the backward ran {path!r}, not the Hopper kernel"
@@ -404,7 +409,7 @@ def test_packed_qkv(causal):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_unaligned_layout_takes_the_reference_path(causal):
     """A q that is 16-byte but not 128-byte aligned (a view at an offset of 8 elements) is valid
-    input the Hopper backward declines: it must run on the reference kernels, say so, and be right."""
+    input the Hopper kernels decline: it must run on the reference kernels, say so, and be right."""
     case = Case(2, 1000, 1000, 8, 2, 256, causal)
     x = _make_inputs(case)
     buf = torch.empty(x.q.numel() + 8, device=DEVICE, dtype=DTYPE)
@@ -414,8 +419,8 @@ def test_unaligned_layout_takes_the_reference_path(causal):
     t = Inputs(x.seed, q_off, x.k, x.v, x.dout)
     ctx, out, lse, grads = _call_poisoned(case, t, deterministic=False)
     ctx = "q at a 16-byte offset " + ctx
-    path = flashback.last_backward_path()
-    assert path.startswith("reference: ") and "128-byte aligned" in path, f"{ctx}: path {path!r}"
+    for path in (flashback.last_forward_path(), flashback.last_backward_path()):
+        assert path.startswith("reference: ") and "128-byte aligned" in path, f"{ctx}: path {path!r}"
     (out32, lse32, g32) = _reference(x.q, x.k, x.v, x.dout, causal, None, upcast=True)
     (outlp, _, glp) = _reference(x.q, x.k, x.v, x.dout, causal, None, upcast=False)
     _check(ctx, "out", out, out32, outlp)

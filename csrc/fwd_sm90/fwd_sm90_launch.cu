@@ -1,0 +1,125 @@
+// Hopper forward (head dim 256): the kernel, its tensor maps and the launch.
+//
+// Kernel structure: 3 warpgroups of 128 threads, __launch_bounds__(384, 1) (168 registers each
+// at entry, needed for setmaxnreg):
+//   warpgroup 0      producer: setmaxnreg.dec to 24, one thread issues every TMA copy
+//   warpgroups 1, 2  consumers (setmaxnreg 240), 64 query rows each
+// See fwd_sm90_mainloop.cuh for the shared-memory plan and the GEMM operands.
+#include <cuda.h>
+
+#include <algorithm>
+
+// A wrong barrier count or byte count would hang the GPU; trap instead after ~8 minutes of
+// one wait (the same guard as the backward's, bwd_sm90_launch.cu).
+#ifndef FLASHBACK_MBAR_TIMEOUT_CYCLES
+#define FLASHBACK_MBAR_TIMEOUT_CYCLES 1000000000000ll
+#endif
+
+#include "fwd_sm90/fwd_sm90.h"
+#include "fwd_sm90/fwd_sm90_mainloop.cuh"
+#include "fwd_sm90/fwd_sm90_scheduler.cuh"
+#include "hopper/hopper.h"
+#include "sm90/sm90_common.h"
+
+namespace flashback {
+namespace sm90 {
+namespace {
+
+using Traits = FwdSm90Traits<kFwdSm90Hdim256>;
+
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    fwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q,
+                    const __grid_constant__ CUtensorMap map_k,
+                    const __grid_constant__ CUtensorMap map_v, const FwdSm90Params p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = fh::align_smem(smem_raw);
+  uint64_t* q_bar = reinterpret_cast<uint64_t*>(smem + Traits::kOffBar);
+  auto* pipe_k = reinterpret_cast<fh::TmaPipeline<Traits::kStages>*>(smem + Traits::kOffPipeK);
+  auto* pipe_v = reinterpret_cast<fh::TmaPipeline<Traits::kStages>*>(smem + Traits::kOffPipeV);
+
+  const int wg = fh::warpgroup_index();
+  if (threadIdx.x == 0) {
+    fh::tma_prefetch_map(&map_q);
+    fh::tma_prefetch_map(&map_k);
+    fh::tma_prefetch_map(&map_v);
+    fh::mbar_init(q_bar, 1);
+    pipe_k->init(8);  // empty[s]: one arrival per consumer warp (2 warpgroups x 4 warps)
+    pipe_v->init(8);
+  }
+  __syncthreads();
+
+  const FwdSm90Work w = fwd_sm90_work<Traits::kBlockM, Traits::kBlockN>(p);
+  if (wg == 0) {
+    fh::setmaxnreg_dec<kFwdSm90Hdim256.producer_regs>();
+    if (threadIdx.x == 0) {
+      const FwdSm90Maps maps{&map_q, &map_k, &map_v};
+      fwd_sm90_producer<Traits>(p, maps, w, smem, q_bar, pipe_k, pipe_v);
+    }
+  } else {
+    fh::setmaxnreg_inc<kFwdSm90Hdim256.consumer_regs>();
+    fwd_sm90_consumer<Traits>(p, w, smem, q_bar, pipe_k, pipe_v, wg - 1);
+  }
+}
+
+}  // namespace
+
+bool fwd_sm90_can_implement(const flashback_fwd_params& p, const char** why) {
+  const char* reason = nullptr;
+  if (p.headdim != 256) {
+    reason = "headdim is not 256";
+  } else if (p.dtype != FLASHBACK_DTYPE_BF16) {
+    reason = "dtype is not bf16";
+  } else {
+    // out and lse are written with 16- and 4-byte stores (the API checks their alignment).
+    const void* ptrs[3] = {p.q, p.k, p.v};
+    const flashback_strides sts[3] = {p.q_strides, p.k_strides, p.v_strides};
+    tma_layout_ok(ptrs, sts, 3, &reason);
+  }
+  if (why) *why = reason;
+  return reason == nullptr;
+}
+
+cudaError_t run_fwd_sm90(const flashback_fwd_params& p, cudaStream_t stream) {
+  CUtensorMap map_q, map_k, map_v;
+  bool hi[3];
+  constexpr uint32_t kRowsQ = Traits::kBlockM, kRowsKv = Traits::kBlockN;
+  if (make_rows_map(&map_q, &hi[0], p.q, p.q_strides, p.batch, p.seqlen_q, p.nheads, kRowsQ) !=
+          cudaSuccess ||
+      make_rows_map(&map_k, &hi[1], p.k, p.k_strides, p.batch, p.seqlen_k, p.nheads_k,
+                    kRowsKv) != cudaSuccess ||
+      make_rows_map(&map_v, &hi[2], p.v, p.v_strides, p.batch, p.seqlen_k, p.nheads_k,
+                    kRowsKv) != cudaSuccess) {
+    return cudaErrorNotSupported;  // nothing launched: the caller takes the reference path
+  }
+  FwdSm90Params kp;
+  kp.batch = p.batch;
+  kp.seqlen_q = p.seqlen_q;
+  kp.seqlen_k = p.seqlen_k;
+  kp.nheads = p.nheads;
+  kp.nheads_k = p.nheads_k;
+  kp.group = p.nheads / p.nheads_k;
+  kp.m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  kp.n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+  // (batch, q head) pairs whose K and V (1 KB per key row and kv head) fill ~32 MB of L2.
+  const int pairs = p.batch * p.nheads;
+  kp.l2_group = std::max(1, std::min(pairs, 32768 * kp.group / std::max(1, p.seqlen_k)));
+  kp.causal = p.causal ? 1 : 0;
+  kp.head_inner = (hi[0] ? 1 : 0) | (hi[1] ? 2 : 0) | (hi[2] ? 4 : 0);
+  kp.scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  kp.softmax_scale = p.softmax_scale;
+  kp.out = p.out;
+  kp.out_strides = p.out_strides;
+  kp.lse = static_cast<float*>(p.lse);
+
+  cudaError_t err = cudaFuncSetAttribute(fwd_sm90_kernel,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(Traits::kSmemBytes));
+  if (err != cudaSuccess) return err;
+  const dim3 grid(kp.m_blocks * p.nheads * p.batch);
+  fwd_sm90_kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(map_q, map_k, map_v,
+                                                                          kp);
+  return cudaGetLastError();
+}
+
+}  // namespace sm90
+}  // namespace flashback

@@ -1,0 +1,242 @@
+// Main loop of the Hopper forward (head dim 256): the TMA producer and the two consumer
+// warpgroups. Consumer warpgroup w owns query rows 64w..64w+63 of the CTA's 128 and walks the
+// K/V blocks of 80 keys:
+//   S = Q_w K_j^T          SS, m64n80, K = 256 (16 k-steps); A = Q rows, B = K_j, both K-major
+//   online softmax          row max / sum in registers (a row lives in the 4 lanes of a quad)
+//   O = alpha O + P V_j     RS, m64n256, K = 80 (5 k-steps); A = P as bf16 fragments converted in
+//                           place from the S accumulator, B = V_j read N-major (trans-b)
+// The two warpgroups share nothing but the K/V stages, so while one does its softmax the
+// other's GEMMs keep the tensor cores busy.
+//
+// Shared memory (128B-swizzled, 1024-aligned, all written by TMA):
+//   Q            4 atom-columns of 128 rows x 128 B (warpgroup w: rows 64w.., +8 KB)    64 KB
+//   K_j, V_j     kv_stages x 4 atom-columns of 80 rows x 128 B each                   2 x 80 KB
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "fwd_sm90/fwd_sm90.h"
+#include "fwd_sm90/fwd_sm90_epilogue.cuh"
+#include "fwd_sm90/fwd_sm90_scheduler.cuh"
+#include "hopper/hopper.h"
+#include "sm90/sm90_common.h"
+
+namespace flashback {
+namespace sm90 {
+
+namespace fh = flashback::hopper;
+
+template <const FwdSm90Config& kCfg>
+struct FwdSm90Traits {
+  static constexpr int kHeadDim = kCfg.head_dim;
+  static constexpr int kBlockM = kCfg.block_m;
+  static constexpr int kBlockN = kCfg.block_n;
+  static constexpr int kStages = kCfg.kv_stages;
+  static constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+  static_assert(kHeadDim == 256 && kBlockM == 128 && kBlockN % 16 == 0,
+                "written for d = 256, 64 query rows per consumer warpgroup");
+  static constexpr int kAtomCols = kHeadDim / 64;
+  static constexpr uint32_t kQAtomBytes = kBlockM * 128;   // 16 KB
+  static constexpr uint32_t kKvAtomBytes = kBlockN * 128;  // 10 KB
+  static constexpr uint32_t kQBytes = kAtomCols * kQAtomBytes;
+  static constexpr uint32_t kKvTileBytes = kAtomCols * kKvAtomBytes;
+  static constexpr uint32_t kOffQ = 0;
+  static constexpr uint32_t kOffK = kOffQ + kQBytes;
+  static constexpr uint32_t kOffV = kOffK + kStages * kKvTileBytes;
+  static constexpr uint32_t kOffBar = kOffV + kStages * kKvTileBytes;  // the Q barrier
+  static constexpr uint32_t kOffPipeK = kOffBar + 8;
+  static constexpr uint32_t kOffPipeV = kOffPipeK + sizeof(fh::TmaPipeline<kStages>);
+  static constexpr size_t kSmemBytes =
+      1024 /* alignment slack */ + kOffPipeV + sizeof(fh::TmaPipeline<kStages>);
+  static_assert(kSmemBytes <= 232448, "over the 227 KB a CTA may have");
+  static_assert(kKvAtomBytes % 1024 == 0, "K/V atom-columns must stay 1024-aligned");
+  static_assert(128 * kCfg.producer_regs + 256 * kCfg.consumer_regs <= 168 * kThreads,
+                "setmaxnreg budget exceeds the register file: .inc would deadlock");
+};
+
+struct FwdSm90Maps {
+  const CUtensorMap* q;
+  const CUtensorMap* k;
+  const CUtensorMap* v;
+};
+
+// ------------------------------------------------------------------------------ producer ---
+// One thread: Q once (boxes of 64 d x 128 rows), then K_j and V_j (64 d x 80 rows) of every
+// step into their rings; K first, so S can start while V is still on its way.
+template <class T>
+__device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const FwdSm90Maps& m,
+                                                  const FwdSm90Work& w, uint8_t* smem,
+                                                  uint64_t* q_bar,
+                                                  fh::TmaPipeline<T::kStages>* pipe_k,
+                                                  fh::TmaPipeline<T::kStages>* pipe_v) {
+  if (w.n_count == 0) return;  // nobody would wait for the copies
+  const int kv_head = w.head / p.group;
+  fh::mbar_arrive_expect_tx(q_bar, T::kQBytes);
+#pragma unroll
+  for (int a = 0; a < T::kAtomCols; ++a) {
+    tma_rows(smem + T::kOffQ + a * T::kQAtomBytes, m.q, q_bar, p.head_inner & 1, 64 * a,
+             w.m_block * T::kBlockM, w.head, w.batch);
+  }
+  fh::PipelineState<T::kStages> st;
+  for (int j = 0; j < w.n_count; ++j) {
+    const int n0 = j * T::kBlockN;
+    pipe_k->producer_acquire(st);
+    pipe_k->producer_expect(st, T::kKvTileBytes);
+#pragma unroll
+    for (int a = 0; a < T::kAtomCols; ++a) {
+      tma_rows(smem + T::kOffK + st.stage * T::kKvTileBytes + a * T::kKvAtomBytes, m.k,
+               pipe_k->full_barrier(st), p.head_inner & 2, 64 * a, n0, kv_head, w.batch);
+    }
+    pipe_v->producer_acquire(st);
+    pipe_v->producer_expect(st, T::kKvTileBytes);
+#pragma unroll
+    for (int a = 0; a < T::kAtomCols; ++a) {
+      tma_rows(smem + T::kOffV + st.stage * T::kKvTileBytes + a * T::kKvAtomBytes, m.v,
+               pipe_v->full_barrier(st), p.head_inner & 4, 64 * a, n0, kv_head, w.batch);
+    }
+    st.advance();
+  }
+}
+
+// ------------------------------------------------------------------------------ consumer ---
+template <int R>
+__device__ __forceinline__ void fwd_zero(float (&x)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) x[i] = 0.f;
+}
+
+// Max over the 4 lanes of a quad (the lanes that hold one accumulator row).
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+template <class T>
+__device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const FwdSm90Work& w,
+                                                  uint8_t* smem, uint64_t* q_bar,
+                                                  fh::TmaPipeline<T::kStages>* pipe_k,
+                                                  fh::TmaPipeline<T::kStages>* pipe_v, int wg) {
+  constexpr int kS = T::kBlockN / 2;  // S accumulator registers (64 x 80)
+  const int t = threadIdx.x % 128;
+  const bool warp_leader = (threadIdx.x % 32) == 0;
+  const int m0 = w.m_block * T::kBlockM + 64 * wg;  // this warpgroup's first query row
+  const int diag = p.seqlen_k - p.seqlen_q;         // causal: query i sees keys <= i + diag
+  const int row0 = fh::acc_row(0, t);               // this thread's rows: row0, row0 + 8
+  const uint8_t* q_w = smem + T::kOffQ + 64 * wg * 128;
+
+  float o[T::kHeadDim / 2];
+  fwd_zero(o);
+  float m_raw[2] = {-INFINITY, -INFINITY};  // running row max of S (unscaled)
+  float l_part[2] = {0.f, 0.f};             // this thread's part of the row sums
+  if (w.n_count > 0) fh::mbar_wait(q_bar, 0);
+
+  fh::PipelineState<T::kStages> st;
+  for (int j = 0; j < w.n_count; ++j) {
+    const int n0 = j * T::kBlockN;
+    // S = Q_w K_j^T. Zeroed first although the first wgmma ignores it: its asm reads the
+    // accumulators; the operand fence keeps the zeroing before wgmma.fence (C7519).
+    float s[kS];
+    fwd_zero(s);
+    fh::wgmma_fence_operand(s);
+    pipe_k->consumer_wait(st);
+    fh::wgmma_fence();
+    {
+      const uint8_t* k_s = smem + T::kOffK + st.stage * T::kKvTileBytes;
+      const uint64_t da = fh::desc_kmajor_sw128(q_w);
+      const uint64_t db = fh::desc_kmajor_sw128(k_s);
+#pragma unroll
+      for (int k = 0; k < T::kHeadDim / 16; ++k) {
+        fh::wgmma_ss<T::kBlockN>(s, fh::desc_advance(da, fh::kmajor_k_offset(k, T::kBlockM)),
+                                 fh::desc_advance(db, fh::kmajor_k_offset(k, T::kBlockN)), k > 0);
+      }
+    }
+    fh::wgmma_commit();
+    fh::wgmma_wait<0>();
+    fh::wgmma_fence_operand(s);
+    if (warp_leader) pipe_k->consumer_release(st);
+
+    // Keys past seqlen_k and (causal) after a row's diagonal get -inf; only blocks that reach
+    // past seqlen_k or cross the diagonal test each element.
+    if (n0 + T::kBlockN > p.seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag)) {
+#pragma unroll
+      for (int r = 0; r < kS; ++r) {
+        const int key = n0 + fh::acc_col(r, t);
+        const int query = m0 + fh::acc_row(r, t);
+        if (key >= p.seqlen_k || (p.causal && key > query + diag)) s[r] = -INFINITY;
+      }
+    }
+    // Online softmax, base 2: p = exp2(S * scale_log2 - m * scale_log2). A row that has seen
+    // only masked keys keeps m = -inf; its offset is taken as 0 so that no inf - inf appears
+    // (its p are exp2(-inf) = 0 and its O and l stay 0).
+    float alpha[2], offset[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = m_raw[h];
+#pragma unroll
+      for (int r = 0; r < kS; ++r) {
+        if (((r >> 1) & 1) == h) mx = fmaxf(mx, s[r]);
+      }
+      mx = quad_max(mx);
+      offset[h] = mx == -INFINITY ? 0.f : mx * p.scale_log2;
+      // O and l are still 0 while no key was seen: alpha must then be 0, not exp2(-offset),
+      // which overflows to inf (and 0 * inf = NaN) when the first row maximum is very negative.
+      alpha[h] = m_raw[h] == -INFINITY ? 0.f : exp2f(m_raw[h] * p.scale_log2 - offset[h]);
+      m_raw[h] = mx;
+    }
+    float rowsum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int r = 0; r < kS; ++r) {
+      const int h = (r >> 1) & 1;
+      s[r] = exp2f(s[r] * p.scale_log2 - offset[h]);
+      rowsum[h] += s[r];
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l_part[h] = l_part[h] * alpha[h] + rowsum[h];
+#pragma unroll
+    for (int r = 0; r < T::kHeadDim / 2; ++r) o[r] *= alpha[(r >> 1) & 1];
+    uint32_t a[T::kBlockN / 16][4];
+#pragma unroll
+    for (int c = 0; c < T::kBlockN / 16; ++c) fh::acc_to_a_frag(s, c, a[c]);
+
+    // O += P V_j: B = V_j [key][d] read N-major; N = 256 spans its 4 atom-columns.
+    pipe_v->consumer_wait(st);
+    fh::wgmma_fence();
+    {
+      const uint8_t* v_s = smem + T::kOffV + st.stage * T::kKvTileBytes;
+      const uint64_t db = fh::desc_mnmajor_sw128(v_s, T::kKvAtomBytes);
+#pragma unroll
+      for (int c = 0; c < T::kBlockN / 16; ++c) {
+        fh::wgmma_rs<T::kHeadDim, 1>(o, a[c], fh::desc_advance(db, fh::mnmajor_k_offset(c)),
+                                     true);
+      }
+    }
+    fh::wgmma_commit();
+    fh::wgmma_wait<0>();
+    fh::wgmma_fence_operand(o);
+    if (warp_leader) pipe_v->consumer_release(st);
+    st.advance();
+  }
+
+  // Row sums over the quad; O / l and LSE = (m * scale_log2 + log2 l) * ln 2. A row that saw no
+  // key (l = 0) gets O = 0 and LSE = +inf.
+  float inv[2], lse[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float l = quad_sum(l_part[h]);
+    inv[h] = l > 0.f ? 1.f / l : 0.f;
+    lse[h] = l > 0.f ? (m_raw[h] * p.scale_log2 + log2f(l)) * 0.6931471805599453f : INFINITY;
+  }
+  // Q of this warpgroup is read by no wgmma any more (its last S was waited for): the O tile
+  // is staged over it.
+  store_out_and_lse<T::kHeadDim>(p, w, smem + T::kOffQ + 64 * wg * 128, T::kQAtomBytes, m0, t,
+                                 wg, o, inv, lse);
+}
+
+}  // namespace sm90
+}  // namespace flashback
