@@ -188,12 +188,6 @@ __device__ __forceinline__ void gemm_dq(float (&acc)[T::kBlockM / 2], const uint
   }
 }
 
-template <int R>
-__device__ __forceinline__ void zero(float (&x)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) x[i] = 0.f;
-}
-
 // A 64 x 40 accumulator (queries x this warpgroup's keys) as bf16 into the hand-off tile
 // [key][query] (80 rows x 128 B, 128B-swizzled as a K-major wgmma operand): stmatrix.trans
 // turns each 8 x 8 block (8 queries x 8 keys) into 8 key rows of 16 contiguous bytes.
@@ -247,10 +241,10 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
 
   float acc_dv[2][T::kBlockN / 2];  // dV^T, head-dim quarters 2 wg and 2 wg + 1
   float acc_dk[2][T::kBlockN / 2];  // dK^T, same quarters
-  zero(acc_dv[0]);
-  zero(acc_dv[1]);
-  zero(acc_dk[0]);
-  zero(acc_dk[1]);
+  fh::zero_acc(acc_dv[0]);
+  fh::zero_acc(acc_dv[1]);
+  fh::zero_acc(acc_dk[0]);
+  fh::zero_acc(acc_dk[1]);
   if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);  // K
 
   fh::PipelineState<T::kQStages> sq;
@@ -276,8 +270,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     // accumulators ("+f"), which would otherwise keep the last step's values alive. The operand
     // fences pin the zeroing before wgmma.fence (else ptxas sees register writes between fence
     // and wgmma and injects a warpgroup.arrive, C7519).
-    zero(s);
-    zero(dp);
+    fh::zero_acc(s);
+    fh::zero_acc(dp);
     fh::wgmma_fence_operand(s);
     fh::wgmma_fence_operand(dp);
     pipe_q->consumer_wait(sq);
@@ -331,7 +325,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     // first quarter is added while dV^T / dK^T run, the second after them. Groups retire in
     // order: dV frees dO_i, dK frees Q_i.
     float dq[T::kBlockM / 2];
-    zero(dq);
+    fh::zero_acc(dq);
     fh::wgmma_fence_operand(dq);
     fh::wgmma_fence();
     gemm_dq<T>(dq, smem + T::kOffK + (2 * wg) * T::kKvAtomBytes, ds_t);

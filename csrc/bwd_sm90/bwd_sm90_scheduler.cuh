@@ -28,15 +28,11 @@ struct BwdSm90Work {
 template <int kBlockM, int kBlockN>
 __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
   BwdSm90Work w;
-  const int id = static_cast<int>(blockIdx.x);
-  const int pairs = p.nheads_k * p.batch;
-  const int group = id / (p.l2_group * p.n_blocks);
-  const int rest = id - group * p.l2_group * p.n_blocks;
-  const int group_pairs = min(p.l2_group, pairs - group * p.l2_group);
-  w.n_block = rest / group_pairs;
-  const int pair = group * p.l2_group + rest % group_pairs;
-  w.kv_head = pair % p.nheads_k;
-  w.batch = pair / p.nheads_k;
+  const GroupedTile tile = grouped_tile(static_cast<int>(blockIdx.x), p.l2_group, p.n_blocks,
+                                       p.nheads_k * p.batch);
+  w.n_block = tile.block;
+  w.kv_head = tile.pair % p.nheads_k;
+  w.batch = tile.pair / p.nheads_k;
   const int n0 = w.n_block * kBlockN;
   w.m_begin =
       p.causal ? max(0, causal_first_query(n0, p.seqlen_q, p.seqlen_k)) / kBlockM : 0;

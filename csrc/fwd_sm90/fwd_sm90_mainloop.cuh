@@ -101,12 +101,6 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
 }
 
 // ------------------------------------------------------------------------------ consumer ---
-template <int R>
-__device__ __forceinline__ void fwd_zero(float (&x)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) x[i] = 0.f;
-}
-
 // Max over the 4 lanes of a quad (the lanes that hold one accumulator row).
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
@@ -131,7 +125,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   const uint8_t* q_w = smem + T::kOffQ + 64 * wg * 128;
 
   float o[T::kHeadDim / 2];
-  fwd_zero(o);
+  fh::zero_acc(o);
   float m_raw[2] = {-INFINITY, -INFINITY};  // running row max of S (unscaled)
   float l_part[2] = {0.f, 0.f};             // this thread's part of the row sums
   if (w.n_count > 0) fh::mbar_wait(q_bar, 0);
@@ -142,7 +136,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     // S = Q_w K_j^T. Zeroed first although the first wgmma ignores it: its asm reads the
     // accumulators; the operand fence keeps the zeroing before wgmma.fence (C7519).
     float s[kS];
-    fwd_zero(s);
+    fh::zero_acc(s);
     fh::wgmma_fence_operand(s);
     pipe_k->consumer_wait(st);
     fh::wgmma_fence();

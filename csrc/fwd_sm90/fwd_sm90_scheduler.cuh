@@ -21,16 +21,11 @@ struct FwdSm90Work {
 template <int kBlockM, int kBlockN>
 __device__ __forceinline__ FwdSm90Work fwd_sm90_work(const FwdSm90Params& p) {
   FwdSm90Work w;
-  const int id = static_cast<int>(blockIdx.x);
-  const int pairs = p.nheads * p.batch;
-  const int group = id / (p.l2_group * p.m_blocks);
-  const int rest = id - group * p.l2_group * p.m_blocks;
-  const int group_pairs = min(p.l2_group, pairs - group * p.l2_group);
-  const int order = rest / group_pairs;
-  const int pair = group * p.l2_group + rest % group_pairs;
-  w.m_block = p.causal ? p.m_blocks - 1 - order : order;
-  w.head = pair % p.nheads;
-  w.batch = pair / p.nheads;
+  const GroupedTile tile = grouped_tile(static_cast<int>(blockIdx.x), p.l2_group, p.m_blocks,
+                                       p.nheads * p.batch);
+  w.m_block = p.causal ? p.m_blocks - 1 - tile.block : tile.block;
+  w.head = tile.pair % p.nheads;
+  w.batch = tile.pair / p.nheads;
   int key_end = p.seqlen_k;
   if (p.causal) {
     const int m_end = min(p.seqlen_q, (w.m_block + 1) * kBlockM);

@@ -92,6 +92,15 @@ FB_DEVICE void wgmma_fence_operand(uint32_t (&a)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+r"(a[i])::"memory");
 }
 
+// Zeroes accumulator registers before a sequence whose first wgmma ignores them (scale-d
+// false): the asm still reads them ("+f"), and leaving them unset keeps old values alive.
+// Follow with wgmma_fence_operand so the zeroing stays before the next wgmma_fence.
+template <int R>
+FB_DEVICE void zero_acc(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) d[i] = 0.f;
+}
+
 // ------------------------------------------------------------------------------- the MMAs
 //
 // TransA / TransB = 0: operand K-major (A stored M x K row-major; B stored N x K row-major).

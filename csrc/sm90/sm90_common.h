@@ -80,6 +80,20 @@ inline bool tma_layout_ok(const void* const* ptrs, const flashback_strides* stri
   return true;
 }
 
+// Tile `id` of a one-dimensional grid ordered in groups: (batch, head) pairs are cut into groups
+// of `group` pairs that run one after the other; inside a group the block index (`blocks` of
+// them) is slower than the pair. Both kernels size `group` so that what a group's CTAs share
+// stays in L2.
+struct GroupedTile {
+  int block, pair;
+};
+__device__ __forceinline__ GroupedTile grouped_tile(int id, int group, int blocks, int pairs) {
+  const int g = id / (group * blocks);
+  const int rest = id - g * group * blocks;
+  const int group_pairs = min(group, pairs - g * group);
+  return {rest / group_pairs, g * group + rest % group_pairs};
+}
+
 // Causal masking is aligned bottom-right: query row i sees key j iff j <= i + seqlen_k - seqlen_q.
 // The first query row that sees key n0 (may be <= 0 or past the last row):
 __host__ __device__ __forceinline__ int causal_first_query(int n0, int seqlen_q, int seqlen_k) {
