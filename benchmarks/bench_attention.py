@@ -12,6 +12,8 @@ Timing: CUDA events around each call; the median of --iters (default 100) timed 
 - fwd: one forward call with autograd recording (the training forward).
 - bwd: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) after one forward, i.e. the
   user-visible path including each library's preprocess/postprocess kernels.
+- train: forward then torch.autograd.grad of its output, one training step of the attention
+  (3.5x the forward FLOPs).
 - impl "flashback_bwd_call": the raw flashback.attention_backward(dout, q, k, v, out, lse) call.
 Inputs are fresh torch.randn, stored (batch, seqlen, nheads, headdim); SDPA gets (b, h, s, d)
 views of the same memory (its causal mask is top-left: the same here, seqlen_q == seqlen_k).
@@ -54,7 +56,8 @@ COLUMNS = ("flashback", BWD_CALL, "sdpa_flash", "cudnn", "sdpa_efficient", "fa3"
 
 
 def attention_flops(batch, seqlen, nheads, headdim, causal, direction, seqlen_k=None):
-    """FlashAttention's convention: forward 4*b*sq*sk*h*d (halved when causal), backward 2.5x."""
+    """FlashAttention's convention: forward 4*b*sq*sk*h*d (halved when causal), backward 2.5x,
+    a training step ("train": forward + backward) 3.5x."""
     sk = seqlen if seqlen_k is None else seqlen_k
     fwd = 4 * batch * seqlen * sk * nheads * headdim
     if causal:
@@ -63,7 +66,9 @@ def attention_flops(batch, seqlen, nheads, headdim, causal, direction, seqlen_k=
         return fwd
     if direction == "bwd":
         return fwd * 5 // 2
-    raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
+    if direction == "train":
+        return fwd * 7 // 2
+    raise ValueError(f"direction must be 'fwd', 'bwd' or 'train', got {direction!r}")
 
 
 def tflops(flops, ms):
@@ -135,8 +140,9 @@ def format_table(payload):
            for r in rows}
     impls = [c for c in COLUMNS if any(r["impl"] == c for r in rows)]
     impls += sorted({r["impl"] for r in rows} - set(impls))
+    order = {"bwd": 0, "fwd": 1, "train": 2}
     keys = sorted({(r["direction"], bool(r["causal"]), r["batch"], r["seqlen"]) for r in rows},
-                  key=lambda k: (k[0] != "bwd", not k[1], k[3]))
+                  key=lambda k: (order.get(k[0], 3), not k[1], k[3]))
     head = ["dir", "causal", "batch", "seqlen"] + impls + ["ours/yardstick"]
     lines = [head]
     for direction, causal, batch, seqlen in keys:
@@ -158,15 +164,16 @@ def format_table(payload):
 
 
 def path_summary(rows):
-    """One line on which backward kernels flashback ran (rows record it as "path")."""
+    """One line on which kernels flashback ran (its rows record it as "path")."""
     seen = [r for r in rows if "path" in r]
     if not seen:
-        return "flashback backward path: not recorded"
+        return "flashback path: not recorded"
     off = [r for r in seen if r["path"] != "sm90"]
     if not off:
-        return f"flashback backward path: sm90 on all {len(seen)} timed backward rows"
-    return "flashback backward path: NOT sm90 on " + "; ".join(
-        f"{r['impl']} causal={r['causal']} {r['batch']}x{r['seqlen']}: {r['path']}" for r in off)
+        return f"flashback path: sm90 on all {len(seen)} timed rows"
+    return "flashback path: NOT sm90 on " + "; ".join(
+        f"{r['impl']} {r['direction']} causal={r['causal']} {r['batch']}x{r['seqlen']}: {r['path']}"
+        for r in off)
 
 
 def plot(payload, png_path):
@@ -183,8 +190,9 @@ def plot(payload, png_path):
     impls = [c for c in COLUMNS if any(r["impl"] == c for r in rows)]
     impls += sorted({r["impl"] for r in rows} - set(impls))
     colors = {impl: plt.get_cmap("tab10")(i % 10) for i, impl in enumerate(impls)}
-    fig, axes = plt.subplots(2, 1, figsize=(13, 9), squeeze=False)
-    for ax, direction in zip(axes[:, 0], ("bwd", "fwd")):
+    directions = [d for d in ("bwd", "fwd", "train") if any(r["direction"] == d for r in rows)] or ["bwd"]
+    fig, axes = plt.subplots(len(directions), 1, figsize=(13, 4.5 * len(directions)), squeeze=False)
+    for ax, direction in zip(axes[:, 0], directions):
         keys = sorted({(bool(r["causal"]), r["batch"], r["seqlen"]) for r in rows if r["direction"] == direction},
                       key=lambda k: (not k[0], k[2]))
         present = [i for i in impls if any(r["impl"] == i and r["direction"] == direction for r in rows)]
@@ -310,10 +318,17 @@ def measure(impl, q, k, v, dout, causal, iters, warmup, repeats, notes, paths=No
     res = {"fwd": time_ms(lambda: fwd(q, k, v), iters, warmup, repeats),
            "bwd": time_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), iters, warmup, repeats)}
     del out
+    if impl == "flashback" and paths is not None:
+        import flashback
+        paths["fwd"] = flashback.last_forward_path()
+        paths["bwd"] = flashback.last_backward_path()
+    # The training step as a model sees it: forward with autograd recording, then its backward.
+    res["train"] = time_ms(lambda: torch.autograd.grad(fwd(q, k, v), (q, k, v), dout), iters, warmup, repeats)
     if impl == "flashback":
         import flashback
         if paths is not None:
-            paths["bwd"] = flashback.last_backward_path()
+            f, b = flashback.last_forward_path(), flashback.last_backward_path()
+            paths["train"] = "sm90" if f == b == "sm90" else f"forward {f}; backward {b}"
         qd, kd, vd = q.detach(), k.detach(), v.detach()
         try:
             with torch.no_grad():

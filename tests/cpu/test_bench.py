@@ -77,8 +77,8 @@ def _payload(bench):
     for causal in (True, False):
         for batch, seqlen in bench.SHAPES:
             for impl, tf in (("flashback", 300.0), ("sdpa_flash", 250.0), (bench.BWD_CALL, 310.0)):
-                for direction in ("fwd", "bwd"):
-                    if impl == bench.BWD_CALL and direction == "fwd":
+                for direction in ("fwd", "bwd", "train"):
+                    if impl == bench.BWD_CALL and direction != "bwd":
                         continue
                     ms = bench.attention_flops(batch, seqlen, 8, 256, causal, direction) / (tf * 1e12) * 1e3
                     rows.append(bench.result_row(impl, direction, causal, batch, seqlen, 8, 256, [ms] * 3))
@@ -94,10 +94,10 @@ def test_result_file_name_and_schema(bench, tmp_path):
     assert {"device", "commit", "date", "torch", "results"} <= set(data)
     assert (data["device"], data["commit"], data["date"], data["torch"]) == (
         "NVIDIA H200", "abc1234", "2026-11-29", "2.11.0+cu130")
-    assert len(data["results"]) == 2 * 3 * 5
+    assert len(data["results"]) == 2 * 3 * 7
     for r in data["results"]:
         assert r["impl"] in bench.IMPLS + (bench.BWD_CALL,)
-        assert r["direction"] in ("fwd", "bwd")
+        assert r["direction"] in ("fwd", "bwd", "train")
         assert isinstance(r["causal"], bool)
         assert all(isinstance(r[k], int) for k in ("batch", "seqlen", "nheads", "headdim"))
         assert len(r["tflops"]) == 3 and all(isinstance(t, float) for t in r["tflops"])
@@ -139,9 +139,17 @@ def test_default_impls_leave_out_the_slow_backend(bench):
 
 def test_path_summary_names_every_point_off_the_fast_path(bench):
     row = dict(impl="flashback", direction="bwd", causal=True, batch=4, seqlen=4096)
-    assert bench.path_summary([]) == "flashback backward path: not recorded"
+    assert bench.path_summary([]) == "flashback path: not recorded"
     assert "sm90 on all 2 timed" in bench.path_summary([dict(row, path="sm90"), dict(row, path="sm90")])
     text = bench.path_summary([dict(row, path="sm90"),
                                dict(row, seqlen=8192, path="reference: a tensor is not 128-byte aligned")])
-    assert text.startswith("flashback backward path: NOT sm90 on ")
+    assert text.startswith("flashback path: NOT sm90 on ")
     assert "4x8192" in text and "128-byte aligned" in text and "4x4096" not in text
+
+
+def test_training_step_flops(bench):
+    # forward + backward = 1 + 2.5 forwards
+    fwd = bench.attention_flops(2, 8192, 8, 256, True, "fwd")
+    assert bench.attention_flops(2, 8192, 8, 256, True, "train") == fwd * 7 // 2
+    with pytest.raises(ValueError):
+        bench.attention_flops(2, 8192, 8, 256, True, "both")
