@@ -156,7 +156,9 @@ def format_table(payload):
             f"torch {payload.get('torch', '?')}  (TFLOP/s, median of runs; headdim "
             f"{'/'.join(sorted({str(r['headdim']) for r in rows})) or '-'}, nheads "
             f"{'/'.join(sorted({str(r['nheads']) for r in rows})) or '-'})"]
-    text += ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines]
+    # The first column left-aligned, so that "dir" and each direction start their line.
+    text += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+             for line in lines]
     text.append(path_summary(rows))
     for note in payload.get("notes", []):
         text.append("note: " + note)
