@@ -6,6 +6,10 @@
 from ._checks import SUPPORTED_HEADDIMS
 from ._lib import FlashbackError, LibraryNotFoundError
 from .interface import attention, attention_backward, attention_forward
+from . import sdpa as _sdpa
+
+# Makes "flashback" known to torch.nn.attention.activate_flash_attention_impl; activates nothing.
+_sdpa.register()
 
 __version__ = "0.1.0"
 

@@ -1,0 +1,200 @@
+"""flashback as the kernels behind PyTorch's SDPA flash-attention backend (opt-in).
+
+    import flashback, torch
+    torch.nn.attention.activate_flash_attention_impl("flashback")
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # flashback
+    torch.nn.attention.restore_flash_attention_impl()                                  # PyTorch's
+
+Importing flashback only registers the name "flashback" (PyTorch >= 2.10 has the registry);
+nothing changes until the user activates it. Activation overrides the CUDA kernels of
+`aten::_scaled_dot_product_flash_attention` and its backward. A call goes to flashback only when
+its Hopper kernels serve it (bf16, head dim 256, no dropout, no debug mask, an sm_90 GPU,
+TMA-addressable layouts, deterministic algorithms not requested); every other call falls through
+to the kernel PyTorch had before, unchanged, so activating the provider never makes attention
+slower. Variable-length calls (`aten::_flash_attention_forward` with offsets, `varlen_attn`) are
+not overridden yet and stay on PyTorch.
+
+Semantics: the flash op's is_causal is aligned bottom-right when seqlen_q != seqlen_k (SDPA itself
+only picks the flash backend for causal when they are equal), as in flashback. The LSE is float32
+(batch, heads, seqlen_q), natural log; the RNG outputs are the zero tensors PyTorch returns when
+dropout is 0.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+NAME = "flashback"
+
+_FWD_OP = "_scaled_dot_product_flash_attention"
+_BWD_OP = "_scaled_dot_product_flash_attention_backward"
+
+
+def _bshd(x: Tensor) -> Tensor:
+    """An SDPA tensor (batch, heads, seqlen, dim) as flashback's (batch, seqlen, heads, dim) view."""
+    return x.transpose(1, 2)
+
+
+def _tma_ok(x: Tensor) -> bool:
+    """What the Hopper kernels take without falling back (csrc/sm90/sm90_common.h): 128-byte
+    aligned base, strides (batch, row, head) positive multiples of 64 elements, last dim
+    contiguous. x in flashback's (batch, seqlen, heads, dim) order."""
+    if x.data_ptr() % 128 != 0 or x.stride(-1) != 1:
+        return False
+    return all(s > 0 and s % 64 == 0 for s in x.stride()[:3])
+
+
+class _Backend:
+    """What the overrides call. The CUDA one launches flashback's kernels; tests substitute a
+    stand-in to exercise the dispatch on machines without a GPU."""
+
+    def device_ok(self, x: Tensor) -> bool:
+        return x.is_cuda and _sm90_with_flashback(x.device.index if x.device.index is not None
+                                                  else torch.cuda.current_device())
+
+    def layout_ok(self, x: Tensor) -> bool:
+        return _tma_ok(x)
+
+    def forward(self, q, k, v, out, lse, scale, causal) -> None:
+        from . import ops
+
+        ops._launch_fwd(q, k, v, out, lse, scale, causal)
+
+    def backward(self, dout, q, k, v, out, lse, dq, dk, dv, scale, causal) -> None:
+        from . import ops
+
+        ops._launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, scale, causal, False)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm90_with_flashback(index: int) -> bool:
+    from . import _lib
+
+    return _lib.is_loadable() and torch.cuda.get_device_capability(index) == (9, 0)
+
+
+_backend = _Backend()
+
+
+def decline_reason(query: Tensor, key: Tensor, value: Tensor, dropout_p: float = 0.0,
+                   return_debug_mask: bool = False) -> str | None:
+    """None when flashback serves this SDPA flash call on its fast path, else why not (the call
+    then falls through to PyTorch). Tensors in SDPA's (batch, heads, seqlen, dim) order."""
+    if dropout_p != 0.0:
+        return "dropout"
+    if return_debug_mask:
+        return "debug mask requested"
+    if torch.are_deterministic_algorithms_enabled():
+        return "deterministic algorithms requested"
+    if any(t.dim() != 4 for t in (query, key, value)):
+        return "not 4-D"
+    if any(t.dtype != torch.bfloat16 for t in (query, key, value)):
+        return "dtype is not bf16"
+    d = query.shape[-1]
+    if d != 256 or key.shape[-1] != d or value.shape[-1] != d:
+        return "head dim is not 256"
+    b, hq, sq, _ = query.shape
+    if key.shape != value.shape or key.shape[0] != b or hq % key.shape[1] != 0 or key.shape[2] < 1 or sq < 1:
+        return "shapes"
+    if not all(_backend.device_ok(t) for t in (query, key, value)):
+        return "not an sm_90 GPU with flashback available"
+    if len({t.device for t in (query, key, value)}) != 1:
+        return "mixed devices"
+    if not all(_backend.layout_ok(_bshd(t)) for t in (query, key, value)):
+        return "layout not 128-byte aligned with strides in multiples of 64 elements"
+    return None
+
+
+def _scale(scale, d: int) -> float:
+    return float(scale) if scale is not None else d ** -0.5
+
+
+def _make_forward(orig):
+    def forward(keyset, query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False,
+                *, scale=None):
+        if decline_reason(query, key, value, dropout_p, return_debug_mask) is not None:
+            kwargs = {} if scale is None else {"scale": scale}
+            return orig.call_boxed(keyset, query, key, value, dropout_p, is_causal, return_debug_mask,
+                                   **kwargs)
+        b, h, sq, d = query.shape
+        sk = key.shape[2]
+        # Allocated as PyTorch's meta kernel describes them (torch.compile trusts those strides).
+        out = torch.empty_like(query)
+        lse = torch.empty((b, h, sq), dtype=torch.float32, device=query.device)
+        _backend.forward(_bshd(query), _bshd(key), _bshd(value), _bshd(out), lse, _scale(scale, d),
+                         bool(is_causal))
+        dev = query.device
+        rng_state = torch.zeros((2,), dtype=torch.uint64, device=dev)
+        unused = torch.zeros((), dtype=torch.uint64, device=dev)
+        debug = torch.empty((0,), dtype=query.dtype, device=dev)
+        return out, lse, None, None, sq, sk, rng_state, unused, debug
+
+    return forward
+
+
+def _make_backward(orig):
+    def backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+                 dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
+        # The same decision as the forward's, so a forward that fell through has its backward
+        # fall through too (and the reverse).
+        if decline_reason(query, key, value, dropout_p) is not None:
+            kwargs = {} if scale is None else {"scale": scale}
+            return orig.call_boxed(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
+                                   max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, **kwargs)
+        d = query.shape[-1]
+        dq, dk, dv = torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+        _backend.backward(_bshd(grad_out), _bshd(query), _bshd(key), _bshd(value), _bshd(out), logsumexp,
+                          _bshd(dq), _bshd(dk), _bshd(dv), _scale(scale, d), bool(is_causal))
+        return dq, dk, dv
+
+    return backward
+
+
+class _Handle:
+    """Keeps the override alive; remove() restores PyTorch's kernels."""
+
+    def __init__(self, library):
+        self.library = library
+
+    def remove(self) -> None:
+        if self.library is not None:
+            self.library._destroy()
+            self.library = None
+
+
+def install(dispatch_key: str = "CUDA") -> _Handle:
+    """Overrides the SDPA flash ops at `dispatch_key` (CUDA; tests use CPU) and returns the
+    handle that removes the override. What the override does not serve goes to the kernel that
+    was registered before (captured here, before the override exists)."""
+    if not hasattr(torch.library, "get_kernel"):
+        raise RuntimeError(f"the flashback SDPA provider needs PyTorch >= 2.9 (torch.library.get_kernel); "
+                           f"this is {torch.__version__}")
+    try:
+        orig_fwd = torch.library.get_kernel(f"aten::{_FWD_OP}", dispatch_key)
+        orig_bwd = torch.library.get_kernel(f"aten::{_BWD_OP}", dispatch_key)
+    except RuntimeError as e:  # e.g. a CPU-only PyTorch build has no CUDA kernel to fall back to
+        raise RuntimeError(f"the flashback SDPA provider found no {dispatch_key} kernel of PyTorch's "
+                           f"flash attention to fall back to ({e})") from None
+    lib = torch.library.Library("aten", "IMPL", dispatch_key)
+    lib.impl(_FWD_OP, _make_forward(orig_fwd), dispatch_key, with_keyset=True)
+    lib.impl(_BWD_OP, _make_backward(orig_bwd), dispatch_key, with_keyset=True)
+    return _Handle(lib)
+
+
+_DISPATCH_KEY = "CUDA"  # where activate_flash_attention_impl installs the override (tests: CPU)
+
+
+def _register_fn():
+    return install(_DISPATCH_KEY)
+
+
+def register() -> bool:
+    """Makes "flashback" known to torch.nn.attention (activate_flash_attention_impl). Does not
+    activate anything. False when this PyTorch has no provider registry (< 2.10)."""
+    attention = torch.nn.attention
+    if not hasattr(attention, "register_flash_attention_impl"):
+        return False
+    attention.register_flash_attention_impl(NAME, register_fn=_register_fn)
+    return True

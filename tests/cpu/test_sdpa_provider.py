@@ -1,0 +1,238 @@
+"""The SDPA provider (python/flashback/sdpa.py) without a GPU: registration, activation through
+torch.nn.attention, what it serves and what falls through, the op contract (outputs, autograd),
+and removal. The override is installed at the CPU dispatch key over a stand-in for PyTorch's own
+flash kernel, and flashback's kernels are replaced by an fp32 reference; the real CUDA path is
+tested in tests/gpu/test_sdpa_provider_gpu.py."""
+import math
+
+import pytest
+import torch
+
+import flashback
+from flashback import sdpa
+
+FWD = torch.ops.aten._scaled_dot_product_flash_attention
+needs_registry = pytest.mark.skipif(not hasattr(torch.nn.attention, "register_flash_attention_impl"),
+                                    reason="this PyTorch has no flash-attention provider registry (< 2.10)")
+needs_get_kernel = pytest.mark.skipif(not hasattr(torch.library, "get_kernel"),
+                                      reason="this PyTorch has no torch.library.get_kernel (< 2.9)")
+
+
+def _reference(q, k, v, scale, causal):
+    """(out, lse) in fp32; tensors (batch, heads, seqlen, dim), k/v heads may divide q heads;
+    causal bottom-right."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.float().repeat_interleave(g, 1), v.float().repeat_interleave(g, 1)
+    s = q.float() @ k.transpose(-1, -2) * scale
+    if causal:
+        sq, sk = s.shape[-2:]
+        i = torch.arange(sq)[:, None]
+        j = torch.arange(sk)[None, :]
+        s = s.masked_fill(j > i + sk - sq, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    return torch.softmax(s, -1) @ v, lse
+
+
+def _reference_grads(q, k, v, dout, scale, causal):
+    """(dq, dk, dv) in fp32 by the explicit formulas (the stand-ins run below autograd, where
+    nothing is recorded): dS = P * (dP - rowsum(dO * O)), dQ = scale dS K, dK = scale dS^T Q,
+    dV = P^T dO; GQA sums dK and dV over each kv head's q heads."""
+    hk = k.shape[1]
+    g = q.shape[1] // hk
+    qf, dof = q.float(), dout.float()
+    kf, vf = k.float().repeat_interleave(g, 1), v.float().repeat_interleave(g, 1)
+    s = qf @ kf.transpose(-1, -2) * scale
+    if causal:
+        sq, sk = s.shape[-2:]
+        i = torch.arange(sq)[:, None]
+        j = torch.arange(sk)[None, :]
+        s = s.masked_fill(j > i + sk - sq, float("-inf"))
+    p = torch.softmax(s, -1)
+    o = p @ vf
+    dp = dof @ vf.transpose(-1, -2)
+    ds = p * (dp - (dof * o).sum(-1, keepdim=True))
+    dq = ds @ kf * scale
+    dk = (ds.transpose(-1, -2) @ qf * scale).unflatten(1, (hk, g)).sum(2)
+    dv = (p.transpose(-1, -2) @ dof).unflatten(1, (hk, g)).sum(2)
+    return dq, dk, dv
+
+
+class _PyTorchStandIn:
+    """Plays PyTorch's own CPU kernel of the two flash ops (there is none on CPU)."""
+
+    def __init__(self):
+        self.calls = 0
+        self.lib = torch.library.Library("aten", "IMPL", "CPU")
+        self.lib.impl("_scaled_dot_product_flash_attention", self.forward, "CPU")
+        self.lib.impl("_scaled_dot_product_flash_attention_backward", self.backward, "CPU")
+
+    def forward(self, q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+        self.calls += 1
+        scale = scale if scale is not None else q.shape[-1] ** -0.5
+        out, lse = _reference(q, k, v, scale, is_causal)
+        z = torch.zeros((2,), dtype=torch.uint64)
+        return (out.to(q.dtype), lse, None, None, q.shape[2], k.shape[2], z, torch.zeros((), dtype=torch.uint64),
+                torch.empty(0, dtype=q.dtype))
+
+    def backward(self, dout, q, k, v, out, lse, cq, ck, mq, mk, dropout_p, is_causal, seed, offset, *, scale=None):
+        self.calls += 1
+        scale = scale if scale is not None else q.shape[-1] ** -0.5
+        grads = _reference_grads(q, k, v, dout, scale, is_causal)
+        return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
+
+    def close(self):
+        self.lib._destroy()
+
+
+class _FlashbackStandIn(sdpa._Backend):
+    """flashback's kernels as an fp32 reference on the CPU, in flashback's (b, s, h, d) order."""
+
+    def __init__(self):
+        self.forward_calls = self.backward_calls = 0
+
+    def device_ok(self, x):
+        return True
+
+    def layout_ok(self, x):
+        return x.stride(-1) == 1
+
+    def forward(self, q, k, v, out, lse, scale, causal):
+        self.forward_calls += 1
+        o, l = _reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, causal)
+        out.copy_(o.transpose(1, 2))
+        lse.copy_(l)
+
+    def backward(self, dout, q, k, v, out, lse, dq, dk, dv, scale, causal):
+        self.backward_calls += 1
+        grads = _reference_grads(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                 dout.transpose(1, 2), scale, causal)
+        for dst, g in zip((dq, dk, dv), grads):
+            dst.copy_(g.transpose(1, 2))
+
+
+@pytest.fixture
+def cpu_provider(monkeypatch):
+    """PyTorch's stand-in registered first, then flashback's override on top of it at CPU."""
+    torch_kernel = _PyTorchStandIn()
+    backend = _FlashbackStandIn()
+    monkeypatch.setattr(sdpa, "_backend", backend)
+    monkeypatch.setattr(sdpa, "_DISPATCH_KEY", "CPU")
+    yield torch_kernel, backend
+    if hasattr(torch.nn.attention, "restore_flash_attention_impl"):
+        torch.nn.attention.restore_flash_attention_impl(_raise_warn=False)
+    torch_kernel.close()
+
+
+def _qkv(d=256, dtype=torch.bfloat16, b=2, h=4, hk=2, sq=33, sk=33):
+    q = torch.randn(b, sq, h, d).to(dtype).transpose(1, 2)  # SDPA order over (b, s, h, d) memory
+    k = torch.randn(b, sk, hk, d).to(dtype).transpose(1, 2)
+    v = torch.randn(b, sk, hk, d).to(dtype).transpose(1, 2)
+    return q, k, v
+
+
+@needs_registry
+def test_import_registers_but_does_not_activate():
+    assert "flashback" in torch.nn.attention.list_flash_attention_impls()
+    assert torch.nn.attention.current_flash_attention_impl() != "flashback"
+
+
+@needs_registry
+@needs_get_kernel
+@pytest.mark.parametrize("causal", [False, True])
+def test_activated_provider_serves_the_fast_path(cpu_provider, causal):
+    torch_kernel, backend = cpu_provider
+    torch.nn.attention.activate_flash_attention_impl("flashback")
+    assert torch.nn.attention.current_flash_attention_impl() == "flashback"
+    q, k, v = _qkv()
+    scale = 1 / 16
+    res = FWD(q, k, v, 0.0, causal, False, scale=scale)
+    assert (backend.forward_calls, torch_kernel.calls) == (1, 0)
+    out, lse, cq, ck, max_q, max_k, rng, unused, debug = res
+    ref_out, ref_lse = _reference(q, k, v, scale, causal)
+    assert out.shape == q.shape and out.dtype == q.dtype and out.stride() == torch.empty_like(q).stride()
+    assert lse.shape == (2, 4, 33) and lse.dtype == torch.float32
+    assert (max_q, max_k) == (33, 33) and rng.dtype == torch.uint64 and rng.shape == (2,)
+    assert unused.dtype == torch.uint64 and unused.shape == () and debug.numel() == 0
+    torch.testing.assert_close(out.float(), ref_out, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
+
+
+@needs_registry
+@needs_get_kernel
+def test_autograd_reaches_the_backward_override(cpu_provider):
+    torch_kernel, backend = cpu_provider
+    torch.nn.attention.activate_flash_attention_impl("flashback")
+    q, k, v = (t.detach().requires_grad_() for t in _qkv())
+    out = FWD(q, k, v, 0.0, True, False, scale=0.0625)[0]
+    dout = torch.randn_like(out)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    assert (backend.forward_calls, backend.backward_calls, torch_kernel.calls) == (1, 1, 0)
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    ref = torch.autograd.grad(_reference(*leaves, 0.0625, True)[0], leaves, dout.float())
+    for ours, r, t in zip((dq, dk, dv), ref, (q, k, v)):
+        assert ours.shape == t.shape
+        torch.testing.assert_close(ours.float(), r, atol=3e-2, rtol=3e-2)
+
+
+@needs_registry
+@needs_get_kernel
+@pytest.mark.parametrize("case", ["fp32", "hdim128", "dropout", "debug_mask", "deterministic"])
+def test_everything_else_falls_through_unchanged(cpu_provider, case):
+    torch_kernel, backend = cpu_provider
+    torch.nn.attention.activate_flash_attention_impl("flashback")
+    q, k, v = _qkv(d=128 if case == "hdim128" else 256, dtype=torch.float32 if case == "fp32" else torch.bfloat16)
+    dropout = 0.1 if case == "dropout" else 0.0
+    debug = case == "debug_mask"
+    prev = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(case == "deterministic")
+    try:
+        out = FWD(q, k, v, dropout, True, debug, scale=0.1)[0]
+    finally:
+        torch.use_deterministic_algorithms(prev)
+    assert (backend.forward_calls, torch_kernel.calls) == (0, 1)
+    torch.testing.assert_close(out.float(), _reference(q, k, v, 0.1, True)[0], atol=2e-2, rtol=2e-2)
+
+
+@needs_get_kernel
+def test_removal_restores_the_previous_kernel(cpu_provider):
+    torch_kernel, backend = cpu_provider
+    handle = sdpa.install("CPU")
+    q, k, v = _qkv()
+    FWD(q, k, v)
+    assert (backend.forward_calls, torch_kernel.calls) == (1, 0)
+    handle.remove()
+    handle.remove()  # idempotent
+    FWD(q, k, v)
+    assert (backend.forward_calls, torch_kernel.calls) == (1, 1)
+
+
+@needs_get_kernel
+def test_install_without_a_kernel_to_fall_back_to_says_so():
+    # No CPU kernel of the op exists in PyTorch: nothing to fall through to.
+    with pytest.raises(RuntimeError, match="no CPU kernel of PyTorch's flash attention"):
+        sdpa.install("CPU")
+
+
+def test_decline_reasons(monkeypatch):
+    monkeypatch.setattr(sdpa, "_backend", _FlashbackStandIn())
+    q, k, v = _qkv()
+    assert sdpa.decline_reason(q, k, v) is None
+    assert sdpa.decline_reason(q, k, v, dropout_p=0.5) == "dropout"
+    assert sdpa.decline_reason(q, k, v, return_debug_mask=True) == "debug mask requested"
+    assert sdpa.decline_reason(*_qkv(d=64)) == "head dim is not 256"
+    assert sdpa.decline_reason(*_qkv(dtype=torch.float16)) == "dtype is not bf16"
+    assert sdpa.decline_reason(q, k[:, :, :, :128], v) == "head dim is not 256"
+    assert sdpa.decline_reason(*_qkv(h=3, hk=2)) == "shapes"
+    monkeypatch.setattr(sdpa._backend, "device_ok", lambda x: False)
+    assert "sm_90" in sdpa.decline_reason(q, k, v)
+
+
+def test_tma_layout_rule():
+    x = torch.empty(2, 64, 8, 256, dtype=torch.bfloat16)
+    if x.data_ptr() % 128 != 0:
+        pytest.skip("the CPU allocator gave a base that is not 128-byte aligned")
+    assert sdpa._tma_ok(x)
+    assert sdpa._tma_ok(x.transpose(1, 2).contiguous().transpose(1, 2))  # (b, h, s, d) memory
+    flat = torch.empty(x.numel() + 8, dtype=torch.bfloat16)
+    assert not sdpa._tma_ok(flat[8:].view(x.shape))  # 16-byte, not 128-byte aligned
+    assert not sdpa._tma_ok(torch.empty(2, 64, 8, 264, dtype=torch.bfloat16)[..., :256])  # row stride 264*8

@@ -1,0 +1,92 @@
+"""flashback as PyTorch's SDPA flash-attention provider, on an sm_90 GPU: what it serves runs on
+flashback's Hopper kernels and meets the correctness bar, forward and backward, under
+torch.compile too; what it does not serve falls through to PyTorch's own kernel unchanged."""
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import flashback
+from reference import attention_ref, check_close
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not hasattr(torch.nn.attention, "activate_flash_attention_impl"),
+                       reason="this PyTorch has no flash-attention provider registry (< 2.10)"),
+    pytest.mark.skipif(os.environ.get("FLASHBACK_FORCE_REFERENCE", "0") not in ("", "0"),
+                       reason="FLASHBACK_FORCE_REFERENCE is set: nothing runs on the Hopper kernels"),
+]
+FLASH = [torch.nn.attention.SDPBackend.FLASH_ATTENTION]
+
+
+@pytest.fixture
+def provider():
+    torch.nn.attention.activate_flash_attention_impl("flashback")
+    yield
+    torch.nn.attention.restore_flash_attention_impl()
+
+
+def _inputs(b, h, hk, s, d, dtype=torch.bfloat16):
+    """SDPA order (b, h, s, d) over (b, s, h, d) memory, as models produce it."""
+    q, k, v, dout = (torch.randn(b, s, n, d, device="cuda", dtype=dtype).transpose(1, 2)
+                     for n in (h, hk, hk, h))
+    return [t.requires_grad_() for t in (q, k, v)], dout
+
+
+def _ref(q, k, v, dout, causal, upcast):
+    """attention_ref takes (b, s, h, d)."""
+    dtype = torch.float32 if upcast else q.dtype
+    leaves = [t.detach().transpose(1, 2).to(dtype).requires_grad_() for t in (q, k, v)]
+    out, _ = attention_ref(*leaves, causal=causal, upcast=upcast)
+    grads = torch.autograd.grad(out, leaves, dout.transpose(1, 2).to(dtype))
+    return out.detach().transpose(1, 2), [g.transpose(1, 2) for g in grads]
+
+
+def _sdpa(q, k, v, causal, gqa):
+    with torch.nn.attention.sdpa_kernel(FLASH):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(2, 8, 8, 1000), (1, 8, 2, 4096)], ids=["mha-1000", "gqa-4096"])
+def test_sdpa_runs_on_flashback(provider, shape, causal):
+    b, h, hk, s = shape
+    (q, k, v), dout = _inputs(b, h, hk, s, 256)
+    out = _sdpa(q, k, v, causal, gqa=h != hk)
+    assert flashback.last_forward_path() == "sm90"
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert flashback.last_backward_path() == "sm90"
+    out32, g32 = _ref(q, k, v, dout, causal, upcast=True)
+    outlp, glp = _ref(q, k, v, dout, causal, upcast=False)
+    check_close("out", out, out32, outlp)
+    for name, ours, r32, rlp in zip(("dq", "dk", "dv"), grads, g32, glp):
+        check_close(name, ours, r32, rlp)
+
+
+@pytest.mark.parametrize("case", ["hdim128", "fp16"])
+def test_other_inputs_fall_through_unchanged(provider, case):
+    d, dtype = (128, torch.bfloat16) if case == "hdim128" else (256, torch.float16)
+    (q, k, v), dout = _inputs(2, 8, 8, 1000, d, dtype)
+    before = (flashback.last_forward_path(), flashback.last_backward_path())
+    out = _sdpa(q, k, v, True, gqa=False)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert (flashback.last_forward_path(), flashback.last_backward_path()) == before
+    torch.nn.attention.restore_flash_attention_impl()
+    try:
+        out_pt = _sdpa(q, k, v, True, gqa=False)
+        grads_pt = torch.autograd.grad(out_pt, (q, k, v), dout)
+    finally:
+        torch.nn.attention.activate_flash_attention_impl("flashback")
+    assert torch.equal(out, out_pt)
+    for a, b in zip(grads, grads_pt):  # PyTorch's own backward sums dQ with atomics
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+
+
+def test_torch_compile(provider):
+    (q, k, v), dout = _inputs(2, 8, 8, 1000, 256)
+    f = torch.compile(lambda q, k, v: _sdpa(q, k, v, True, gqa=False), fullgraph=True)
+    out = f(q, k, v)
+    assert flashback.last_forward_path() == "sm90"
+    out_eager = _sdpa(q, k, v, True, gqa=False)
+    assert torch.equal(out, out_eager)
