@@ -22,6 +22,7 @@ dropout is 0.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 from torch import Tensor
@@ -196,5 +197,9 @@ def register() -> bool:
     attention = torch.nn.attention
     if not hasattr(attention, "register_flash_attention_impl"):
         return False
-    attention.register_flash_attention_impl(NAME, register_fn=_register_fn)
+    try:
+        attention.register_flash_attention_impl(NAME, register_fn=_register_fn)
+    except Exception as e:  # noqa: BLE001 - importing flashback must not fail over an optional hook
+        warnings.warn(f"flashback: could not register the SDPA provider ({type(e).__name__}: {e})")
+        return False
     return True
