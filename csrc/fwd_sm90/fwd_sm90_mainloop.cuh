@@ -130,31 +130,41 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   float l_part[2] = {0.f, 0.f};             // this thread's part of the row sums
   if (w.n_count > 0) fh::mbar_wait(q_bar, 0);
 
-  fh::PipelineState<T::kStages> st;
-  for (int j = 0; j < w.n_count; ++j) {
-    const int n0 = j * T::kBlockN;
-    // S = Q_w K_j^T. Zeroed first although the first wgmma ignores it: its asm reads the
-    // accumulators; the operand fence keeps the zeroing before wgmma.fence (C7519).
-    float s[kS];
-    fh::zero_acc(s);
-    fh::wgmma_fence_operand(s);
-    pipe_k->consumer_wait(st);
+  // S = Q_w K_j^T into `acc` (one commit group). Zeroed first although the first wgmma ignores
+  // it: its asm reads the accumulators; the operand fence keeps the zeroing before
+  // wgmma.fence (C7519).
+  auto issue_s = [&](float (&acc)[kS], const fh::PipelineState<T::kStages>& at) {
+    fh::zero_acc(acc);
+    fh::wgmma_fence_operand(acc);
+    pipe_k->consumer_wait(at);
     fh::wgmma_fence();
-    {
-      const uint8_t* k_s = smem + T::kOffK + st.stage * T::kKvTileBytes;
-      const uint64_t da = fh::desc_kmajor_sw128(q_w);
-      const uint64_t db = fh::desc_kmajor_sw128(k_s);
+    const uint8_t* k_s = smem + T::kOffK + at.stage * T::kKvTileBytes;
+    const uint64_t da = fh::desc_kmajor_sw128(q_w);
+    const uint64_t db = fh::desc_kmajor_sw128(k_s);
 #pragma unroll
-      for (int k = 0; k < T::kHeadDim / 16; ++k) {
-        fh::wgmma_ss<T::kBlockN>(s, fh::desc_advance(da, fh::kmajor_k_offset(k, T::kBlockM)),
-                                 fh::desc_advance(db, fh::kmajor_k_offset(k, T::kBlockN)), k > 0);
-      }
+    for (int k = 0; k < T::kHeadDim / 16; ++k) {
+      fh::wgmma_ss<T::kBlockN>(acc, fh::desc_advance(da, fh::kmajor_k_offset(k, T::kBlockM)),
+                               fh::desc_advance(db, fh::kmajor_k_offset(k, T::kBlockN)), k > 0);
     }
     fh::wgmma_commit();
-    fh::wgmma_wait<0>();
-    fh::wgmma_fence_operand(s);
-    if (warp_leader) pipe_k->consumer_release(st);
-
+  };
+  // O += P V_j (one commit group): B = V_j [key][d] read N-major; N = 256 spans its 4
+  // atom-columns.
+  auto issue_pv = [&](const uint32_t (&a)[T::kBlockN / 16][4], const fh::PipelineState<T::kStages>& at) {
+    pipe_v->consumer_wait(at);
+    fh::wgmma_fence();  // also after the wait loop's branch (C7519)
+    const uint8_t* v_s = smem + T::kOffV + at.stage * T::kKvTileBytes;
+    const uint64_t db = fh::desc_mnmajor_sw128(v_s, T::kKvAtomBytes);
+#pragma unroll
+    for (int c = 0; c < T::kBlockN / 16; ++c) {
+      fh::wgmma_rs<T::kHeadDim, 1>(o, a[c], fh::desc_advance(db, fh::mnmajor_k_offset(c)), true);
+    }
+    fh::wgmma_commit();
+  };
+  // Mask, then the online softmax of block j in place (acc becomes P, unnormalized), the row
+  // statistics updated; returns in alpha the factor O must be rescaled by before P_j V_j.
+  auto softmax = [&](float (&acc)[kS], int j, float (&alpha)[2]) {
+    const int n0 = j * T::kBlockN;
     // Keys past seqlen_k and (causal) after a row's diagonal get -inf; only blocks that reach
     // past seqlen_k or cross the diagonal test each element.
     if (n0 + T::kBlockN > p.seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag)) {
@@ -162,19 +172,19 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       for (int r = 0; r < kS; ++r) {
         const int key = n0 + fh::acc_col(r, t);
         const int query = m0 + fh::acc_row(r, t);
-        if (key >= p.seqlen_k || (p.causal && key > query + diag)) s[r] = -INFINITY;
+        if (key >= p.seqlen_k || (p.causal && key > query + diag)) acc[r] = -INFINITY;
       }
     }
-    // Online softmax, base 2: p = exp2(S * scale_log2 - m * scale_log2). A row that has seen
-    // only masked keys keeps m = -inf; its offset is taken as 0 so that no inf - inf appears
-    // (its p are exp2(-inf) = 0 and its O and l stay 0).
-    float alpha[2], offset[2];
+    // Base 2: p = exp2(S * scale_log2 - m * scale_log2). A row that has seen only masked keys
+    // keeps m = -inf; its offset is taken as 0 so that no inf - inf appears (its p are
+    // exp2(-inf) = 0 and its O and l stay 0).
+    float offset[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float mx = m_raw[h];
 #pragma unroll
       for (int r = 0; r < kS; ++r) {
-        if (((r >> 1) & 1) == h) mx = fmaxf(mx, s[r]);
+        if (((r >> 1) & 1) == h) mx = fmaxf(mx, acc[r]);
       }
       mx = quad_max(mx);
       offset[h] = mx == -INFINITY ? 0.f : mx * p.scale_log2;
@@ -187,35 +197,75 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
 #pragma unroll
     for (int r = 0; r < kS; ++r) {
       const int h = (r >> 1) & 1;
-      s[r] = exp2f(s[r] * p.scale_log2 - offset[h]);
-      rowsum[h] += s[r];
+      acc[r] = exp2f(acc[r] * p.scale_log2 - offset[h]);
+      rowsum[h] += acc[r];
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) l_part[h] = l_part[h] * alpha[h] + rowsum[h];
+  };
+  auto rescale_o = [&](const float (&alpha)[2]) {
 #pragma unroll
     for (int r = 0; r < T::kHeadDim / 2; ++r) o[r] *= alpha[(r >> 1) & 1];
-    uint32_t a[T::kBlockN / 16][4];
+  };
+  auto to_frags = [&](const float (&acc)[kS], uint32_t (&a)[T::kBlockN / 16][4]) {
 #pragma unroll
-    for (int c = 0; c < T::kBlockN / 16; ++c) fh::acc_to_a_frag(s, c, a[c]);
+    for (int c = 0; c < T::kBlockN / 16; ++c) fh::acc_to_a_frag(acc, c, a[c]);
+  };
 
-    // O += P V_j: B = V_j [key][d] read N-major; N = 256 spans its 4 atom-columns.
-    pipe_v->consumer_wait(st);
-    fh::wgmma_fence();
-    {
-      const uint8_t* v_s = smem + T::kOffV + st.stage * T::kKvTileBytes;
-      const uint64_t db = fh::desc_mnmajor_sw128(v_s, T::kKvAtomBytes);
-#pragma unroll
-      for (int c = 0; c < T::kBlockN / 16; ++c) {
-        fh::wgmma_rs<T::kHeadDim, 1>(o, a[c], fh::desc_advance(db, fh::mnmajor_k_offset(c)),
-                                     true);
-      }
+  fh::PipelineState<T::kStages> st;
+  float s[kS];
+  uint32_t a[T::kBlockN / 16][4];
+  float alpha[2];
+#if defined(FLASHBACK_FWD_SM90_OVERLAP)
+  // EXPERIMENTAL (compile-checked, not yet run on a GPU; off by default): the softmax of block
+  // j+1 runs while P_j V_j is on the tensor cores. S_{j+1} goes to `s` while `a` (P_j) is still
+  // read by the wgmma in flight. Every wgmma group is waited for inside its iteration: ptxas
+  // serialized all wgmmas when a group stayed in flight across the back edge (docs/perf-log.md,
+  // backward v5), so the last block's P V is issued after the loop.
+  if (w.n_count > 0) {
+    issue_s(s, st);
+    fh::wgmma_wait<0>();
+    fh::wgmma_fence_operand(s);
+    if (warp_leader) pipe_k->consumer_release(st);
+    softmax(s, 0, alpha);
+    to_frags(s, a);  // O is 0: no rescale
+    for (int j = 0; j + 1 < w.n_count; ++j) {
+      fh::PipelineState<T::kStages> next = st;
+      next.advance();
+      issue_s(s, next);
+      issue_pv(a, st);
+      fh::wgmma_wait<1>();  // S_{j+1}; P_j V_j may still run
+      fh::wgmma_fence_operand(s);
+      if (warp_leader) pipe_k->consumer_release(next);
+      softmax(s, j + 1, alpha);
+      fh::wgmma_wait<0>();  // P_j V_j
+      fh::wgmma_fence_operand(o);
+      if (warp_leader) pipe_v->consumer_release(st);
+      rescale_o(alpha);
+      to_frags(s, a);
+      st = next;
     }
-    fh::wgmma_commit();
+    issue_pv(a, st);
+    fh::wgmma_wait<0>();
+    fh::wgmma_fence_operand(o);
+    if (warp_leader) pipe_v->consumer_release(st);
+  }
+#else
+  for (int j = 0; j < w.n_count; ++j) {
+    issue_s(s, st);
+    fh::wgmma_wait<0>();
+    fh::wgmma_fence_operand(s);
+    if (warp_leader) pipe_k->consumer_release(st);
+    softmax(s, j, alpha);
+    rescale_o(alpha);
+    to_frags(s, a);
+    issue_pv(a, st);
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(o);
     if (warp_leader) pipe_v->consumer_release(st);
     st.advance();
   }
+#endif
 
   // Row sums over the quad; O / l and LSE = (m * scale_log2 + log2 l) * ln 2. A row that saw no
   // key (l = 0) gets O = 0 and LSE = +inf.
