@@ -229,8 +229,12 @@ const char* copy_path(const std::string& last) {
 // and for the reference, which it falls back to when a tensor map does not encode.
 size_t bwd_workspace_bytes(const flashback_bwd_params& p) {
   const size_t ref = reference_bwd_workspace_size(p);
+#if defined(FLASHBACK_BWD_SM90_DETERMINISTIC)
+  const bool sm90_possible = !force_reference() && p.headdim == 256 && p.dtype == FLASHBACK_DTYPE_BF16;
+#else
   const bool sm90_possible = !force_reference() && p.headdim == 256 &&
                              p.dtype == FLASHBACK_DTYPE_BF16 && !p.deterministic;
+#endif
   if (!sm90_possible) return ref;
   const size_t fast = sm90::bwd_sm90_workspace_size(p);
   return fast > ref ? fast : ref;

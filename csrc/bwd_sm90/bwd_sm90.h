@@ -62,6 +62,10 @@ struct BwdSm90Params {
   const float* lse_log2;  // (batch, nheads, m_blocks * block_m): LSE * log2(e), +inf padding
   const float* dsum;      // same shape: D = rowsum(dO * O), 0 padding
   float* dq_accum;        // (batch, nheads, m_blocks) tiles of block_m x 256 fp32, fragment order
+  // Deterministic mode (experimental, FLASHBACK_BWD_SM90_DETERMINISTIC builds only): per dQaccum
+  // tile and consumer warpgroup, how many K/V blocks have added their part; block n adds after
+  // blocks 0..n-1, so every element is summed in one fixed order. Null otherwise.
+  int* dq_turn;           // (batch, nheads, m_blocks, 2)
   void* dk;
   void* dv;
   flashback_strides dk_strides, dv_strides;

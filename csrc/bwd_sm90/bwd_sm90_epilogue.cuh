@@ -42,6 +42,36 @@ __device__ __forceinline__ void add_dq_partial(const BwdSm90Params& p, int batch
   }
 }
 
+// Deterministic mode: the dQ adds of K/V block n into a tile wait for blocks 0..n-1 (FA's
+// "ordered reduction"; the same release/acquire pattern as CUTLASS's generic barrier). For a
+// given Q tile the K/V blocks that see it are always 0..n_max, so block n's turn is n.
+// Deadlock-free because a CTA only waits for CTAs of lower K/V block index, which the grid
+// orders (bwd_sm90_scheduler.cuh) before it.
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Blocks the warpgroup (named barrier `bar`, 128 threads) until `turn` holds `n`.
+__device__ __forceinline__ void dq_turn_wait(const int* turn, int n, int t, uint32_t bar) {
+  if (t == 0) {
+    while (ld_acquire_gpu(turn) != n) __nanosleep(64);
+  }
+  hopper::named_bar_sync(bar, 128);
+}
+
+// After the warpgroup's adds: each thread orders its reductions before the barrier, then one
+// thread hands the turn to the next block.
+__device__ __forceinline__ void dq_turn_pass(int* turn, int t, uint32_t bar) {
+  __threadfence();
+  hopper::named_bar_sync(bar, 128);
+  if (t == 0) {
+    __threadfence();
+    asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;" ::"l"(turn) : "memory");
+  }
+}
+
 // dV^T or dK^T of one warpgroup (head-dim quarters 2 wg and 2 wg + 1, m64 x kBlockN each),
 // times `scale`, as bf16 into a staging tile [key][d] (rows of `row_bytes`): stmatrix.trans
 // turns each 8 x 8 block (8 head-dim rows x 8 keys) into 8 key rows of 16 contiguous bytes.

@@ -80,7 +80,7 @@ int m_blocks_of(const flashback_bwd_params& p) {
 }
 
 struct WorkspaceParts {
-  size_t dq_accum, lse, dsum, total;
+  size_t dq_accum, dq_turn, lse, dsum, total;  // dq_accum and dq_turn are zeroed together
 };
 
 WorkspaceParts workspace_parts(const flashback_bwd_params& p) {
@@ -88,7 +88,8 @@ WorkspaceParts workspace_parts(const flashback_bwd_params& p) {
   const size_t rows = static_cast<size_t>(m_blocks_of(p)) * Traits::kBlockM;
   WorkspaceParts w;
   w.dq_accum = 0;
-  w.lse = align_up(bh * m_blocks_of(p) * kDqTileFloats * sizeof(float));
+  w.dq_turn = align_up(bh * m_blocks_of(p) * kDqTileFloats * sizeof(float));
+  w.lse = w.dq_turn + (p.deterministic ? align_up(bh * m_blocks_of(p) * 2 * sizeof(int)) : 0);
   w.dsum = w.lse + align_up(bh * rows * sizeof(float));
   w.total = w.dsum + align_up(bh * rows * sizeof(float));
   return w;
@@ -102,8 +103,10 @@ bool bwd_sm90_can_implement(const flashback_bwd_params& p, const char** why) {
     reason = "headdim is not 256";
   } else if (p.dtype != FLASHBACK_DTYPE_BF16) {
     reason = "dtype is not bf16";
+#if !defined(FLASHBACK_BWD_SM90_DETERMINISTIC)
   } else if (p.deterministic) {
     reason = "deterministic: the fast path adds dQ with atomics";
+#endif
   } else {
     // The dK/dV/dQ writes and the preprocess use 4- and 16-byte vectors (the API checks
     // alignment and strides of those already).
@@ -165,6 +168,7 @@ cudaError_t run_bwd_sm90(const flashback_bwd_params& p, cudaStream_t stream) {
   kp.lse_log2 = lse_log2;
   kp.dsum = dsum;
   kp.dq_accum = dq_accum;
+  kp.dq_turn = p.deterministic ? reinterpret_cast<int*>(ws + parts.dq_turn) : nullptr;
   kp.dk = p.dk;
   kp.dv = p.dv;
   kp.dk_strides = p.dk_strides;

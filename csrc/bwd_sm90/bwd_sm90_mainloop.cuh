@@ -84,6 +84,7 @@ struct BwdSm90Traits {
   // Named barriers between the consumer warpgroups (id 0 is __syncthreads).
   static constexpr uint32_t kBarHandoff = 1;  // both halves of P^T, dS^T of this step written
   static constexpr uint32_t kBarEpilogue = 2;  // K/V/Q reads done, then staging written
+  static constexpr uint32_t kBarTurn0 = 3;     // 3, 4: one warpgroup's deterministic dQ turn
 };
 
 struct BwdSm90Maps {
@@ -338,6 +339,16 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     fh::wgmma_commit();
     fh::wgmma_wait<2>();
     fh::wgmma_fence_operand(dq);
+#if defined(FLASHBACK_BWD_SM90_DETERMINISTIC)
+    // Experimental deterministic mode (compile-checked, not yet run on a GPU): this K/V
+    // block's turn on the tile (bwd_sm90_epilogue.cuh). Outside such builds the kernel is the
+    // measured one, instruction for instruction.
+    int* turn = nullptr;
+    if (p.dq_turn != nullptr) {
+      turn = p.dq_turn + ((static_cast<int64_t>(w.batch) * p.nheads + head) * p.m_blocks + m_block) * 2 + wg;
+      dq_turn_wait(turn, w.n_block, t, T::kBarTurn0 + wg);
+    }
+#endif
     add_dq_partial(p, w.batch, head, m_block, 2 * wg, t, dq);
     fh::wgmma_fence();
     gemm_dq<T>(dq, smem + T::kOffK + (2 * wg + 1) * T::kKvAtomBytes, ds_t);
@@ -349,6 +360,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(dq);
     add_dq_partial(p, w.batch, head, m_block, 2 * wg + 1, t, dq);
+#if defined(FLASHBACK_BWD_SM90_DETERMINISTIC)
+    if (turn != nullptr) dq_turn_pass(turn, t, T::kBarTurn0 + wg);
+#endif
     sq.advance();
     sd.advance();
   }

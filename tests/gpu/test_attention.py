@@ -247,8 +247,8 @@ def test_matches_reference(case, deterministic):
     path = flashback.last_backward_path()
     if case.headdim == 256 and not deterministic and not _FORCE_REFERENCE:
         assert path == "sm90", f"{ctx}: the backward ran {path!r}, not the Hopper kernel"
-    else:
-        assert path.startswith("reference: "), f"{ctx}: the backward ran {path!r}"
+    elif not (deterministic and case.headdim == 256):  # a FLASHBACK_BWD_SM90_DETERMINISTIC build
+        assert path.startswith("reference: "), f"{ctx}: the backward ran {path!r}"  # may run sm90
 
     assert out.shape == x.q.shape and out.dtype == DTYPE
     assert lse.shape == (case.batch, case.nheads, case.seqlen_q)
