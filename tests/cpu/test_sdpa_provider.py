@@ -227,12 +227,19 @@ def test_decline_reasons(monkeypatch):
     assert "sm_90" in sdpa.decline_reason(q, k, v)
 
 
+def _aligned(shape, offset_elems=0):
+    """A bf16 tensor of `shape` whose base is 128-byte aligned (plus offset_elems)."""
+    n = math.prod(shape)
+    flat = torch.empty(n + 128, dtype=torch.bfloat16)
+    start = (-flat.data_ptr() % 128) // 2 + offset_elems
+    return flat[start:start + n].view(shape)
+
+
 def test_tma_layout_rule():
-    x = torch.empty(2, 64, 8, 256, dtype=torch.bfloat16)
-    if x.data_ptr() % 128 != 0:
-        pytest.skip("the CPU allocator gave a base that is not 128-byte aligned")
+    x = _aligned((2, 64, 8, 256))
     assert sdpa._tma_ok(x)
-    assert sdpa._tma_ok(x.transpose(1, 2).contiguous().transpose(1, 2))  # (b, h, s, d) memory
-    flat = torch.empty(x.numel() + 8, dtype=torch.bfloat16)
-    assert not sdpa._tma_ok(flat[8:].view(x.shape))  # 16-byte, not 128-byte aligned
-    assert not sdpa._tma_ok(torch.empty(2, 64, 8, 264, dtype=torch.bfloat16)[..., :256])  # row stride 264*8
+    bhsd = _aligned((2, 8, 64, 256)).transpose(1, 2)  # (b, h, s, d) memory seen as (b, s, h, d)
+    assert sdpa._tma_ok(bhsd)
+    assert not sdpa._tma_ok(_aligned((2, 64, 8, 256), offset_elems=8))  # 16-byte, not 128-byte aligned
+    assert not sdpa._tma_ok(_aligned((2, 64, 8, 264))[..., :256])  # head stride 264: not a multiple of 64
+    assert not sdpa._tma_ok(x.transpose(-1, -2))  # last dim not contiguous
