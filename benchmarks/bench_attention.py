@@ -43,13 +43,15 @@ DEVICE = "cuda"
 HEADDIM = 256
 NHEADS = 8
 SHAPES = ((4, 4096), (2, 8192), (1, 16384))  # (batch, seqlen): 16384 tokens each
-IMPLS = ("flashback", "sdpa_flash", "cudnn", "sdpa_efficient", "fa3")
+IMPLS = ("flashback", "flashback_det", "sdpa_flash", "cudnn", "sdpa_efficient", "fa3")
 # The default run leaves out SDPA's memory-efficient backend: at ~40 TFLOP/s it alone would take
-# most of the sweep's time, and its numbers are in the committed baselines. "--impls all" adds it.
+# most of the sweep's time, and its numbers are in the committed baselines. "--impls all" adds it,
+# and flashback_det (deterministic=True; on the reference kernels until the deterministic Hopper
+# backward is validated).
 DEFAULT_IMPLS = ("flashback", "sdpa_flash", "cudnn", "fa3")
 BWD_CALL = "flashback_bwd_call"  # extra rows of impl "flashback": the raw attention_backward call
 YARDSTICK = "sdpa_flash"
-COLUMNS = ("flashback", BWD_CALL, "sdpa_flash", "cudnn", "sdpa_efficient", "fa3")  # table order
+COLUMNS = ("flashback", BWD_CALL, "flashback_det", "sdpa_flash", "cudnn", "sdpa_efficient", "fa3")  # table order
 
 # ----------------------------------------------------------------------------------------------
 # Convention, naming and the result file (no GPU needed: unit-tested on the CPU)
@@ -243,7 +245,7 @@ def environment_problem(impls):
     major, minor = torch.cuda.get_device_capability()
     if (major, minor) != (9, 0):
         return f"{torch.cuda.get_device_name()} is sm_{major}{minor}; this benchmark needs an sm_90 (Hopper) GPU"
-    if "flashback" in impls:
+    if "flashback" in impls or "flashback_det" in impls:
         try:
             import flashback
         except Exception as e:  # noqa: BLE001 - any failure to import means: not available
@@ -268,9 +270,10 @@ def _forward_fn(impl, causal):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    if impl == "flashback":
+    if impl in ("flashback", "flashback_det"):
         import flashback
-        return lambda q, k, v: flashback.attention(q, k, v, causal=causal)
+        det = impl == "flashback_det"
+        return lambda q, k, v: flashback.attention(q, k, v, causal=causal, deterministic=det)
     if impl == "fa3":
         from flash_attn_interface import flash_attn_func
 
@@ -320,17 +323,18 @@ def measure(impl, q, k, v, dout, causal, iters, warmup, repeats, notes, paths=No
     res = {"fwd": time_ms(lambda: fwd(q, k, v), iters, warmup, repeats),
            "bwd": time_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), iters, warmup, repeats)}
     del out
-    if impl == "flashback" and paths is not None:
+    if impl in ("flashback", "flashback_det") and paths is not None:
         import flashback
         paths["fwd"] = flashback.last_forward_path()
         paths["bwd"] = flashback.last_backward_path()
     # The training step as a model sees it: forward with autograd recording, then its backward.
     res["train"] = time_ms(lambda: torch.autograd.grad(fwd(q, k, v), (q, k, v), dout), iters, warmup, repeats)
+    if impl in ("flashback", "flashback_det") and paths is not None:
+        import flashback
+        f, b = flashback.last_forward_path(), flashback.last_backward_path()
+        paths["train"] = "sm90" if f == b == "sm90" else f"forward {f}; backward {b}"
     if impl == "flashback":
         import flashback
-        if paths is not None:
-            f, b = flashback.last_forward_path(), flashback.last_backward_path()
-            paths["train"] = "sm90" if f == b == "sm90" else f"forward {f}; backward {b}"
         qd, kd, vd = q.detach(), k.detach(), v.detach()
         try:
             with torch.no_grad():
