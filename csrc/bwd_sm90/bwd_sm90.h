@@ -9,7 +9,8 @@
 //   bwd_sm90_epilogue.cuh   dQ partial -> fp32 dQaccum (coalesced red.v4), dK / dV stores
 //   bwd_sm90_launch.cu      kernel, tensor maps, workspace, can_implement, the launches
 //
-// Not deterministic: dQ partials of different K/V blocks meet in fp32 atomics.
+// Not deterministic: dQ partials of different K/V blocks meet in fp32 atomics (unless built with
+// the experimental FLASHBACK_BWD_SM90_DETERMINISTIC, which orders them; bwd_sm90_epilogue.cuh).
 #pragma once
 
 #include <cuda_runtime.h>

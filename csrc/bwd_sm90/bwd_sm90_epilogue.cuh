@@ -46,18 +46,21 @@ __device__ __forceinline__ void add_dq_partial(const BwdSm90Params& p, int batch
 // "ordered reduction"; the same release/acquire pattern as CUTLASS's generic barrier). For a
 // given Q tile the K/V blocks that see it are always 0..n_max, so block n's turn is n.
 // Deadlock-free because a CTA only waits for CTAs of lower K/V block index, which the grid
-// orders (bwd_sm90_scheduler.cuh) before it.
+// orders (bwd_sm90_scheduler.cuh) before it -- assuming, as FA2/FA3's deterministic modes do,
+// that CTAs are dispatched in blockIdx order (observed behaviour, not documented by CUDA).
 __device__ __forceinline__ int ld_acquire_gpu(const int* p) {
   int v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 
-// Blocks the warpgroup (named barrier `bar`, 128 threads) until `turn` holds `n`.
+// Blocks the warpgroup (named barrier `bar`, 128 threads) until `turn` holds `n`. The spin has
+// the mbarrier waits' hang guard (FLASHBACK_MBAR_SPIN): a broken order traps instead of hanging.
 __device__ __forceinline__ void dq_turn_wait(const int* turn, int n, int t, uint32_t bar) {
-  if (t == 0) {
-    while (ld_acquire_gpu(turn) != n) __nanosleep(64);
-  }
+#if defined(FLASHBACK_MBAR_TIMEOUT_CYCLES)
+  using hopper::mbar_timeout_trap;  // named by the macro
+#endif
+  if (t == 0) FLASHBACK_MBAR_SPIN(ld_acquire_gpu(turn) == n);
   hopper::named_bar_sync(bar, 128);
 }
 

@@ -207,6 +207,12 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
 #pragma unroll
     for (int r = 0; r < T::kHeadDim / 2; ++r) o[r] *= alpha[(r >> 1) & 1];
   };
+  // After the wait that retires a P V group: keeps later writes of the P fragments (the next
+  // to_frags) from being moved above it.
+  auto fence_frags = [&](uint32_t (&a)[T::kBlockN / 16][4]) {
+#pragma unroll
+    for (int c = 0; c < T::kBlockN / 16; ++c) fh::wgmma_fence_operand(a[c]);
+  };
   auto to_frags = [&](const float (&acc)[kS], uint32_t (&a)[T::kBlockN / 16][4]) {
 #pragma unroll
     for (int c = 0; c < T::kBlockN / 16; ++c) fh::acc_to_a_frag(acc, c, a[c]);
@@ -240,6 +246,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       softmax(s, j + 1, alpha);
       fh::wgmma_wait<0>();  // P_j V_j
       fh::wgmma_fence_operand(o);
+      fence_frags(a);
       if (warp_leader) pipe_v->consumer_release(st);
       rescale_o(alpha);
       to_frags(s, a);

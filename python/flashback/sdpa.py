@@ -9,7 +9,8 @@ Importing flashback only registers the name "flashback" (PyTorch >= 2.10 has the
 nothing changes until the user activates it. Activation overrides the CUDA kernels of
 `aten::_scaled_dot_product_flash_attention` and its backward. A call goes to flashback only when
 its Hopper kernels serve it (bf16, head dim 256, no dropout, no debug mask, an sm_90 GPU,
-TMA-addressable layouts, deterministic algorithms not requested); every other call falls through
+TMA-addressable layouts, what flashback's argument checks accept; the backward also not under
+torch.use_deterministic_algorithms); every other call falls through
 to the kernel PyTorch had before, unchanged, so activating the provider never makes attention
 slower. Variable-length calls (`aten::_flash_attention_forward` with offsets, `varlen_attn`) are
 not overridden yet and stay on PyTorch.
@@ -44,7 +45,7 @@ def _tma_ok(x: Tensor) -> bool:
     contiguous. x in flashback's (batch, seqlen, heads, dim) order."""
     if x.data_ptr() % 128 != 0 or x.stride(-1) != 1:
         return False
-    return all(s > 0 and s % 64 == 0 for s in x.stride()[:3])
+    return all(0 < s < 2**39 and s % 64 == 0 for s in x.stride()[:3])
 
 
 class _Backend:
@@ -57,6 +58,19 @@ class _Backend:
 
     def layout_ok(self, x: Tensor) -> bool:
         return _tma_ok(x)
+
+    def accepts(self, q: Tensor, k: Tensor, v: Tensor, scale) -> str | None:
+        """flashback's own argument checks (flashback order), as a reason instead of an error:
+        what they reject (a scale <= 0, grid limits, a build without head dim 256, ...) goes to
+        PyTorch rather than failing."""
+        from . import _checks
+
+        try:
+            _checks.check_forward_args(q, k, v, softmax_scale=scale)
+            _checks.check_runtime(q.device, q.shape[-1])
+        except (TypeError, ValueError, RuntimeError) as e:
+            return f"flashback rejects it ({e})"
+        return None
 
     def forward(self, q, k, v, out, lse, scale, causal) -> None:
         from . import ops
@@ -80,14 +94,16 @@ _backend = _Backend()
 
 
 def decline_reason(query: Tensor, key: Tensor, value: Tensor, dropout_p: float = 0.0,
-                   return_debug_mask: bool = False) -> str | None:
+                   return_debug_mask: bool = False, scale=None, backward: bool = False) -> str | None:
     """None when flashback serves this SDPA flash call on its fast path, else why not (the call
-    then falls through to PyTorch). Tensors in SDPA's (batch, heads, seqlen, dim) order."""
+    then falls through to PyTorch). Tensors in SDPA's (batch, heads, seqlen, dim) order.
+    Under torch.use_deterministic_algorithms the backward goes to PyTorch (flashback's fast
+    backward sums dQ with atomics); the forward, deterministic in flashback, does not."""
     if dropout_p != 0.0:
         return "dropout"
     if return_debug_mask:
         return "debug mask requested"
-    if torch.are_deterministic_algorithms_enabled():
+    if backward and torch.are_deterministic_algorithms_enabled():
         return "deterministic algorithms requested"
     if any(t.dim() != 4 for t in (query, key, value)):
         return "not 4-D"
@@ -97,7 +113,8 @@ def decline_reason(query: Tensor, key: Tensor, value: Tensor, dropout_p: float =
     if d != 256 or key.shape[-1] != d or value.shape[-1] != d:
         return "head dim is not 256"
     b, hq, sq, _ = query.shape
-    if key.shape != value.shape or key.shape[0] != b or hq % key.shape[1] != 0 or key.shape[2] < 1 or sq < 1:
+    if (key.shape != value.shape or key.shape[0] != b or key.shape[1] < 1 or hq % key.shape[1] != 0
+            or key.shape[2] < 1 or sq < 1 or b < 1):
         return "shapes"
     if not all(_backend.device_ok(t) for t in (query, key, value)):
         return "not an sm_90 GPU with flashback available"
@@ -105,7 +122,7 @@ def decline_reason(query: Tensor, key: Tensor, value: Tensor, dropout_p: float =
         return "mixed devices"
     if not all(_backend.layout_ok(_bshd(t)) for t in (query, key, value)):
         return "layout not 128-byte aligned with strides in multiples of 64 elements"
-    return None
+    return _backend.accepts(_bshd(query), _bshd(key), _bshd(value), scale)
 
 
 def _scale(scale, d: int) -> float:
@@ -115,7 +132,7 @@ def _scale(scale, d: int) -> float:
 def _make_forward(orig):
     def forward(keyset, query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False,
                 *, scale=None):
-        if decline_reason(query, key, value, dropout_p, return_debug_mask) is not None:
+        if decline_reason(query, key, value, dropout_p, return_debug_mask, scale) is not None:
             kwargs = {} if scale is None else {"scale": scale}
             return orig.call_boxed(keyset, query, key, value, dropout_p, is_causal, return_debug_mask,
                                    **kwargs)
@@ -138,9 +155,10 @@ def _make_forward(orig):
 def _make_backward(orig):
     def backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
                  dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
-        # The same decision as the forward's, so a forward that fell through has its backward
-        # fall through too (and the reverse).
-        if decline_reason(query, key, value, dropout_p) is not None:
+        # The forward's decision (plus deterministic mode), so a forward that fell through has
+        # its backward fall through too. A backward that declines after a served forward is
+        # still right: the outputs and LSE are PyTorch's layout and meaning.
+        if decline_reason(query, key, value, dropout_p, False, scale, backward=True) is not None:
             kwargs = {} if scale is None else {"scale": scale}
             return orig.call_boxed(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
                                    max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, **kwargs)

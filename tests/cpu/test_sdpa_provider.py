@@ -96,6 +96,15 @@ class _FlashbackStandIn(sdpa._Backend):
     def layout_ok(self, x):
         return x.stride(-1) == 1
 
+    def accepts(self, q, k, v, scale):
+        from flashback import _checks
+
+        try:
+            _checks.check_forward_args(q, k, v, softmax_scale=scale, require_cuda=False)
+        except (TypeError, ValueError) as e:
+            return f"flashback rejects it ({e})"
+        return None
+
     def forward(self, q, k, v, out, lse, scale, causal):
         self.forward_calls += 1
         o, l = _reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, causal)
@@ -176,21 +185,37 @@ def test_autograd_reaches_the_backward_override(cpu_provider):
 
 @needs_registry
 @needs_get_kernel
-@pytest.mark.parametrize("case", ["fp32", "hdim128", "dropout", "debug_mask", "deterministic"])
+@pytest.mark.parametrize("case", ["fp32", "hdim128", "dropout", "debug_mask", "negative_scale"])
 def test_everything_else_falls_through_unchanged(cpu_provider, case):
     torch_kernel, backend = cpu_provider
     torch.nn.attention.activate_flash_attention_impl("flashback")
     q, k, v = _qkv(d=128 if case == "hdim128" else 256, dtype=torch.float32 if case == "fp32" else torch.bfloat16)
     dropout = 0.1 if case == "dropout" else 0.0
     debug = case == "debug_mask"
+    scale = -0.1 if case == "negative_scale" else 0.1  # PyTorch takes any scale; flashback > 0 only
+    out = FWD(q, k, v, dropout, True, debug, scale=scale)[0]
+    assert (backend.forward_calls, torch_kernel.calls) == (0, 1)
+    torch.testing.assert_close(out.float(), _reference(q, k, v, scale, True)[0], atol=2e-2, rtol=2e-2)
+
+
+@needs_registry
+@needs_get_kernel
+def test_deterministic_mode_keeps_the_forward_and_hands_the_backward_to_pytorch(cpu_provider):
+    torch_kernel, backend = cpu_provider
+    torch.nn.attention.activate_flash_attention_impl("flashback")
+    q, k, v = (t.detach().requires_grad_() for t in _qkv())
     prev = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(case == "deterministic")
+    torch.use_deterministic_algorithms(True)
     try:
-        out = FWD(q, k, v, dropout, True, debug, scale=0.1)[0]
+        out = FWD(q, k, v, 0.0, True, False, scale=0.0625)[0]
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
     finally:
         torch.use_deterministic_algorithms(prev)
-    assert (backend.forward_calls, torch_kernel.calls) == (0, 1)
-    torch.testing.assert_close(out.float(), _reference(q, k, v, 0.1, True)[0], atol=2e-2, rtol=2e-2)
+    assert (backend.forward_calls, backend.backward_calls, torch_kernel.calls) == (1, 0, 1)
+    ref = _reference_grads(q, k, v, dout, 0.0625, True)
+    for ours, r in zip(grads, ref):
+        torch.testing.assert_close(ours.float(), r, atol=3e-2, rtol=3e-2)
 
 
 @needs_get_kernel
@@ -223,6 +248,16 @@ def test_decline_reasons(monkeypatch):
     assert sdpa.decline_reason(*_qkv(dtype=torch.float16)) == "dtype is not bf16"
     assert sdpa.decline_reason(q, k[:, :, :, :128], v) == "head dim is not 256"
     assert sdpa.decline_reason(*_qkv(h=3, hk=2)) == "shapes"
+    assert sdpa.decline_reason(q, k[:, :0], v[:, :0]) == "shapes"  # no kv heads
+    assert "flashback rejects it" in sdpa.decline_reason(q, k, v, scale=0.0)
+    assert "flashback rejects it" in sdpa.decline_reason(q, k, v, scale=float("inf"))
+    prev = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert sdpa.decline_reason(q, k, v) is None
+        assert sdpa.decline_reason(q, k, v, backward=True) == "deterministic algorithms requested"
+    finally:
+        torch.use_deterministic_algorithms(prev)
     monkeypatch.setattr(sdpa._backend, "device_ok", lambda x: False)
     assert "sm_90" in sdpa.decline_reason(q, k, v)
 
