@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# On the GPU machine: the head-dim-256 GPU tests and a short benchmark for each of several
+# builds of the library, in one call, then one table of flashback's TFLOP/s per build (same
+# process order for all, SDPA flash as the yardstick in every run). Builds nothing.
+#
+#   scripts/compare_builds.sh build/libflashback.so build-exp/libflashback.so
+#
+# Environment: OUT (default ./logs), ITERS (default 50), REPEATS (default 2),
+# TESTS=0 to skip the tests. Logs: $OUT/<n>-tests.log, $OUT/<n>/<result>.json.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+OUT_DIR=${OUT:-$PWD/logs}
+mkdir -p "$OUT_DIR"
+export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+n=0
+for lib in "$@"; do
+  n=$((n + 1))
+  echo "== [$n] $lib"
+  if [ "${TESTS:-1}" != 0 ]; then
+    FLASHBACK_LIBRARY=$lib timeout -k 10 300 $PY -m pytest tests/gpu/test_attention.py -q -x -k 256 \
+      -p no:cacheprovider > "$OUT_DIR/$n-tests.log" 2>&1
+    tail -n 1 "$OUT_DIR/$n-tests.log"
+  fi
+  FLASHBACK_LIBRARY=$lib timeout -k 10 300 $PY benchmarks/bench_attention.py --impls flashback,sdpa_flash \
+    --iters "${ITERS:-50}" --repeats "${REPEATS:-2}" --out "$OUT_DIR/$n" > "$OUT_DIR/$n-bench.log" 2>&1 \
+    || echo "benchmark of [$n] failed: see $OUT_DIR/$n-bench.log"
+done
+$PY - "$OUT_DIR" "$@" <<'PYEOF'
+import glob, json, os, statistics, sys
+out, libs = sys.argv[1], sys.argv[2:]
+rows = {}
+for n, lib in enumerate(libs, 1):
+    files = sorted(glob.glob(os.path.join(out, str(n), "*.json")))
+    if not files:
+        continue
+    for r in json.load(open(files[-1]))["results"]:
+        key = (r["direction"], r["causal"], r["seqlen"])
+        rows.setdefault(key, {})[(n, r["impl"])] = statistics.median(r["tflops"])
+print("flashback TFLOP/s (ours/sdpa_flash) per build: " + "  ".join(f"[{n}] {l}" for n, l in enumerate(libs, 1)))
+for key in sorted(rows, key=lambda k: ({"bwd": 0, "fwd": 1, "train": 2}.get(k[0], 3), not k[1], k[2])):
+    cells = []
+    for n in range(1, len(libs) + 1):
+        ours, yard = rows[key].get((n, "flashback")), rows[key].get((n, "sdpa_flash"))
+        cells.append(f"{ours:6.1f} ({ours / yard:.3f})" if ours and yard else "     -")
+    print(f"{key[0]:5} {'causal' if key[1] else 'full  '} {key[2]:6}  " + "  ".join(cells))
+PYEOF
