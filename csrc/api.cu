@@ -179,26 +179,6 @@ bool force_reference() {
   return force;
 }
 
-// The path for these params: the Hopper kernels (csrc/fwd_sm90, csrc/bwd_sm90) when they take
-// the shapes (head dim 256, bf16, TMA-addressable tensors; the backward also not deterministic),
-// else the reference. The device itself is checked separately (sm_90 only,
-// check_current_device). `why` gets the reason when it is the reference.
-bool use_sm90_fwd(const flashback_fwd_params& p, const char** why) {
-  if (force_reference()) {
-    *why = "FLASHBACK_FORCE_REFERENCE is set";
-    return false;
-  }
-  return sm90::fwd_sm90_can_implement(p, why);
-}
-
-bool use_sm90_bwd(const flashback_bwd_params& p, const char** why) {
-  if (force_reference()) {
-    *why = "FLASHBACK_FORCE_REFERENCE is set";
-    return false;
-  }
-  return sm90::bwd_sm90_can_implement(p, why);
-}
-
 // Records the path a call took (flashback_last_forward_path / _backward_path) and, under
 // FLASHBACK_LOG_PATH=1, prints each distinct one once per process, so a silent fallback to the
 // slow kernels shows in a benchmark or a training log.
@@ -222,6 +202,36 @@ const char* copy_path(const std::string& last) {
   std::lock_guard<std::mutex> lock(g_path_mu);
   copy = last;
   return copy.c_str();
+}
+
+// Launches one direction: the Hopper kernels (csrc/fwd_sm90, csrc/bwd_sm90) when they take the
+// params (head dim 256, bf16, TMA-addressable tensors; the backward also not deterministic) and
+// FLASHBACK_FORCE_REFERENCE is not set, else -- or when a tensor map does not encode, in which
+// case the fast path launched nothing -- the reference kernels. Records which ran and why. The
+// device itself is checked before (sm_90 only, check_current_device).
+template <typename Params>
+flashback_status launch_direction(const Params& p, bool (*can_implement)(const Params&, const char**),
+                                  cudaError_t (*run_sm90)(const Params&, cudaStream_t),
+                                  cudaError_t (*run_reference)(const Params&, cudaStream_t),
+                                  std::string* last, const char* direction) {
+  clear_stale_cuda_error();
+  const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  const char* why = nullptr;
+  const std::string what = std::string(direction) + " launch";
+  if (force_reference()) {
+    why = "FLASHBACK_FORCE_REFERENCE is set";
+  } else if (can_implement(p, &why)) {
+    const cudaError_t err = run_sm90(p, stream);
+    if (err != cudaErrorNotSupported) {
+      const flashback_status st = launched(err, (what + " (sm90)").c_str());
+      if (st == FLASHBACK_SUCCESS) record_path(last, direction, "sm90", nullptr);
+      return st;
+    }
+    why = "the driver did not encode a tensor map of the Hopper path";
+  }
+  const flashback_status st = launched(run_reference(p, stream), what.c_str());
+  if (st == FLASHBACK_SUCCESS) record_path(last, direction, "reference", why);
+  return st;
 }
 
 // The workspace depends on the shapes and flags only, not on pointers or strides (the header
@@ -301,22 +311,8 @@ flashback_status flashback_attention_forward(const flashback_fwd_params* p) {
   FLASHBACK_TRY(check_tensor("out", p->out, p->out_strides, s.batch, s.seqlen_q, s.nheads, s.headdim, true));
   FLASHBACK_TRY(check_lse("lse", p->lse));
   FLASHBACK_TRY(check_current_device());
-  clear_stale_cuda_error();
-  const cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
-  const char* why = nullptr;
-  if (use_sm90_fwd(*p, &why)) {
-    const cudaError_t err = sm90::run_fwd_sm90(*p, stream);
-    // cudaErrorNotSupported: a tensor map did not encode and nothing was launched.
-    if (err != cudaErrorNotSupported) {
-      const flashback_status st = launched(err, "forward launch (sm90)");
-      if (st == FLASHBACK_SUCCESS) record_path(&g_last_fwd_path, "forward", "sm90", nullptr);
-      return st;
-    }
-    why = "the driver did not encode a tensor map of the Hopper path";
-  }
-  const flashback_status st = launched(run_reference_fwd(*p, stream), "forward launch");
-  if (st == FLASHBACK_SUCCESS) record_path(&g_last_fwd_path, "forward", "reference", why);
-  return st;
+  return launch_direction(*p, sm90::fwd_sm90_can_implement, sm90::run_fwd_sm90, run_reference_fwd,
+                          &g_last_fwd_path, "forward");
 }
 
 size_t flashback_bwd_workspace_size(const flashback_bwd_params* p) {
@@ -347,22 +343,8 @@ flashback_status flashback_attention_backward(const flashback_bwd_params* p) {
       return fail(FLASHBACK_ERROR_INVALID_VALUE, "workspace must be 256-byte aligned");
   }
   FLASHBACK_TRY(check_current_device());
-  clear_stale_cuda_error();
-  const cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
-  const char* why = nullptr;
-  if (use_sm90_bwd(*p, &why)) {
-    const cudaError_t err = sm90::run_bwd_sm90(*p, stream);
-    // cudaErrorNotSupported: a tensor map did not encode and nothing was launched.
-    if (err != cudaErrorNotSupported) {
-      const flashback_status st = launched(err, "backward launch (sm90)");
-      if (st == FLASHBACK_SUCCESS) record_path(&g_last_bwd_path, "backward", "sm90", nullptr);
-      return st;
-    }
-    why = "the driver did not encode a tensor map of the Hopper path";
-  }
-  const flashback_status st = launched(run_reference_bwd(*p, stream), "backward launch");
-  if (st == FLASHBACK_SUCCESS) record_path(&g_last_bwd_path, "backward", "reference", why);
-  return st;
+  return launch_direction(*p, sm90::bwd_sm90_can_implement, sm90::run_bwd_sm90, run_reference_bwd,
+                          &g_last_bwd_path, "backward");
 }
 
 }  // extern "C"
