@@ -108,11 +108,7 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
   // K on its own barrier, first: the first S needs K and Q_0 only; V (for dP) follows Q_0.
   auto load_kv = [&](uint32_t off, const CUtensorMap* map, uint64_t* bar, bool head_inner) {
     fh::mbar_arrive_expect_tx(bar, T::kKvTileBytes);
-#pragma unroll
-    for (int a = 0; a < T::kAtomCols; ++a) {
-      tma_rows(smem + off + a * T::kKvAtomBytes, map, bar, head_inner, 64 * a, n0, w.kv_head,
-               w.batch);
-    }
+    tma_tile(smem + off, T::kKvAtomBytes, map, bar, head_inner, n0, w.kv_head, w.batch);
   };
   load_kv(T::kOffK, m.k, kv_bar, p.head_inner & 2);
   fh::PipelineState<T::kQStages> sq;
@@ -125,20 +121,14 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     // dV of step i-1), and Q_i is already on its way by then.
     pipe_q->producer_acquire(sq);
     pipe_q->producer_expect(sq, T::kQTileBytes);
-#pragma unroll
-    for (int a = 0; a < T::kAtomCols; ++a) {
-      tma_rows(smem + T::kOffQ + sq.stage * T::kQTileBytes + a * T::kQAtomBytes, m.q,
-               pipe_q->full_barrier(sq), p.head_inner & 1, 64 * a, m0, head, w.batch);
-    }
+    tma_tile(smem + T::kOffQ + sq.stage * T::kQTileBytes, T::kQAtomBytes, m.q,
+             pipe_q->full_barrier(sq), p.head_inner & 1, m0, head, w.batch);
     sq.advance();
     if (it == 0) load_kv(T::kOffV, m.v, kv_bar + 1, p.head_inner & 4);
     pipe_do->producer_acquire(sd);
     pipe_do->producer_expect(sd, T::kQTileBytes);
-#pragma unroll
-    for (int a = 0; a < T::kAtomCols; ++a) {
-      tma_rows(smem + T::kOffDo + sd.stage * T::kQTileBytes + a * T::kQAtomBytes, m.dout,
-               pipe_do->full_barrier(sd), p.head_inner & 8, 64 * a, m0, head, w.batch);
-    }
+    tma_tile(smem + T::kOffDo + sd.stage * T::kQTileBytes, T::kQAtomBytes, m.dout,
+             pipe_do->full_barrier(sd), p.head_inner & 8, m0, head, w.batch);
     sd.advance();
   }
 }

@@ -74,28 +74,19 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
   if (w.n_count == 0) return;  // nobody would wait for the copies
   const int kv_head = w.head / p.group;
   fh::mbar_arrive_expect_tx(q_bar, T::kQBytes);
-#pragma unroll
-  for (int a = 0; a < T::kAtomCols; ++a) {
-    tma_rows(smem + T::kOffQ + a * T::kQAtomBytes, m.q, q_bar, p.head_inner & 1, 64 * a,
-             w.m_block * T::kBlockM, w.head, w.batch);
-  }
+  tma_tile(smem + T::kOffQ, T::kQAtomBytes, m.q, q_bar, p.head_inner & 1, w.m_block * T::kBlockM,
+           w.head, w.batch);
   fh::PipelineState<T::kStages> st;
   for (int j = 0; j < w.n_count; ++j) {
     const int n0 = j * T::kBlockN;
     pipe_k->producer_acquire(st);
     pipe_k->producer_expect(st, T::kKvTileBytes);
-#pragma unroll
-    for (int a = 0; a < T::kAtomCols; ++a) {
-      tma_rows(smem + T::kOffK + st.stage * T::kKvTileBytes + a * T::kKvAtomBytes, m.k,
-               pipe_k->full_barrier(st), p.head_inner & 2, 64 * a, n0, kv_head, w.batch);
-    }
+    tma_tile(smem + T::kOffK + st.stage * T::kKvTileBytes, T::kKvAtomBytes, m.k,
+             pipe_k->full_barrier(st), p.head_inner & 2, n0, kv_head, w.batch);
     pipe_v->producer_acquire(st);
     pipe_v->producer_expect(st, T::kKvTileBytes);
-#pragma unroll
-    for (int a = 0; a < T::kAtomCols; ++a) {
-      tma_rows(smem + T::kOffV + st.stage * T::kKvTileBytes + a * T::kKvAtomBytes, m.v,
-               pipe_v->full_barrier(st), p.head_inner & 4, 64 * a, n0, kv_head, w.batch);
-    }
+    tma_tile(smem + T::kOffV + st.stage * T::kKvTileBytes, T::kKvAtomBytes, m.v,
+             pipe_v->full_barrier(st), p.head_inner & 4, n0, kv_head, w.batch);
     st.advance();
   }
 }

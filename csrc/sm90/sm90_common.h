@@ -55,6 +55,17 @@ __device__ __forceinline__ void tma_rows(void* dst, const CUtensorMap* map, uint
   }
 }
 
+// A whole tile of rows [row, row + the map's box rows) x d = 256: its 4 boxes of 64 d into the
+// atom-columns of `dst`, `atom_bytes` apart, all completing on `bar` (expect 4 boxes of bytes).
+__device__ __forceinline__ void tma_tile(uint8_t* dst, uint32_t atom_bytes, const CUtensorMap* map,
+                                         uint64_t* bar, bool head_inner, int row, int head,
+                                         int batch) {
+#pragma unroll
+  for (int a = 0; a < 4; ++a) {
+    tma_rows(dst + a * atom_bytes, map, bar, head_inner, 64 * a, row, head, batch);
+  }
+}
+
 // Whether `n` tensors can be read through make_rows_map by the fast kernels. TMA with 128-byte
 // swizzle: the driver accepts 16-byte aligned bases and byte strides that are multiples of 16,
 // but whether the swizzle pattern then still matches what the wgmma descriptors assume is
