@@ -10,6 +10,7 @@ import torch
 
 import flashback
 from flashback import sdpa
+from reference import causal_mask
 
 FWD = torch.ops.aten._scaled_dot_product_flash_attention
 needs_registry = pytest.mark.skipif(not hasattr(torch.nn.attention, "register_flash_attention_impl"),
@@ -18,35 +19,30 @@ needs_get_kernel = pytest.mark.skipif(not hasattr(torch.library, "get_kernel"),
                                       reason="this PyTorch has no torch.library.get_kernel (< 2.9)")
 
 
-def _reference(q, k, v, scale, causal):
-    """(out, lse) in fp32; tensors (batch, heads, seqlen, dim), k/v heads may divide q heads;
-    causal bottom-right."""
+def _scores(q, k, v, scale, causal):
+    """fp32 (scaled, masked scores, k and v with each kv head repeated for its q heads); tensors
+    (batch, heads, seqlen, dim), k/v heads may divide q heads; causal bottom-right."""
     g = q.shape[1] // k.shape[1]
-    k, v = k.float().repeat_interleave(g, 1), v.float().repeat_interleave(g, 1)
-    s = q.float() @ k.transpose(-1, -2) * scale
+    kf, vf = k.float().repeat_interleave(g, 1), v.float().repeat_interleave(g, 1)
+    s = q.float() @ kf.transpose(-1, -2) * scale
     if causal:
-        sq, sk = s.shape[-2:]
-        i = torch.arange(sq)[:, None]
-        j = torch.arange(sk)[None, :]
-        s = s.masked_fill(j > i + sk - sq, float("-inf"))
-    lse = torch.logsumexp(s, -1)
-    return torch.softmax(s, -1) @ v, lse
+        s = s.masked_fill(~torch.from_numpy(causal_mask(*s.shape[-2:])), float("-inf"))
+    return s, kf, vf
+
+
+def _reference(q, k, v, scale, causal):
+    """(out, lse) in fp32."""
+    s, _, vf = _scores(q, k, v, scale, causal)
+    return torch.softmax(s, -1) @ vf, torch.logsumexp(s, -1)
 
 
 def _reference_grads(q, k, v, dout, scale, causal):
     """(dq, dk, dv) in fp32 by the explicit formulas (the stand-ins run below autograd, where
     nothing is recorded): dS = P * (dP - rowsum(dO * O)), dQ = scale dS K, dK = scale dS^T Q,
     dV = P^T dO; GQA sums dK and dV over each kv head's q heads."""
-    hk = k.shape[1]
-    g = q.shape[1] // hk
+    hk, g = k.shape[1], q.shape[1] // k.shape[1]
+    s, kf, vf = _scores(q, k, v, scale, causal)
     qf, dof = q.float(), dout.float()
-    kf, vf = k.float().repeat_interleave(g, 1), v.float().repeat_interleave(g, 1)
-    s = qf @ kf.transpose(-1, -2) * scale
-    if causal:
-        sq, sk = s.shape[-2:]
-        i = torch.arange(sq)[:, None]
-        j = torch.arange(sk)[None, :]
-        s = s.masked_fill(j > i + sk - sq, float("-inf"))
     p = torch.softmax(s, -1)
     o = p @ vf
     dp = dof @ vf.transpose(-1, -2)
