@@ -57,6 +57,9 @@ COLUMNS = ("flashback", BWD_CALL, "flashback_det", "sdpa_flash", "cudnn", "sdpa_
 # Convention, naming and the result file (no GPU needed: unit-tested on the CPU)
 
 
+DIRECTIONS = ("fwd", "bwd", "train")
+
+
 def attention_flops(batch, seqlen, nheads, headdim, causal, direction, seqlen_k=None):
     """FlashAttention's convention: forward 4*b*sq*sk*h*d (halved when causal), backward 2.5x,
     a training step ("train": forward + backward) 3.5x."""
@@ -311,29 +314,37 @@ def time_ms(fn, iters, warmup, repeats):
     return runs
 
 
-def measure(impl, q, k, v, dout, causal, iters, warmup, repeats, notes, paths=None):
+def measure(impl, q, k, v, dout, causal, iters, warmup, repeats, notes, paths=None, directions=DIRECTIONS):
     """{direction or BWD_CALL: [ms per run]} for one implementation on one shape. An error
     before anything is measured propagates (the caller skips the implementation); one in the
     extra flashback_bwd_call measurement becomes a note. For flashback, `paths` (a dict) gets
-    the backward kernels that ran ("sm90" or "reference: why") per timed key."""
+    the backward kernels that ran ("sm90" or "reference: why") per timed key. `directions`
+    picks which of fwd, bwd, train are timed."""
     import torch
     fwd = _forward_fn(impl, causal)
     out = fwd(q, k, v)  # also the check that the implementation takes the shape
     torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
-    res = {"fwd": time_ms(lambda: fwd(q, k, v), iters, warmup, repeats),
-           "bwd": time_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), iters, warmup, repeats)}
+    ours = impl in ("flashback", "flashback_det") and paths is not None
+    res = {}
+    if "fwd" in directions:
+        res["fwd"] = time_ms(lambda: fwd(q, k, v), iters, warmup, repeats)
+        if ours:
+            import flashback
+            paths["fwd"] = flashback.last_forward_path()
+    if "bwd" in directions:
+        res["bwd"] = time_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), iters, warmup, repeats)
+        if ours:
+            import flashback
+            paths["bwd"] = flashback.last_backward_path()
     del out
-    if impl in ("flashback", "flashback_det") and paths is not None:
-        import flashback
-        paths["fwd"] = flashback.last_forward_path()
-        paths["bwd"] = flashback.last_backward_path()
-    # The training step as a model sees it: forward with autograd recording, then its backward.
-    res["train"] = time_ms(lambda: torch.autograd.grad(fwd(q, k, v), (q, k, v), dout), iters, warmup, repeats)
-    if impl in ("flashback", "flashback_det") and paths is not None:
-        import flashback
-        f, b = flashback.last_forward_path(), flashback.last_backward_path()
-        paths["train"] = "sm90" if f == b == "sm90" else f"forward {f}; backward {b}"
-    if impl == "flashback":
+    if "train" in directions:
+        # The training step as a model sees it: forward with autograd recording, then its backward.
+        res["train"] = time_ms(lambda: torch.autograd.grad(fwd(q, k, v), (q, k, v), dout), iters, warmup, repeats)
+        if ours:
+            import flashback
+            f, b = flashback.last_forward_path(), flashback.last_backward_path()
+            paths["train"] = "sm90" if f == b == "sm90" else f"forward {f}; backward {b}"
+    if impl == "flashback" and "bwd" in directions:
         import flashback
         qd, kd, vd = q.detach(), k.detach(), v.detach()
         try:
@@ -354,7 +365,7 @@ def _short(e):
     return f"{type(e).__name__}: {msg[0][:200] if msg else ''}"
 
 
-def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot):
+def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRECTIONS):
     import torch
     device = torch.cuda.get_device_name()
     payload = make_payload(device, git_commit(), datetime.date.today().isoformat(), torch.__version__, [],
@@ -383,7 +394,8 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot):
             for impl in impls:
                 paths = {}
                 try:
-                    res = measure(impl, q, k, v, dout, causal, iters, warmup, repeats, payload["notes"], paths)
+                    res = measure(impl, q, k, v, dout, causal, iters, warmup, repeats, payload["notes"], paths,
+                                  directions)
                 except Exception as e:  # noqa: BLE001 - a backend that rejects the shape is skipped
                     note = f"{impl} causal={causal} batch={batch} seqlen={seqlen} skipped: {_short(e)}"
                     payload["notes"].append(note)
@@ -423,6 +435,8 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=None, help="timed calls per run (default 100, --quick 10)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up calls (default 10, --quick 2)")
     p.add_argument("--repeats", type=int, default=3, help="runs per measurement (default 3)")
+    p.add_argument("--directions", default=",".join(DIRECTIONS),
+                   help=f"comma-separated subset of {','.join(DIRECTIONS)} to time (default all)")
     p.add_argument("--summarize", metavar="JSON", help="print the table of a result file (with --plot: its PNG) and exit")
     a = p.parse_args(argv)
 
@@ -440,6 +454,10 @@ def main(argv=None):
     unknown = [i for i in impls if i not in IMPLS]
     if unknown:
         p.error(f"unknown implementation(s) {', '.join(unknown)} (choose from {', '.join(IMPLS)})")
+    directions = tuple(d.strip() for d in a.directions.split(",") if d.strip())
+    bad = [d for d in directions if d not in DIRECTIONS]
+    if bad or not directions:
+        p.error(f"--directions takes a subset of {','.join(DIRECTIONS)}, got {a.directions!r}")
     iters = a.iters if a.iters is not None else (10 if a.quick else 100)
     warmup = a.warmup if a.warmup is not None else (2 if a.quick else 10)
 
@@ -448,7 +466,7 @@ def main(argv=None):
     if problem:
         print(f"bench_attention: nothing to benchmark: {problem}.")
         return 0
-    run_sweep(impls, iters, warmup, a.repeats, a.out, a.plot)
+    run_sweep(impls, iters, warmup, a.repeats, a.out, a.plot, directions)
     return 0
 
 

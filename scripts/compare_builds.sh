@@ -6,7 +6,7 @@
 #   scripts/compare_builds.sh build/libflashback.so build-exp/libflashback.so
 #
 # Environment: OUT (default ./logs), ITERS (default 50), REPEATS (default 2),
-# TESTS=0 to skip the tests. Logs: $OUT/<n>-tests.log, $OUT/<n>/<result>.json.
+# TESTS=0 to skip the tests, BENCH_ARGS (e.g. "--directions fwd").  Logs: $OUT/<n>-tests.log, $OUT/<n>/<result>.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -23,7 +23,7 @@ for lib in "$@"; do
     tail -n 1 "$OUT_DIR/$n-tests.log"
   fi
   FLASHBACK_LIBRARY=$lib timeout -k 10 300 $PY benchmarks/bench_attention.py --impls flashback,sdpa_flash \
-    --iters "${ITERS:-50}" --repeats "${REPEATS:-2}" --out "$OUT_DIR/$n" > "$OUT_DIR/$n-bench.log" 2>&1 \
+    --iters "${ITERS:-50}" --repeats "${REPEATS:-2}" --out "$OUT_DIR/$n" ${BENCH_ARGS:-} > "$OUT_DIR/$n-bench.log" 2>&1 \
     || echo "benchmark of [$n] failed: see $OUT_DIR/$n-bench.log"
 done
 $PY - "$OUT_DIR" "$@" <<'PYEOF'

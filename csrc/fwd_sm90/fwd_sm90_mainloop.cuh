@@ -213,12 +213,10 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   float s[kS];
   uint32_t a[T::kBlockN / 16][4];
   float alpha[2];
-#if defined(FLASHBACK_FWD_SM90_OVERLAP)
-  // EXPERIMENTAL (compile-checked, not yet run on a GPU; off by default): the softmax of block
-  // j+1 runs while P_j V_j is on the tensor cores. S_{j+1} goes to `s` while `a` (P_j) is still
-  // read by the wgmma in flight. Every wgmma group is waited for inside its iteration: ptxas
-  // serialized all wgmmas when a group stayed in flight across the back edge (docs/perf-log.md,
-  // backward v5), so the last block's P V is issued after the loop.
+  // The softmax of block j+1 runs while P_j V_j is on the tensor cores: S_{j+1} goes to `s`
+  // while `a` (P_j) is still read by the wgmma in flight. Every wgmma group is waited for
+  // inside its iteration: ptxas serialized all wgmmas when a group stayed in flight across the
+  // back edge (docs/perf-log.md, backward v5), so the last block's P V is issued after the loop.
   if (w.n_count > 0) {
     issue_s(s, st);
     fh::wgmma_wait<0>();
@@ -248,22 +246,6 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     fh::wgmma_fence_operand(o);
     if (warp_leader) pipe_v->consumer_release(st);
   }
-#else
-  for (int j = 0; j < w.n_count; ++j) {
-    issue_s(s, st);
-    fh::wgmma_wait<0>();
-    fh::wgmma_fence_operand(s);
-    if (warp_leader) pipe_k->consumer_release(st);
-    softmax(s, j, alpha);
-    rescale_o(alpha);
-    to_frags(s, a);
-    issue_pv(a, st);
-    fh::wgmma_wait<0>();
-    fh::wgmma_fence_operand(o);
-    if (warp_leader) pipe_v->consumer_release(st);
-    st.advance();
-  }
-#endif
 
   // Row sums over the quad; O / l and LSE = (m * scale_log2 + log2 l) * ln 2. A row that saw no
   // key (l = 0) gets O = 0 and LSE = +inf.
