@@ -205,7 +205,7 @@ const char* copy_path(const std::string& last) {
 }
 
 // Launches one direction: the Hopper kernels (csrc/fwd_sm90, csrc/bwd_sm90) when they take the
-// params (head dim 256, bf16, TMA-addressable tensors; the backward also not deterministic) and
+// params (head dim 256, bf16, TMA-addressable tensors) and
 // FLASHBACK_FORCE_REFERENCE is not set, else -- or when a tensor map does not encode, in which
 // case the fast path launched nothing -- the reference kernels. Records which ran and why. The
 // device itself is checked before (sm_90 only, check_current_device).
@@ -239,12 +239,7 @@ flashback_status launch_direction(const Params& p, bool (*can_implement)(const P
 // and for the reference, which it falls back to when a tensor map does not encode.
 size_t bwd_workspace_bytes(const flashback_bwd_params& p) {
   const size_t ref = reference_bwd_workspace_size(p);
-#if defined(FLASHBACK_BWD_SM90_DETERMINISTIC)
   const bool sm90_possible = !force_reference() && p.headdim == 256 && p.dtype == FLASHBACK_DTYPE_BF16;
-#else
-  const bool sm90_possible = !force_reference() && p.headdim == 256 &&
-                             p.dtype == FLASHBACK_DTYPE_BF16 && !p.deterministic;
-#endif
   if (!sm90_possible) return ref;
   const size_t fast = sm90::bwd_sm90_workspace_size(p);
   return fast > ref ? fast : ref;

@@ -9,8 +9,9 @@
 //   bwd_sm90_epilogue.cuh   dQ partial -> fp32 dQaccum (coalesced red.v4), dK / dV stores
 //   bwd_sm90_launch.cu      kernel, tensor maps, workspace, can_implement, the launches
 //
-// Not deterministic: dQ partials of different K/V blocks meet in fp32 atomics (unless built with
-// the experimental FLASHBACK_BWD_SM90_DETERMINISTIC, which orders them; bwd_sm90_epilogue.cuh).
+// dQ partials of different K/V blocks meet in fp32 atomics: not deterministic, unless
+// p.deterministic, which launches the kernel's kDet instance: the adds into each tile then go
+// in one fixed order (bwd_sm90_scheduler.cuh, bwd_sm90_epilogue.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -63,17 +64,19 @@ struct BwdSm90Params {
   const float* lse_log2;  // (batch, nheads, m_blocks * block_m): LSE * log2(e), +inf padding
   const float* dsum;      // same shape: D = rowsum(dO * O), 0 padding
   float* dq_accum;        // (batch, nheads, m_blocks) tiles of block_m x 256 fp32, fragment order
-  // Deterministic mode (experimental, FLASHBACK_BWD_SM90_DETERMINISTIC builds only): per dQaccum
-  // tile and consumer warpgroup, how many K/V blocks have added their part; block n adds after
-  // blocks 0..n-1, so every element is summed in one fixed order. Null otherwise.
+  // Deterministic mode (deterministic=True): per dQaccum tile and consumer warpgroup, how many
+  // K/V blocks have added their part. Each tile takes the adds in one fixed order
+  // (bwd_sm90_dq_rank in bwd_sm90_scheduler.cuh), so every element is summed the same way
+  // every run. Null otherwise.
   int* dq_turn;           // (batch, nheads, m_blocks, 2)
+  int det_chunk;          // deterministic, non-causal: K/V blocks per co-resident chunk
   void* dk;
   void* dv;
   flashback_strides dk_strides, dv_strides;
 };
 
 // Does the fast path take these params? Static (no device state): head dim 256, bf16,
-// not deterministic, every tensor TMA-addressable (16-byte aligned base, strides multiples of
+// every tensor TMA-addressable (16-byte aligned base, strides multiples of
 // 16 bytes -- the API already demands both). `why` (may be null) gets the first reason not.
 bool bwd_sm90_can_implement(const flashback_bwd_params& p, const char** why);
 

@@ -42,37 +42,32 @@ __device__ __forceinline__ void add_dq_partial(const BwdSm90Params& p, int batch
   }
 }
 
-// Deterministic mode: the dQ adds of K/V block n into a tile wait for blocks 0..n-1 (FA's
-// "ordered reduction"; the same release/acquire pattern as CUTLASS's generic barrier). For a
-// given Q tile the K/V blocks that see it are always 0..n_max, so block n's turn is n.
-// Deadlock-free because a CTA only waits for CTAs of lower K/V block index, which the grid
-// orders (bwd_sm90_scheduler.cuh) before it -- assuming, as FA2/FA3's deterministic modes do,
-// that CTAs are dispatched in blockIdx order (observed behaviour, not documented by CUDA).
+// Deterministic mode: the dQ adds into a tile happen in one fixed order of K/V blocks
+// (bwd_sm90_dq_rank); a per-tile counter says how many have added. The release/acquire pattern
+// of CUTLASS's generic barrier: one thread polls with ld.acquire and a barrier then orders the
+// warpgroup's adds after it; after the adds a barrier, then one thread's red.release, which
+// (cumulative) publishes every add of the warpgroup before the count moves on
+// (bwd_sm90_turn_warp). Deadlock-free because a CTA only waits for CTAs of lower blockIdx or
+// of its own chunk, which fits on the GPU at once (bwd_sm90_scheduler.cuh) -- assuming, as
+// FA2/FA3's deterministic modes do, that CTAs are dispatched in blockIdx order (observed
+// behaviour, not documented by CUDA) and that the kernel can have every SM.
 __device__ __forceinline__ int ld_acquire_gpu(const int* p) {
   int v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 
-// Blocks the warpgroup (named barrier `bar`, 128 threads) until `turn` holds `n`. The spin has
-// the mbarrier waits' hang guard (FLASHBACK_MBAR_SPIN): a broken order traps instead of hanging.
-__device__ __forceinline__ void dq_turn_wait(const int* turn, int n, int t, uint32_t bar) {
+// Spins until `turn` holds `n`, with the mbarrier waits' hang guard (FLASHBACK_MBAR_SPIN): a
+// broken order traps instead of hanging.
+__device__ __forceinline__ void dq_turn_acquire(const int* turn, int n) {
 #if defined(FLASHBACK_MBAR_TIMEOUT_CYCLES)
   using hopper::mbar_timeout_trap;  // named by the macro
 #endif
-  if (t == 0) FLASHBACK_MBAR_SPIN(ld_acquire_gpu(turn) == n);
-  hopper::named_bar_sync(bar, 128);
+  FLASHBACK_MBAR_SPIN(ld_acquire_gpu(turn) == n);
 }
 
-// After the warpgroup's adds: each thread orders its reductions before the barrier, then one
-// thread hands the turn to the next block.
-__device__ __forceinline__ void dq_turn_pass(int* turn, int t, uint32_t bar) {
-  __threadfence();
-  hopper::named_bar_sync(bar, 128);
-  if (t == 0) {
-    __threadfence();
-    asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;" ::"l"(turn) : "memory");
-  }
+__device__ __forceinline__ void dq_turn_release(int* turn) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(turn) : "memory");
 }
 
 // dV^T or dK^T of one warpgroup (head-dim quarters 2 wg and 2 wg + 1, m64 x kBlockN each),

@@ -3,7 +3,8 @@
 // Order on the stream: zero dQaccum (memset), (0) preprocess, main kernel, postprocess.
 // Kernel structure: 3 warpgroups of 128 threads, __launch_bounds__(384, 1) (168 registers
 // each at entry, needed for setmaxnreg):
-//   warpgroup 0  producer: setmaxnreg.dec to 24, one thread issues every TMA copy
+//   warpgroup 0  producer: setmaxnreg.dec to 24, one thread issues every TMA copy; with
+//                deterministic=True warps 1 and 2 keep the dQ turns (bwd_sm90_turn_warp)
 //   warpgroups 1, 2  consumers (setmaxnreg 240), split by data: keys 40w.. for S, dP, P, dS;
 //                head-dim rows 128w.. for dV^T, dK^T, dQ^T
 // See bwd_sm90_mainloop.cuh for the shared-memory plan and the GEMM operands.
@@ -34,6 +35,7 @@ namespace {
 
 using Traits = BwdSm90Traits<kBwdSm90Hdim256>;
 
+template <bool kDet>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q,
                     const __grid_constant__ CUtensorMap map_k,
@@ -59,16 +61,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   __syncthreads();
 
-  const BwdSm90Work w = bwd_sm90_work<Traits::kBlockM, Traits::kBlockN>(p);
+  const BwdSm90Work w = bwd_sm90_work<Traits::kBlockM, Traits::kBlockN, kDet>(p);
   if (wg == 0) {
     fh::setmaxnreg_dec<kBwdSm90Hdim256.producer_regs>();
     if (threadIdx.x == 0) {
       const BwdSm90Maps maps{&map_q, &map_k, &map_v, &map_do};
-      bwd_sm90_producer<Traits>(p, maps, w, smem, kv_bar, pipe_q, pipe_do);
+      bwd_sm90_producer<Traits, kDet>(p, maps, w, smem, kv_bar, pipe_q, pipe_do);
+    } else if (kDet && (threadIdx.x / 32 == 1 || threadIdx.x / 32 == 2)) {
+      bwd_sm90_turn_warp<Traits>(p, w, threadIdx.x / 32 - 1);
     }
   } else {
     fh::setmaxnreg_inc<kBwdSm90Hdim256.consumer_regs>();
-    bwd_sm90_consumer<Traits>(p, w, smem, kv_bar, pipe_q, pipe_do, wg - 1);
+    bwd_sm90_consumer<Traits, kDet>(p, w, smem, kv_bar, pipe_q, pipe_do, wg - 1);
   }
 }
 
@@ -103,10 +107,6 @@ bool bwd_sm90_can_implement(const flashback_bwd_params& p, const char** why) {
     reason = "headdim is not 256";
   } else if (p.dtype != FLASHBACK_DTYPE_BF16) {
     reason = "dtype is not bf16";
-#if !defined(FLASHBACK_BWD_SM90_DETERMINISTIC)
-  } else if (p.deterministic) {
-    reason = "deterministic: the fast path adds dQ with atomics";
-#endif
   } else {
     // The dK/dV/dQ writes and the preprocess use 4- and 16-byte vectors (the API checks
     // alignment and strides of those already).
@@ -174,13 +174,24 @@ cudaError_t run_bwd_sm90(const flashback_bwd_params& p, cudaStream_t stream) {
   kp.dk_strides = p.dk_strides;
   kp.dv_strides = p.dv_strides;
 
+  // Deterministic, non-causal: chunks of K/V blocks that fit on the GPU at once (one CTA per
+  // SM), so that a CTA waiting for a chunk-mate's add never holds the SM that one needs.
+  int sms = 0;
+  if (p.deterministic) {
+    int dev = 0;
+    err = cudaGetDevice(&dev);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (err != cudaSuccess) return err;
+  }
+  kp.det_chunk = std::max(1, std::min(kp.n_blocks, sms));
+
   // (1)-(7)
-  err = cudaFuncSetAttribute(bwd_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  const auto kernel = p.deterministic ? bwd_sm90_kernel<true> : bwd_sm90_kernel<false>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(Traits::kSmemBytes));
   if (err != cudaSuccess) return err;
   const dim3 grid(kp.n_blocks * p.nheads_k * p.batch);
-  bwd_sm90_kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(map_q, map_k, map_v,
-                                                                          map_do, kp);
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(map_q, map_k, map_v, map_do, kp);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   // dQ = scale * dQaccum

@@ -84,7 +84,9 @@ struct BwdSm90Traits {
   // Named barriers between the consumer warpgroups (id 0 is __syncthreads).
   static constexpr uint32_t kBarHandoff = 1;  // both halves of P^T, dS^T of this step written
   static constexpr uint32_t kBarEpilogue = 2;  // K/V/Q reads done, then staging written
-  static constexpr uint32_t kBarTurn0 = 3;     // 3, 4: one warpgroup's deterministic dQ turn
+  // Deterministic mode, per consumer warpgroup w and its turn warp (bwd_sm90_turn_warp):
+  static constexpr uint32_t kBarTurn0 = 3;  // 3 + w: the tile's turn has come, add
+  static constexpr uint32_t kBarAdded0 = 5;  // 5 + w: the warpgroup's adds are issued
 };
 
 struct BwdSm90Maps {
@@ -97,7 +99,7 @@ struct BwdSm90Maps {
 // ------------------------------------------------------------------------------ producer ---
 // One thread: K_j and V_j once, then Q_i and dO_i of every step into their rings.
 // Maps (sm90_common.h) give boxes of 64 d x 64 rows (Q, dO) or 64 d x 80 rows (K, V).
-template <class T>
+template <class T, bool kDet>
 __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const BwdSm90Maps& m,
                                                   const BwdSm90Work& w, uint8_t* smem,
                                                   uint64_t* kv_bar,
@@ -115,7 +117,7 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
   fh::PipelineState<T::kDoStages> sd;
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block;
-    bwd_sm90_iter(p, w, it, head, m_block);
+    bwd_sm90_iter<kDet>(p, w, it, head, m_block);
     const int m0 = m_block * T::kBlockM;
     // Q first: with one dO stage the producer waits here for dO_{i-1} to be released (after
     // dV of step i-1), and Q_i is already on its way by then.
@@ -212,8 +214,33 @@ __device__ __forceinline__ void store_hand_t(uint8_t* hand, const float (&acc)[T
   }
 }
 
-// ---------------------------------------------------------------- consumer warpgroups ---
+// ------------------------------------------------------------ deterministic turn warps ---
+// Deterministic mode: warp 1 + w of the producer warpgroup keeps the dQ turns of consumer
+// warpgroup w, so that neither the poll nor the release (which waits for the adds to reach L2)
+// stalls the warpgroup. Per step: poll the tile's counter until this K/V block's rank
+// (bwd_sm90_dq_rank), let the warpgroup add (kBarTurn0 + w), wait until it has issued its adds
+// (kBarAdded0 + w: its bar.arrive orders them before this warp's bar.sync), then hand the turn
+// on with one red.release. Each barrier has at most one phase open: the warpgroup cannot reach
+// the next step's turn before this warp has passed the last one.
 template <class T>
+__device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const BwdSm90Work& w,
+                                                   int wg) {
+  const bool leader = (threadIdx.x % 32) == 0;
+  for (int it = 0; it < w.n_iters; ++it) {
+    int head, m_block, pos;
+    bwd_sm90_iter<true>(p, w, it, head, m_block, pos);
+    int* turn = p.dq_turn +
+                ((static_cast<int64_t>(w.batch) * p.nheads + head) * p.m_blocks + m_block) * 2 + wg;
+    if (leader) dq_turn_acquire(turn, bwd_sm90_dq_rank<T::kBlockM, T::kBlockN>(p, w, m_block, pos));
+    __syncwarp();
+    fh::named_bar_arrive(T::kBarTurn0 + wg, 128 + 32);
+    fh::named_bar_sync(T::kBarAdded0 + wg, 128 + 32);
+    if (leader) dq_turn_release(turn);
+  }
+}
+
+// ---------------------------------------------------------------- consumer warpgroups ---
+template <class T, bool kDet>
 __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const BwdSm90Work& w,
                                                   uint8_t* smem, uint64_t* kv_bar,
                                                   fh::TmaPipeline<T::kQStages>* pipe_q,
@@ -242,7 +269,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   fh::PipelineState<T::kDoStages> sd;
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block;
-    bwd_sm90_iter(p, w, it, head, m_block);
+    bwd_sm90_iter<kDet>(p, w, it, head, m_block);
     const int m0 = m_block * T::kBlockM;
     const int64_t stat_row =
         (static_cast<int64_t>(w.batch) * p.nheads + head) * rows_padded + m0 + q_row;
@@ -329,16 +356,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     fh::wgmma_commit();
     fh::wgmma_wait<2>();
     fh::wgmma_fence_operand(dq);
-#if defined(FLASHBACK_BWD_SM90_DETERMINISTIC)
-    // Experimental deterministic mode (compile-checked, not yet run on a GPU): this K/V
-    // block's turn on the tile (bwd_sm90_epilogue.cuh). Outside such builds the kernel is the
-    // measured one, instruction for instruction.
-    int* turn = nullptr;
-    if (p.dq_turn != nullptr) {
-      turn = p.dq_turn + ((static_cast<int64_t>(w.batch) * p.nheads + head) * p.m_blocks + m_block) * 2 + wg;
-      dq_turn_wait(turn, w.n_block, t, T::kBarTurn0 + wg);
-    }
-#endif
+    // Deterministic: wait until the turn warp says this block's turn on the tile has come.
+    if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + wg, 128 + 32);
     add_dq_partial(p, w.batch, head, m_block, 2 * wg, t, dq);
     fh::wgmma_fence();
     gemm_dq<T>(dq, smem + T::kOffK + (2 * wg + 1) * T::kKvAtomBytes, ds_t);
@@ -350,9 +369,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(dq);
     add_dq_partial(p, w.batch, head, m_block, 2 * wg + 1, t, dq);
-#if defined(FLASHBACK_BWD_SM90_DETERMINISTIC)
-    if (turn != nullptr) dq_turn_pass(turn, t, T::kBarTurn0 + wg);
-#endif
+    if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + wg, 128 + 32);
     sq.advance();
     sd.advance();
   }

@@ -15,6 +15,7 @@ struct BwdSm90Work {
   int m_count;   // Q blocks per q head (0: no query sees these keys; dK = dV = 0)
   int n_iters;   // group * m_count: the GQA group's q heads walked one after the other, so
                  // dK / dV of the kv head sum in registers with no atomics
+  int shift;     // deterministic, non-causal: the walk starts at Q block m_begin + shift
 };
 
 // One-dimensional grid. The (batch, kv head) pairs are cut into groups of p.l2_group pairs;
@@ -25,12 +26,25 @@ struct BwdSm90Work {
 // or after theirs), start first and the short ones fill the group's tail
 // (longest-causal-work-first). Without causal masking every CTA has the same work and
 // l2_group is 1: the K/V blocks of one head side by side.
-template <int kBlockM, int kBlockN>
+//
+// Deterministic mode (kDet) changes two things so that the fixed order of the dQ adds
+// (bwd_sm90_dq_rank) rarely makes a CTA wait:
+//   causal: the K/V blocks of a pair run last-first. A tile's adds go from the highest K/V block
+//     that sees it down to block 0; walking its Q blocks upwards, block n + 1 reaches any tile
+//     at least one step before block n (its first tile is at least one block later), and it
+//     was launched earlier, so a CTA only ever waits for CTAs of lower blockIdx.
+//   non-causal: every block sees every tile, so a plain walk would have all blocks of a head
+//     on the same tile at once, each waiting for the previous one. Instead the blocks are cut
+//     into chunks of p.det_chunk (at most one CTA per SM, so a chunk can be resident at once),
+//     block i of a chunk starts its walk at Q block i (mod m_blocks), and a tile takes the
+//     adds of lower chunks first, then those of its chunk in the order they arrive: each
+//     block's predecessor on a tile was there at least one step earlier.
+template <int kBlockM, int kBlockN, bool kDet = false>
 __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
   BwdSm90Work w;
   const GroupedTile tile = grouped_tile(static_cast<int>(blockIdx.x), p.l2_group, p.n_blocks,
                                        p.nheads_k * p.batch);
-  w.n_block = tile.block;
+  w.n_block = (kDet && p.causal) ? p.n_blocks - 1 - tile.block : tile.block;
   w.kv_head = tile.pair % p.nheads_k;
   w.batch = tile.pair / p.nheads_k;
   const int n0 = w.n_block * kBlockN;
@@ -38,15 +52,65 @@ __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
       p.causal ? max(0, causal_first_query(n0, p.seqlen_q, p.seqlen_k)) / kBlockM : 0;
   w.m_count = max(0, p.m_blocks - w.m_begin);
   w.n_iters = p.group * w.m_count;
+  w.shift = (kDet && !p.causal) ? (w.n_block % p.det_chunk) % p.m_blocks : 0;
   return w;
 }
 
-// Iteration `it` of the walk -> (q head, Q block).
+// Iteration `it` of the walk -> (q head, Q block); `pos` gets the step's position in this
+// head's walk (0 .. m_count - 1).
+template <bool kDet = false>
+__device__ __forceinline__ void bwd_sm90_iter(const BwdSm90Params& p, const BwdSm90Work& w,
+                                              int it, int& head, int& m_block, int& pos) {
+  const int g = it / w.m_count;
+  pos = it - g * w.m_count;
+  int local = pos;
+  if constexpr (kDet) {
+    local += w.shift;
+    if (local >= w.m_count) local -= w.m_count;
+  }
+  m_block = w.m_begin + local;
+  head = w.kv_head * p.group + g;
+}
+template <bool kDet = false>
 __device__ __forceinline__ void bwd_sm90_iter(const BwdSm90Params& p, const BwdSm90Work& w,
                                               int it, int& head, int& m_block) {
-  const int g = it / w.m_count;
-  m_block = w.m_begin + (it - g * w.m_count);
-  head = w.kv_head * p.group + g;
+  int pos;
+  bwd_sm90_iter<kDet>(p, w, it, head, m_block, pos);
+}
+
+// Deterministic mode: how many K/V blocks add into Q tile `m_block` (of any q head) before
+// block w.n_block, which is at position `pos` of its walk there. The turn counter of the tile
+// must hold this value before the block adds.
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ int bwd_sm90_dq_rank(const BwdSm90Params& p, const BwdSm90Work& w,
+                                                int m_block, int pos) {
+  if (p.causal) {
+    // Blocks 0 .. n_max see the tile (block n does iff its m_begin <= m_block); the adds run
+    // from n_max down.
+    const int rows_end = kBlockM * (m_block + 1) + (p.seqlen_k - p.seqlen_q);  // > 0 here
+    const int n_max = min(p.n_blocks - 1, (rows_end - 1) / kBlockN);
+    return n_max - w.n_block;
+  }
+  // Non-causal: all blocks of lower chunks, then the blocks i' of this chunk that reach the
+  // tile at an earlier position (position of i' = (m - i') mod M, M = m_blocks), ties by index.
+  const int M = p.m_blocks;
+  const int chunk = w.n_block / p.det_chunk;
+  const int i = w.n_block - chunk * p.det_chunk;
+  const int size = min(p.det_chunk, p.n_blocks - chunk * p.det_chunk);
+  // Blocks i' in [0, size) whose start residue i' mod M lies in the cyclic range
+  // [m - pos + 1, m] (the positions below pos): pos * (size / M) plus those among the first
+  // size % M residues.
+  const int rem = size % M;
+  const int lo = m_block - pos + 1;
+  int extra;
+  if (pos == 0) {
+    extra = 0;
+  } else if (lo >= 0) {
+    extra = max(0, min(m_block, rem - 1) - lo + 1);
+  } else {
+    extra = min(m_block + 1, rem) + max(0, rem - (lo + M));
+  }
+  return chunk * p.det_chunk + pos * (size / M) + extra + i / M;
 }
 
 }  // namespace sm90

@@ -245,10 +245,10 @@ def test_matches_reference(case, deterministic):
     else:
         assert fwd_path.startswith("reference: "), f"{ctx}: the forward ran {fwd_path!r}"
     path = flashback.last_backward_path()
-    if case.headdim == 256 and not deterministic and not _FORCE_REFERENCE:
+    if case.headdim == 256 and not _FORCE_REFERENCE:
         assert path == "sm90", f"{ctx}: the backward ran {path!r}, not the Hopper kernel"
-    elif not (deterministic and case.headdim == 256):  # a FLASHBACK_BWD_SM90_DETERMINISTIC build
-        assert path.startswith("reference: "), f"{ctx}: the backward ran {path!r}"  # may run sm90
+    else:
+        assert path.startswith("reference: "), f"{ctx}: the backward ran {path!r}"
 
     assert out.shape == x.q.shape and out.dtype == DTYPE
     assert lse.shape == (case.batch, case.nheads, case.seqlen_q)
@@ -270,39 +270,13 @@ def test_matches_reference(case, deterministic):
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [
     Case(2, 1000, 1000, 8, 2, 256, True),
-    Case(2, 113, 1000, 4, 4, 256, False),
-    Case(2, 1000, 113, 4, 2, 256, True),
-    Case(2, 1000, 1000, 8, 8, 128, True),
-    Case(2, 1000, 1000, 4, 1, 64, False),
-], ids=str)
-def test_autograd_matches_attention_backward(case):
-    """flashback.attention's autograd gives the same bits as attention_forward/attention_backward."""
-    x = _make_inputs(case)
-    ctx = f"{case} seed={x.seed}"
-    leaves = [t.clone().requires_grad_() for t in (x.q, x.k, x.v)]
-    out_a, lse_a = flashback.attention(*leaves, causal=case.causal, softmax_scale=case.softmax_scale,
-                                       deterministic=True, return_lse=True)
-    grads_a = torch.autograd.grad(out_a, leaves, x.dout)
-
-    out, lse = flashback.attention_forward(x.q, x.k, x.v, causal=case.causal, softmax_scale=case.softmax_scale)
-    grads = flashback.attention_backward(x.dout, x.q, x.k, x.v, out, lse, causal=case.causal,
-                                         softmax_scale=case.softmax_scale, deterministic=True)
-    assert torch.equal(out_a, out), f"{ctx}: attention() and attention_forward() give different out"
-    assert torch.equal(lse_a, lse), f"{ctx}: attention() and attention_forward() give different lse"
-    for name, a, b in zip(("dq", "dk", "dv"), grads_a, grads):
-        assert torch.equal(a, b), (f"{ctx}: autograd {name} differs from attention_backward's in "
-                                   f"{int((a != b).sum())} elements")
-
-    plain = flashback.attention(x.q, x.k, x.v, causal=case.causal)
-    assert isinstance(plain, torch.Tensor), "attention(..., return_lse=False) must return a tensor"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", [
-    Case(2, 1000, 1000, 8, 2, 256, True),
     Case(2, 1000, 1000, 8, 2, 256, False),
     Case(1, 4096, 4096, 8, 8, 256, True),
+    Case(1, 4096, 4096, 4, 2, 256, False),
+    Case(1, 12000, 12000, 2, 2, 256, False),  # 150 K/V blocks: more than one chunk of CTAs
+    Case(1, 8191, 8191, 2, 1, 256, True),
     Case(2, 1000, 113, 4, 1, 256, True),
+    Case(1, 300, 1000, 4, 4, 256, True),
     Case(2, 1000, 1000, 8, 8, 128, False),
 ], ids=str)
 def test_deterministic_is_bitwise_reproducible(case):
@@ -310,9 +284,15 @@ def test_deterministic_is_bitwise_reproducible(case):
     ctx = f"{case} seed={x.seed}"
     out, lse = flashback.attention_forward(x.q, x.k, x.v, causal=case.causal)
     first = flashback.attention_backward(x.dout, x.q, x.k, x.v, out, lse, causal=case.causal, deterministic=True)
-    second = flashback.attention_backward(x.dout, x.q, x.k, x.v, out, lse, causal=case.causal, deterministic=True)
-    for name, a, b in zip(("dq", "dk", "dv"), first, second):
-        assert torch.equal(a, b), f"{ctx}: deterministic {name} differs between two calls in {int((a != b).sum())} elements"
+    path = flashback.last_backward_path()
+    if case.headdim == 256 and not _FORCE_REFERENCE:
+        assert path == "sm90", f"{ctx}: deterministic backward ran {path!r}, not the Hopper kernel"
+    for _ in range(3):
+        again = flashback.attention_backward(x.dout, x.q, x.k, x.v, out, lse, causal=case.causal,
+                                             deterministic=True)
+        for name, a, b in zip(("dq", "dk", "dv"), first, again):
+            assert not torch.isnan(a).any(), f"{ctx}: NaN in deterministic {name}"
+            assert torch.equal(a, b), f"{ctx}: deterministic {name} differs between calls in {int((a != b).sum())} elements"
 
 
 def _attention_and_grads(fn, x, causal, return_lse):
@@ -453,7 +433,8 @@ def test_backward_path_through_autograd():
     flashback.attention(q, k, v, causal=True).sum().backward()
     assert flashback.last_backward_path() == ("reference: FLASHBACK_FORCE_REFERENCE is set"
                                               if _FORCE_REFERENCE else "sm90")
-    flashback.attention(q, k, v, causal=True, deterministic=True).sum().backward()
+    q128, k128, v128 = (torch.randn(1, 300, 4, 128, device=DEVICE, dtype=DTYPE, requires_grad=True) for _ in range(3))
+    flashback.attention(q128, k128, v128, causal=True).sum().backward()
     assert flashback.last_backward_path().startswith("reference: ")
 
 
