@@ -64,8 +64,8 @@ struct BwdSm90Params {
   const float* lse_log2;  // (batch, nheads, m_blocks * block_m): LSE * log2(e), +inf padding
   const float* dsum;      // same shape: D = rowsum(dO * O), 0 padding
   float* dq_accum;        // (batch, nheads, m_blocks) tiles of block_m x 256 fp32, fragment order
-  // Deterministic mode (deterministic=True): per dQaccum tile and consumer warpgroup, how many
-  // K/V blocks have added their part. Each tile takes the adds in one fixed order
+  // Deterministic mode (deterministic=True): per dQaccum tile and phase of the adds (the first
+  // or the second quarter each consumer warpgroup adds), how many K/V blocks have added theirs. Each tile takes the adds in one fixed order
   // (bwd_sm90_dq_rank in bwd_sm90_scheduler.cuh), so every element is summed the same way
   // every run. Null otherwise.
   int* dq_turn;           // (batch, nheads, m_blocks, 2)

@@ -4,7 +4,7 @@
 // Kernel structure: 3 warpgroups of 128 threads, __launch_bounds__(384, 1) (168 registers
 // each at entry, needed for setmaxnreg):
 //   warpgroup 0  producer: setmaxnreg.dec to 24, one thread issues every TMA copy; with
-//                deterministic=True warps 1 and 2 keep the dQ turns (bwd_sm90_turn_warp)
+//                deterministic=True warps 1 and 2 keep the dQ turns of the two add phases (bwd_sm90_turn_warp)
 //   warpgroups 1, 2  consumers (setmaxnreg 240), split by data: keys 40w.. for S, dP, P, dS;
 //                head-dim rows 128w.. for dV^T, dK^T, dQ^T
 // See bwd_sm90_mainloop.cuh for the shared-memory plan and the GEMM operands.

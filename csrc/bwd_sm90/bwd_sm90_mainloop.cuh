@@ -84,9 +84,11 @@ struct BwdSm90Traits {
   // Named barriers between the consumer warpgroups (id 0 is __syncthreads).
   static constexpr uint32_t kBarHandoff = 1;  // both halves of P^T, dS^T of this step written
   static constexpr uint32_t kBarEpilogue = 2;  // K/V/Q reads done, then staging written
-  // Deterministic mode, per consumer warpgroup w and its turn warp (bwd_sm90_turn_warp):
-  static constexpr uint32_t kBarTurn0 = 3;  // 3 + w: the tile's turn has come, add
-  static constexpr uint32_t kBarAdded0 = 5;  // 5 + w: the warpgroup's adds are issued
+  // Deterministic mode, per phase h of the dQ adds (h = 0: the first quarter each warpgroup
+  // adds, h = 1: the second) and its turn warp (bwd_sm90_turn_warp):
+  static constexpr uint32_t kBarTurn0 = 3;   // 3 + h: the tile's turn for phase h has come
+  static constexpr uint32_t kBarAdded0 = 5;  // 5 + h: both warpgroups issued their phase-h adds
+  static constexpr uint32_t kTurnThreads = 256 + 32;
 };
 
 struct BwdSm90Maps {
@@ -215,26 +217,27 @@ __device__ __forceinline__ void store_hand_t(uint8_t* hand, const float (&acc)[T
 }
 
 // ------------------------------------------------------------ deterministic turn warps ---
-// Deterministic mode: warp 1 + w of the producer warpgroup keeps the dQ turns of consumer
-// warpgroup w, so that neither the poll nor the release (which waits for the adds to reach L2)
-// stalls the warpgroup. Per step: poll the tile's counter until this K/V block's rank
-// (bwd_sm90_dq_rank), let the warpgroup add (kBarTurn0 + w), wait until it has issued its adds
-// (kBarAdded0 + w: its bar.arrive orders them before this warp's bar.sync), then hand the turn
-// on with one red.release. Each barrier has at most one phase open: the warpgroup cannot reach
-// the next step's turn before this warp has passed the last one.
+// Deterministic mode: warp 1 + h of the producer warpgroup keeps the dQ turns of phase h (the
+// quarter each consumer warpgroup adds first, h = 0, or second, h = 1), so that neither the poll
+// nor the release (which waits for the adds to reach L2) stalls the consumers, and each has a
+// whole step to do both. Per step: poll the tile's phase-h counter until this K/V block's rank
+// (bwd_sm90_dq_rank), let the consumers add (kBarTurn0 + h), wait until both warpgroups have
+// issued their adds (kBarAdded0 + h: their bar.arrive orders the adds before this warp's
+// bar.sync), then hand the turn on with one red.release. Each barrier has at most one phase
+// open: the consumers cannot reach the next step's turn before this warp has passed the last.
 template <class T>
 __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const BwdSm90Work& w,
-                                                   int wg) {
+                                                   int h) {
   const bool leader = (threadIdx.x % 32) == 0;
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block, pos;
     bwd_sm90_iter<true>(p, w, it, head, m_block, pos);
     int* turn = p.dq_turn +
-                ((static_cast<int64_t>(w.batch) * p.nheads + head) * p.m_blocks + m_block) * 2 + wg;
+                ((static_cast<int64_t>(w.batch) * p.nheads + head) * p.m_blocks + m_block) * 2 + h;
     if (leader) dq_turn_acquire(turn, bwd_sm90_dq_rank<T::kBlockM, T::kBlockN>(p, w, m_block, pos));
     __syncwarp();
-    fh::named_bar_arrive(T::kBarTurn0 + wg, 128 + 32);
-    fh::named_bar_sync(T::kBarAdded0 + wg, 128 + 32);
+    fh::named_bar_arrive(T::kBarTurn0 + h, T::kTurnThreads);
+    fh::named_bar_sync(T::kBarAdded0 + h, T::kTurnThreads);
     if (leader) dq_turn_release(turn);
   }
 }
@@ -356,9 +359,10 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     fh::wgmma_commit();
     fh::wgmma_wait<2>();
     fh::wgmma_fence_operand(dq);
-    // Deterministic: wait until the turn warp says this block's turn on the tile has come.
-    if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + wg, 128 + 32);
+    // Deterministic: wait until the phase-0 turn warp says this block's turn has come.
+    if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0, T::kTurnThreads);
     add_dq_partial(p, w.batch, head, m_block, 2 * wg, t, dq);
+    if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0, T::kTurnThreads);
     fh::wgmma_fence();
     gemm_dq<T>(dq, smem + T::kOffK + (2 * wg + 1) * T::kKvAtomBytes, ds_t);
     fh::wgmma_commit();
@@ -368,8 +372,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     if (warp_leader) pipe_q->consumer_release(sq);
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(dq);
+    if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + 1, T::kTurnThreads);
     add_dq_partial(p, w.batch, head, m_block, 2 * wg + 1, t, dq);
-    if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + wg, 128 + 32);
+    if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + 1, T::kTurnThreads);
     sq.advance();
     sd.advance();
   }
