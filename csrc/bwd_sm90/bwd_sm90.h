@@ -69,7 +69,7 @@ struct BwdSm90Params {
   // (bwd_sm90_dq_rank in bwd_sm90_scheduler.cuh), so every element is summed the same way
   // every run. Null otherwise.
   int* dq_turn;           // (batch, nheads, m_blocks, 2)
-  int det_chunk;          // deterministic, non-causal: K/V blocks per co-resident chunk
+  int det_chunk;          // deterministic, non-causal: CTAs per chunk of the grid (the SM count)
   void* dk;
   void* dv;
   flashback_strides dk_strides, dv_strides;

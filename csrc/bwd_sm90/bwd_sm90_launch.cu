@@ -174,8 +174,8 @@ cudaError_t run_bwd_sm90(const flashback_bwd_params& p, cudaStream_t stream) {
   kp.dk_strides = p.dk_strides;
   kp.dv_strides = p.dv_strides;
 
-  // Deterministic, non-causal: chunks of K/V blocks that fit on the GPU at once (one CTA per
-  // SM), so that a CTA waiting for a chunk-mate's add never holds the SM that one needs.
+  // Deterministic, non-causal: chunks of CTAs that fit on the GPU at once (one CTA per SM), so
+  // that a CTA waiting for a chunk-mate's add never holds the SM that one needs.
   int sms = 0;
   if (p.deterministic) {
     int dev = 0;
@@ -183,7 +183,7 @@ cudaError_t run_bwd_sm90(const flashback_bwd_params& p, cudaStream_t stream) {
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (err != cudaSuccess) return err;
   }
-  kp.det_chunk = std::max(1, std::min(kp.n_blocks, sms));
+  kp.det_chunk = std::max(1, sms);
 
   // (1)-(7)
   const auto kernel = p.deterministic ? bwd_sm90_kernel<true> : bwd_sm90_kernel<false>;

@@ -16,6 +16,7 @@ struct BwdSm90Work {
   int n_iters;   // group * m_count: the GQA group's q heads walked one after the other, so
                  // dK / dV of the kv head sum in registers with no atomics
   int shift;     // deterministic, non-causal: the walk starts at Q block m_begin + shift
+  int det_lo, det_size;  // deterministic, non-causal: this pair's K/V blocks in this CTA's chunk
 };
 
 // One-dimensional grid. The (batch, kv head) pairs are cut into groups of p.l2_group pairs;
@@ -34,11 +35,13 @@ struct BwdSm90Work {
 //     at least one step before block n (its first tile is at least one block later), and it
 //     was launched earlier, so a CTA only ever waits for CTAs of lower blockIdx.
 //   non-causal: every block sees every tile, so a plain walk would have all blocks of a head
-//     on the same tile at once, each waiting for the previous one. Instead the blocks are cut
-//     into chunks of p.det_chunk (at most one CTA per SM, so a chunk can be resident at once),
-//     block i of a chunk starts its walk at Q block i (mod m_blocks), and a tile takes the
-//     adds of lower chunks first, then those of its chunk in the order they arrive: each
-//     block's predecessor on a tile was there at least one step earlier.
+//     on the same tile at once, each waiting for the previous one. Instead the grid is cut into
+//     chunks of p.det_chunk CTAs (the SM count: a chunk is resident at once, and as all CTAs
+//     take equally long, chunk c runs when chunk c - 1 is done); the blocks [det_lo,
+//     det_lo + det_size) of a pair inside one chunk start their walks at Q blocks 0, 1, ..
+//     (mod m_blocks), and a tile takes the adds of the pair's earlier chunks first, then those
+//     of this chunk in the order they arrive: each block's predecessor on a tile was there at
+//     least one step earlier, and no CTA waits for one that a later chunk holds.
 template <int kBlockM, int kBlockN, bool kDet = false>
 __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
   BwdSm90Work w;
@@ -52,7 +55,16 @@ __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
       p.causal ? max(0, causal_first_query(n0, p.seqlen_q, p.seqlen_k)) / kBlockM : 0;
   w.m_count = max(0, p.m_blocks - w.m_begin);
   w.n_iters = p.group * w.m_count;
-  w.shift = (kDet && !p.causal) ? (w.n_block % p.det_chunk) % p.m_blocks : 0;
+  w.shift = 0;
+  w.det_lo = 0;
+  w.det_size = 0;
+  if (kDet && !p.causal) {  // l2_group is 1: blockIdx = pair * n_blocks + n_block
+    const int pair_base = tile.pair * p.n_blocks;
+    const int chunk = static_cast<int>(blockIdx.x) / p.det_chunk;
+    w.det_lo = max(0, chunk * p.det_chunk - pair_base);
+    w.det_size = min(p.n_blocks, (chunk + 1) * p.det_chunk - pair_base) - w.det_lo;
+    w.shift = (w.n_block - w.det_lo) % p.m_blocks;
+  }
   return w;
 }
 
@@ -91,12 +103,12 @@ __device__ __forceinline__ int bwd_sm90_dq_rank(const BwdSm90Params& p, const Bw
     const int n_max = min(p.n_blocks - 1, (rows_end - 1) / kBlockN);
     return n_max - w.n_block;
   }
-  // Non-causal: all blocks of lower chunks, then the blocks i' of this chunk that reach the
-  // tile at an earlier position (position of i' = (m - i') mod M, M = m_blocks), ties by index.
+  // Non-causal: the pair's blocks in earlier chunks, then the blocks i' of this chunk that
+  // reach the tile at an earlier position (position of i' = (m - i') mod M, M = m_blocks),
+  // ties by index.
   const int M = p.m_blocks;
-  const int chunk = w.n_block / p.det_chunk;
-  const int i = w.n_block - chunk * p.det_chunk;
-  const int size = min(p.det_chunk, p.n_blocks - chunk * p.det_chunk);
+  const int i = w.n_block - w.det_lo;
+  const int size = w.det_size;
   // Blocks i' in [0, size) whose start residue i' mod M lies in the cyclic range
   // [m - pos + 1, m] (the positions below pos): pos * (size / M) plus those among the first
   // size % M residues.
@@ -110,7 +122,7 @@ __device__ __forceinline__ int bwd_sm90_dq_rank(const BwdSm90Params& p, const Bw
   } else {
     extra = min(m_block + 1, rem) + max(0, rem - (lo + M));
   }
-  return chunk * p.det_chunk + pos * (size / M) + extra + i / M;
+  return w.det_lo + pos * (size / M) + extra + i / M;
 }
 
 }  // namespace sm90
