@@ -9,8 +9,7 @@ Importing flashback only registers the name "flashback" (PyTorch >= 2.10 has the
 nothing changes until the user activates it. Activation overrides the CUDA kernels of
 `aten::_scaled_dot_product_flash_attention` and its backward. A call goes to flashback only when
 its Hopper kernels serve it (bf16, head dim 256, no dropout, no debug mask, an sm_90 GPU,
-TMA-addressable layouts, what flashback's argument checks accept; the backward also not under
-torch.use_deterministic_algorithms); every other call falls through
+TMA-addressable layouts, what flashback's argument checks accept); every other call falls through
 to the kernel PyTorch had before, unchanged, so activating the provider never makes attention
 slower. Variable-length calls (`aten::_flash_attention_forward` with offsets, `varlen_attn`) are
 not overridden yet and stay on PyTorch.
@@ -77,10 +76,10 @@ class _Backend:
 
         ops._launch_fwd(q, k, v, out, lse, scale, causal)
 
-    def backward(self, dout, q, k, v, out, lse, dq, dk, dv, scale, causal) -> None:
+    def backward(self, dout, q, k, v, out, lse, dq, dk, dv, scale, causal, deterministic) -> None:
         from . import ops
 
-        ops._launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, scale, causal, False)
+        ops._launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, scale, causal, deterministic)
 
 
 @functools.lru_cache(maxsize=None)
@@ -97,14 +96,12 @@ def decline_reason(query: Tensor, key: Tensor, value: Tensor, dropout_p: float =
                    return_debug_mask: bool = False, scale=None, backward: bool = False) -> str | None:
     """None when flashback serves this SDPA flash call on its fast path, else why not (the call
     then falls through to PyTorch). Tensors in SDPA's (batch, heads, seqlen, dim) order.
-    Under torch.use_deterministic_algorithms the backward goes to PyTorch (flashback's fast
-    backward sums dQ with atomics); the forward, deterministic in flashback, does not."""
+    Under torch.use_deterministic_algorithms a served backward runs flashback's deterministic
+    mode (ordered dQ adds); the forward is deterministic either way."""
     if dropout_p != 0.0:
         return "dropout"
     if return_debug_mask:
         return "debug mask requested"
-    if backward and torch.are_deterministic_algorithms_enabled():
-        return "deterministic algorithms requested"
     if any(t.dim() != 4 for t in (query, key, value)):
         return "not 4-D"
     if any(t.dtype != torch.bfloat16 for t in (query, key, value)):
@@ -155,8 +152,8 @@ def _make_forward(orig):
 def _make_backward(orig):
     def backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
                  dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
-        # The forward's decision (plus deterministic mode), so a forward that fell through has
-        # its backward fall through too. A backward that declines after a served forward is
+        # The forward's decision, so a forward that fell through has its backward fall through
+        # too. A backward that declines after a served forward is
         # still right: the outputs and LSE are PyTorch's layout and meaning.
         if decline_reason(query, key, value, dropout_p, False, scale, backward=True) is not None:
             kwargs = {} if scale is None else {"scale": scale}
@@ -165,7 +162,8 @@ def _make_backward(orig):
         d = query.shape[-1]
         dq, dk, dv = torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
         _backend.backward(_bshd(grad_out), _bshd(query), _bshd(key), _bshd(value), _bshd(out), logsumexp,
-                          _bshd(dq), _bshd(dk), _bshd(dv), _scale(scale, d), bool(is_causal))
+                          _bshd(dq), _bshd(dk), _bshd(dv), _scale(scale, d), bool(is_causal),
+                          torch.are_deterministic_algorithms_enabled())
         return dq, dk, dv
 
     return backward

@@ -85,6 +85,7 @@ class _FlashbackStandIn(sdpa._Backend):
 
     def __init__(self):
         self.forward_calls = self.backward_calls = 0
+        self.deterministic = []  # the mode of each served backward
 
     def device_ok(self, x):
         return True
@@ -107,8 +108,9 @@ class _FlashbackStandIn(sdpa._Backend):
         out.copy_(o.transpose(1, 2))
         lse.copy_(l)
 
-    def backward(self, dout, q, k, v, out, lse, dq, dk, dv, scale, causal):
+    def backward(self, dout, q, k, v, out, lse, dq, dk, dv, scale, causal, deterministic):
         self.backward_calls += 1
+        self.deterministic.append(deterministic)
         grads = _reference_grads(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                  dout.transpose(1, 2), scale, causal)
         for dst, g in zip((dq, dk, dv), grads):
@@ -172,6 +174,7 @@ def test_autograd_reaches_the_backward_override(cpu_provider):
     dout = torch.randn_like(out)
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
     assert (backend.forward_calls, backend.backward_calls, torch_kernel.calls) == (1, 1, 0)
+    assert backend.deterministic == [False]
     leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
     ref = torch.autograd.grad(_reference(*leaves, 0.0625, True)[0], leaves, dout.float())
     for ours, r, t in zip((dq, dk, dv), ref, (q, k, v)):
@@ -196,7 +199,7 @@ def test_everything_else_falls_through_unchanged(cpu_provider, case):
 
 @needs_registry
 @needs_get_kernel
-def test_deterministic_mode_keeps_the_forward_and_hands_the_backward_to_pytorch(cpu_provider):
+def test_deterministic_mode_serves_the_backward_in_flashbacks_deterministic_mode(cpu_provider):
     torch_kernel, backend = cpu_provider
     torch.nn.attention.activate_flash_attention_impl("flashback")
     q, k, v = (t.detach().requires_grad_() for t in _qkv())
@@ -208,7 +211,8 @@ def test_deterministic_mode_keeps_the_forward_and_hands_the_backward_to_pytorch(
         grads = torch.autograd.grad(out, (q, k, v), dout)
     finally:
         torch.use_deterministic_algorithms(prev)
-    assert (backend.forward_calls, backend.backward_calls, torch_kernel.calls) == (1, 0, 1)
+    assert (backend.forward_calls, backend.backward_calls, torch_kernel.calls) == (1, 1, 0)
+    assert backend.deterministic == [True]
     ref = _reference_grads(q, k, v, dout, 0.0625, True)
     for ours, r in zip(grads, ref):
         torch.testing.assert_close(ours.float(), r, atol=3e-2, rtol=3e-2)
@@ -251,7 +255,7 @@ def test_decline_reasons(monkeypatch):
     torch.use_deterministic_algorithms(True)
     try:
         assert sdpa.decline_reason(q, k, v) is None
-        assert sdpa.decline_reason(q, k, v, backward=True) == "deterministic algorithms requested"
+        assert sdpa.decline_reason(q, k, v, backward=True) is None
     finally:
         torch.use_deterministic_algorithms(prev)
     monkeypatch.setattr(sdpa._backend, "device_ok", lambda x: False)

@@ -90,3 +90,22 @@ def test_torch_compile(provider):
     assert flashback.last_forward_path() == "sm90"
     out_eager = _sdpa(q, k, v, True, gqa=False)
     assert torch.equal(out, out_eager)
+
+
+def test_deterministic_algorithms_run_flashbacks_deterministic_backward(provider):
+    (q, k, v), dout = _inputs(1, 8, 2, 3000, 256)
+    prev = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        out = _sdpa(q, k, v, True, gqa=True)
+        grads = [torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) for _ in range(3)]
+    finally:
+        torch.use_deterministic_algorithms(prev)
+    assert flashback.last_backward_path() == "sm90"
+    for again in grads[1:]:
+        for name, a, b in zip(("dq", "dk", "dv"), grads[0], again):
+            assert torch.equal(a, b), f"{name} differs between deterministic backward calls"
+    out32, g32 = _ref(q, k, v, dout, True, upcast=True)
+    outlp, glp = _ref(q, k, v, dout, True, upcast=False)
+    for name, ours, r32, rlp in zip(("dq", "dk", "dv"), grads[0], g32, glp):
+        check_close(name, ours, r32, rlp)
