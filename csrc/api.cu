@@ -251,14 +251,47 @@ size_t bwd_workspace_bytes(const flashback_bwd_params& p) {
     if (status_ != FLASHBACK_SUCCESS) return status_;    \
   } while (0)
 
+// How a tensor's rows are laid out for the stride checks: (batch, seqlen) dense, or one
+// packed run of total rows (varlen).
+struct Rows {
+  int batch, seqlen;
+};
+template <typename Params>
+Rows rows_q(const Params& p) {
+  return p.cu_seqlens_q != nullptr ? Rows{1, p.total_q} : Rows{p.batch, p.seqlen_q};
+}
+template <typename Params>
+Rows rows_k(const Params& p) {
+  return p.cu_seqlens_q != nullptr ? Rows{1, p.total_k} : Rows{p.batch, p.seqlen_k};
+}
+
+// Varlen offsets: both or neither, int32-aligned, totals >= 1 (the values themselves live on the
+// device; see the header).
+template <typename Params>
+flashback_status check_varlen(const Params& p) {
+  if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr))
+    return fail(FLASHBACK_ERROR_INVALID_VALUE,
+                "cu_seqlens_q and cu_seqlens_k must both be set (varlen) or both be null (dense)");
+  if (p.cu_seqlens_q == nullptr) return FLASHBACK_SUCCESS;
+  if (reinterpret_cast<uintptr_t>(p.cu_seqlens_q) % 4 != 0 ||
+      reinterpret_cast<uintptr_t>(p.cu_seqlens_k) % 4 != 0)
+    return fail(FLASHBACK_ERROR_INVALID_VALUE, "cu_seqlens_q and cu_seqlens_k must be 4-byte aligned");
+  if (p.total_q < 1 || p.total_k < 1)
+    return fail(FLASHBACK_ERROR_INVALID_VALUE, "varlen total_q and total_k must be >= 1, got %d and %d",
+                p.total_q, p.total_k);
+  return FLASHBACK_SUCCESS;
+}
+
 // The checks both directions share: the shape, then q, k and v (read-only in both).
 template <typename Params>
 flashback_status check_shape_and_qkv(const Params& p) {
   const Shape s{p.batch, p.seqlen_q, p.seqlen_k, p.nheads, p.nheads_k, p.headdim};
   FLASHBACK_TRY(check_shape(s, p.dtype, p.softmax_scale));
-  FLASHBACK_TRY(check_tensor("q", p.q, p.q_strides, s.batch, s.seqlen_q, s.nheads, s.headdim));
-  FLASHBACK_TRY(check_tensor("k", p.k, p.k_strides, s.batch, s.seqlen_k, s.nheads_k, s.headdim));
-  FLASHBACK_TRY(check_tensor("v", p.v, p.v_strides, s.batch, s.seqlen_k, s.nheads_k, s.headdim));
+  FLASHBACK_TRY(check_varlen(p));
+  const Rows rq = rows_q(p), rk = rows_k(p);
+  FLASHBACK_TRY(check_tensor("q", p.q, p.q_strides, rq.batch, rq.seqlen, s.nheads, s.headdim));
+  FLASHBACK_TRY(check_tensor("k", p.k, p.k_strides, rk.batch, rk.seqlen, s.nheads_k, s.headdim));
+  FLASHBACK_TRY(check_tensor("v", p.v, p.v_strides, rk.batch, rk.seqlen, s.nheads_k, s.headdim));
   return FLASHBACK_SUCCESS;
 }
 
@@ -303,7 +336,8 @@ flashback_status flashback_attention_forward(const flashback_fwd_params* p) {
   if (p == nullptr) return fail(FLASHBACK_ERROR_INVALID_VALUE, "params is a null pointer");
   FLASHBACK_TRY(check_shape_and_qkv(*p));
   const Shape s{p->batch, p->seqlen_q, p->seqlen_k, p->nheads, p->nheads_k, p->headdim};
-  FLASHBACK_TRY(check_tensor("out", p->out, p->out_strides, s.batch, s.seqlen_q, s.nheads, s.headdim, true));
+  const Rows rq = rows_q(*p);
+  FLASHBACK_TRY(check_tensor("out", p->out, p->out_strides, rq.batch, rq.seqlen, s.nheads, s.headdim, true));
   FLASHBACK_TRY(check_lse("lse", p->lse));
   FLASHBACK_TRY(check_current_device());
   return launch_direction(*p, sm90::fwd_sm90_can_implement, sm90::run_fwd_sm90, run_reference_fwd,
@@ -321,11 +355,12 @@ flashback_status flashback_attention_backward(const flashback_bwd_params* p) {
   if (p == nullptr) return fail(FLASHBACK_ERROR_INVALID_VALUE, "params is a null pointer");
   FLASHBACK_TRY(check_shape_and_qkv(*p));
   const Shape s{p->batch, p->seqlen_q, p->seqlen_k, p->nheads, p->nheads_k, p->headdim};
-  FLASHBACK_TRY(check_tensor("out", p->out, p->out_strides, s.batch, s.seqlen_q, s.nheads, s.headdim));
-  FLASHBACK_TRY(check_tensor("dout", p->dout, p->dout_strides, s.batch, s.seqlen_q, s.nheads, s.headdim));
-  FLASHBACK_TRY(check_tensor("dq", p->dq, p->dq_strides, s.batch, s.seqlen_q, s.nheads, s.headdim, true));
-  FLASHBACK_TRY(check_tensor("dk", p->dk, p->dk_strides, s.batch, s.seqlen_k, s.nheads_k, s.headdim, true));
-  FLASHBACK_TRY(check_tensor("dv", p->dv, p->dv_strides, s.batch, s.seqlen_k, s.nheads_k, s.headdim, true));
+  const Rows rq = rows_q(*p), rk = rows_k(*p);
+  FLASHBACK_TRY(check_tensor("out", p->out, p->out_strides, rq.batch, rq.seqlen, s.nheads, s.headdim));
+  FLASHBACK_TRY(check_tensor("dout", p->dout, p->dout_strides, rq.batch, rq.seqlen, s.nheads, s.headdim));
+  FLASHBACK_TRY(check_tensor("dq", p->dq, p->dq_strides, rq.batch, rq.seqlen, s.nheads, s.headdim, true));
+  FLASHBACK_TRY(check_tensor("dk", p->dk, p->dk_strides, rk.batch, rk.seqlen, s.nheads_k, s.headdim, true));
+  FLASHBACK_TRY(check_tensor("dv", p->dv, p->dv_strides, rk.batch, rk.seqlen, s.nheads_k, s.headdim, true));
   FLASHBACK_TRY(check_lse("lse", p->lse));
   const size_t need = bwd_workspace_bytes(*p);
   if (need > 0) {

@@ -98,11 +98,21 @@ def _tile_mask(m_block, n_block, seqlen_q, seqlen_k, block_m, block_n, causal):
 # Forward
 # --------------------------------------------------------------------------------------------
 
+def _zero_padded_load(arrays):
+    """The default tile load: rows r0 .. r0 + rows of one (batch, head), zero past the end."""
+    def load(name, b, r0, head, rows):
+        return _pad_rows(arrays[name][b, r0:r0 + rows, head], rows)
+    return load
+
+
 def tiled_forward(q, k, v, causal=False, scale=None, block_m=DEFAULT_BLOCK_M,
-                  block_n=DEFAULT_BLOCK_N, return_visits=False):
+                  block_n=DEFAULT_BLOCK_N, return_visits=False, load=None):
     """Flash forward with online softmax. Returns (out, lse), plus the number of tile pairs
-    visited (summed over batch and heads) when return_visits."""
+    visited (summed over batch and heads) when return_visits. `load(name, b, r0, head, rows)`
+    fetches a tile ("q", "k", "v"); the default zero-pads past the end (varlen_forward passes
+    one that reads on into the next sequence, as a TMA load of a packed tensor does)."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    load = load or _zero_padded_load({"q": q, "k": k, "v": v})
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     group = nheads // nheads_k
@@ -117,7 +127,7 @@ def tiled_forward(q, k, v, causal=False, scale=None, block_m=DEFAULT_BLOCK_M,
             hk = h // group
             for m_block in range(_cdiv(seqlen_q, block_m)):
                 r0 = m_block * block_m
-                q_i = _pad_rows(q[b, r0:r0 + block_m, h], block_m)
+                q_i = load("q", b, r0, h, block_m)
                 row_max = np.full(block_m, -np.inf)   # running max of raw (unscaled) S
                 row_sum = np.zeros(block_m)           # running sum of exp2, relative to row_max
                 acc = np.zeros((block_m, v.shape[-1]))
@@ -127,8 +137,8 @@ def tiled_forward(q, k, v, causal=False, scale=None, block_m=DEFAULT_BLOCK_M,
                 for n_block in reversed(range(lo, hi)):
                     visits += 1
                     c0 = n_block * block_n
-                    k_j = _pad_rows(k[b, c0:c0 + block_n, hk], block_n)
-                    v_j = _pad_rows(v[b, c0:c0 + block_n, hk], block_n)
+                    k_j = load("k", b, c0, hk, block_n)
+                    v_j = load("v", b, c0, hk, block_n)
                     s = q_i @ k_j.T                                         # S = Q K^T
                     keep = _tile_mask(m_block, n_block, seqlen_q, seqlen_k, block_m, block_n,
                                       causal)
@@ -158,10 +168,12 @@ def tiled_forward(q, k, v, causal=False, scale=None, block_m=DEFAULT_BLOCK_M,
 # --------------------------------------------------------------------------------------------
 
 def tiled_backward(dout, q, k, v, out, lse, causal=False, scale=None, block_m=DEFAULT_BLOCK_M,
-                   block_n=DEFAULT_BLOCK_N, return_visits=False):
+                   block_n=DEFAULT_BLOCK_N, return_visits=False, load=None):
     """Flash backward: preprocess, main loop (one CTA per (batch, kv head, K/V block)),
-    postprocess. Returns (dq, dk, dv), plus the tile pairs visited when return_visits."""
+    postprocess. Returns (dq, dk, dv), plus the tile pairs visited when return_visits. `load`
+    as in tiled_forward (names "q", "k", "v", "dout")."""
     dout, q, k, v, out, lse = (np.asarray(x, dtype=np.float64) for x in (dout, q, k, v, out, lse))
+    load = load or _zero_padded_load({"q": q, "k": k, "v": v, "dout": dout})
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     group = nheads // nheads_k
@@ -189,8 +201,8 @@ def tiled_backward(dout, q, k, v, out, lse, causal=False, scale=None, block_m=DE
         for hk in range(nheads_k):
             for n_block in range(_cdiv(seqlen_k, block_n)):
                 c0 = n_block * block_n
-                k_j = _pad_rows(k[b, c0:c0 + block_n, hk], block_n)
-                v_j = _pad_rows(v[b, c0:c0 + block_n, hk], block_n)
+                k_j = load("k", b, c0, hk, block_n)
+                v_j = load("v", b, c0, hk, block_n)
                 dk_j = np.zeros((block_n, d))
                 dv_j = np.zeros((block_n, v.shape[-1]))
                 lo, hi = m_block_range(n_block, seqlen_q, seqlen_k, block_m, block_n, causal)
@@ -198,8 +210,8 @@ def tiled_backward(dout, q, k, v, out, lse, causal=False, scale=None, block_m=DE
                     for m_block in range(lo, hi):
                         visits += 1
                         r0 = m_block * block_m
-                        q_i = _pad_rows(q[b, r0:r0 + block_m, h], block_m)
-                        do_i = _pad_rows(dout[b, r0:r0 + block_m, h], block_m)
+                        q_i = load("q", b, r0, h, block_m)
+                        do_i = load("dout", b, r0, h, block_m)
                         lse2_i = lse2[b, h, r0:r0 + block_m]
                         d_i = dsum[b, h, r0:r0 + block_m]
                         keep = _tile_mask(m_block, n_block, seqlen_q, seqlen_k, block_m, block_n,
@@ -228,3 +240,49 @@ def tiled_backward(dout, q, k, v, out, lse, causal=False, scale=None, block_m=DE
     # Postprocess: dQ = scale * dQaccum (converted to bf16 on the GPU).
     dq = scale * dq_accum[:, :seqlen_q]
     return (dq, dk, dv, visits) if return_visits else (dq, dk, dv)
+
+
+# --------------------------------------------------------------------------------------------
+# Variable-length batches
+# --------------------------------------------------------------------------------------------
+# Packed (total, heads, d) tensors and int offsets cu (batch + 1). Each sequence runs as its own
+# batch element, but its tiles are loaded from the packed tensors at its first row: a tile that
+# runs past the sequence's end holds the next sequence's rows (zeros only past the last row),
+# which the per-sequence masks and bounds must keep out. LSE is (heads, total_q).
+
+def _packed_load(arrays, row0):
+    def load(name, b, r0, head, rows):
+        x = arrays[name]
+        start = row0[name] + r0
+        return _pad_rows(x[start:start + rows, head], rows)
+    return load
+
+
+def varlen_forward(q, k, v, cu_q, cu_k, causal=False, scale=None, block_m=DEFAULT_BLOCK_M,
+                   block_n=DEFAULT_BLOCK_N):
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    out = np.zeros_like(q)
+    lse = np.zeros((q.shape[1], q.shape[0]))
+    for b in range(len(cu_q) - 1):
+        q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
+        load = _packed_load({"q": q, "k": k, "v": v}, {"q": q0, "k": k0, "v": k0})
+        o_b, l_b = tiled_forward(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal, scale,
+                                 block_m, block_n, load=load)
+        out[q0:q1] = o_b[0]
+        lse[:, q0:q1] = l_b[0]
+    return out, lse
+
+
+def varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, causal=False, scale=None,
+                    block_m=DEFAULT_BLOCK_M, block_n=DEFAULT_BLOCK_N):
+    dout, q, k, v, out, lse = (np.asarray(x, dtype=np.float64) for x in (dout, q, k, v, out, lse))
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    for b in range(len(cu_q) - 1):
+        q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
+        load = _packed_load({"q": q, "k": k, "v": v, "dout": dout},
+                            {"q": q0, "k": k0, "v": k0, "dout": q0})
+        g = tiled_backward(dout[None, q0:q1], q[None, q0:q1], k[None, k0:k1], v[None, k0:k1],
+                           out[None, q0:q1], lse[None, :, q0:q1], causal, scale, block_m,
+                           block_n, load=load)
+        dq[q0:q1], dk[k0:k1], dv[k0:k1] = g[0][0], g[1][0], g[2][0]
+    return dq, dk, dv

@@ -17,6 +17,7 @@
 
 #include "bwd/reference_bwd.h"
 #include "common/attention.cuh"
+#include "common/sequence.cuh"
 #include "common/mma.cuh"
 #include "common/tile.cuh"
 
@@ -157,15 +158,17 @@ __global__ void __launch_bounds__(BwdDkDvTraits<kHeadDim>::kThreads, 1)
   const int warp = threadIdx.x / 32;
   const bool is_dk_warp = kSplitRoles && warp >= T::kWarpsPerRole;
   const int warp_row0 = (warp % T::kWarpsPerRole) * 16;  // this warp's K/V rows in the block
-  const Mask mask{p.seqlen_q, p.seqlen_k, p.causal != 0};
+  const SeqRows seq = seq_rows(p, batch);
+  if (n0 >= seq.seqlen_k) return;  // varlen: the grid covers the longest sequence
+  const Mask mask{seq.seqlen_q, seq.seqlen_k, p.causal != 0};
   const float scale_log2 = p.softmax_scale * kLog2e;
 
-  const bf16* k = static_cast<const bf16*>(p.k) + batch * p.k_strides.batch +
+  const bf16* k = static_cast<const bf16*>(p.k) + seq.k_offset(p.k_strides) +
                   head_k * p.k_strides.head + n0 * p.k_strides.row;
-  const bf16* v = static_cast<const bf16*>(p.v) + batch * p.v_strides.batch +
+  const bf16* v = static_cast<const bf16*>(p.v) + seq.k_offset(p.v_strides) +
                   head_k * p.v_strides.head + n0 * p.v_strides.row;
-  load_tile_async<kThreads>(k_s, k, p.k_strides.row, p.seqlen_k - n0);
-  load_tile_async<kThreads>(v_s, v, p.v_strides.row, p.seqlen_k - n0);
+  load_tile_async<kThreads>(k_s, k, p.k_strides.row, seq.seqlen_k - n0);
+  load_tile_async<kThreads>(v_s, v, p.v_strides.row, seq.seqlen_k - n0);
   cp_async_commit();
 
   // acc[0] is dV (or, for a dK-role warp, dK); acc[1] is dK when the warp does both.
@@ -174,25 +177,27 @@ __global__ void __launch_bounds__(BwdDkDvTraits<kHeadDim>::kThreads, 1)
   for (int a = 0; a < (kSplitRoles ? 1 : 2); ++a) zero(acc[a]);
 
   const int m_begin = mask.m_block_begin(n0, kBlockM);
-  const int m_end = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  const int m_end = (seq.seqlen_q + kBlockM - 1) / kBlockM;
   for (int head = head_k * group; head < (head_k + 1) * group; ++head) {
-    const bf16* q = static_cast<const bf16*>(p.q) + batch * p.q_strides.batch +
+    const bf16* q = static_cast<const bf16*>(p.q) + seq.q_offset(p.q_strides) +
                     head * p.q_strides.head;
-    const bf16* dout = static_cast<const bf16*>(p.dout) + batch * p.dout_strides.batch +
+    const bf16* dout = static_cast<const bf16*>(p.dout) + seq.q_offset(p.dout_strides) +
                        head * p.dout_strides.head;
-    const int64_t stats_offset = (static_cast<int64_t>(batch) * p.nheads + head) * p.seqlen_q;
+    // D lives in the workspace as (batch, nheads, seqlen_q) for dense and varlen batches alike.
+    const int64_t dsum_offset = (static_cast<int64_t>(batch) * p.nheads + head) * p.seqlen_q;
+    const int64_t lse_offset = lse_index(p, seq, head, 0);
 
     for (int m_block = m_begin; m_block < m_end; ++m_block) {
       const int m0 = m_block * kBlockM;
       __syncthreads();  // every warp is done with the previous Q block
-      load_tile_async<kThreads>(q_s, q + m0 * p.q_strides.row, p.q_strides.row, p.seqlen_q - m0);
+      load_tile_async<kThreads>(q_s, q + m0 * p.q_strides.row, p.q_strides.row, seq.seqlen_q - m0);
       load_tile_async<kThreads>(do_s, dout + m0 * p.dout_strides.row, p.dout_strides.row,
-                                p.seqlen_q - m0);
+                                seq.seqlen_q - m0);
       cp_async_commit();
       for (int r = threadIdx.x; r < kBlockM; r += kThreads) {
-        const bool valid = m0 + r < p.seqlen_q;
-        sm.lse_log2[r] = valid ? p.lse[stats_offset + m0 + r] * kLog2e : INFINITY;
-        sm.dsum[r] = valid ? dsum[stats_offset + m0 + r] : 0.f;
+        const bool valid = m0 + r < seq.seqlen_q;
+        sm.lse_log2[r] = valid ? p.lse[lse_offset + m0 + r] * kLog2e : INFINITY;
+        sm.dsum[r] = valid ? dsum[dsum_offset + m0 + r] : 0.f;
       }
       cp_async_wait<0>();
       __syncthreads();
@@ -221,12 +226,12 @@ __global__ void __launch_bounds__(BwdDkDvTraits<kHeadDim>::kThreads, 1)
     acc_to_smem(v_s, warp_row0, acc[0], 1.f);
   }
   __syncthreads();
-  bf16* dk = static_cast<bf16*>(p.dk) + batch * p.dk_strides.batch + head_k * p.dk_strides.head +
+  bf16* dk = static_cast<bf16*>(p.dk) + seq.k_offset(p.dk_strides) + head_k * p.dk_strides.head +
              n0 * p.dk_strides.row;
-  bf16* dv = static_cast<bf16*>(p.dv) + batch * p.dv_strides.batch + head_k * p.dv_strides.head +
+  bf16* dv = static_cast<bf16*>(p.dv) + seq.k_offset(p.dv_strides) + head_k * p.dv_strides.head +
              n0 * p.dv_strides.row;
-  store_tile<kThreads>(k_s, dk, p.dk_strides.row, p.seqlen_k - n0);
-  store_tile<kThreads>(v_s, dv, p.dv_strides.row, p.seqlen_k - n0);
+  store_tile<kThreads>(k_s, dk, p.dk_strides.row, seq.seqlen_k - n0);
+  store_tile<kThreads>(v_s, dv, p.dv_strides.row, seq.seqlen_k - n0);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include "bwd/reference_bwd.h"
 #include "common/attention.cuh"
+#include "common/sequence.cuh"
 #include "common/mma.cuh"
 #include "common/tile.cuh"
 
@@ -66,31 +67,35 @@ __global__ void __launch_bounds__(BwdDqTraits<kHeadDim>::kThreads, 1)
   const int head_k = head / (p.nheads / p.nheads_k);
   const int m0 = m_block * kBlockM;
   const int warp_row0 = (threadIdx.x / 32) * 16;  // this warp's Q rows inside the block
-  const Mask mask{p.seqlen_q, p.seqlen_k, p.causal != 0};
+  const SeqRows seq = seq_rows(p, batch);
+  if (m0 >= seq.seqlen_q) return;  // varlen: the grid covers the longest sequence
+  const Mask mask{seq.seqlen_q, seq.seqlen_k, p.causal != 0};
   const float scale_log2 = p.softmax_scale * kLog2e;
 
-  const bf16* q = static_cast<const bf16*>(p.q) + batch * p.q_strides.batch +
+  const bf16* q = static_cast<const bf16*>(p.q) + seq.q_offset(p.q_strides) +
                   head * p.q_strides.head + m0 * p.q_strides.row;
-  const bf16* dout = static_cast<const bf16*>(p.dout) + batch * p.dout_strides.batch +
+  const bf16* dout = static_cast<const bf16*>(p.dout) + seq.q_offset(p.dout_strides) +
                      head * p.dout_strides.head + m0 * p.dout_strides.row;
-  const bf16* k = static_cast<const bf16*>(p.k) + batch * p.k_strides.batch +
+  const bf16* k = static_cast<const bf16*>(p.k) + seq.k_offset(p.k_strides) +
                   head_k * p.k_strides.head;
-  const bf16* v = static_cast<const bf16*>(p.v) + batch * p.v_strides.batch +
+  const bf16* v = static_cast<const bf16*>(p.v) + seq.k_offset(p.v_strides) +
                   head_k * p.v_strides.head;
-  load_tile_async<kThreads>(q_s, q, p.q_strides.row, p.seqlen_q - m0);
-  load_tile_async<kThreads>(do_s, dout, p.dout_strides.row, p.seqlen_q - m0);
+  load_tile_async<kThreads>(q_s, q, p.q_strides.row, seq.seqlen_q - m0);
+  load_tile_async<kThreads>(do_s, dout, p.dout_strides.row, seq.seqlen_q - m0);
   cp_async_commit();
 
   // This thread's two rows (g and g + 8 of the warp's slab): LSE in log2 units and D.
   // Rows past the end get LSE = +inf, hence P = 0, and are never written.
   float lse_log2[2], row_dsum[2];
   {
-    const int64_t stats_offset = (static_cast<int64_t>(batch) * p.nheads + head) * p.seqlen_q;
+    // D lives in the workspace as (batch, nheads, seqlen_q) for dense and varlen batches alike.
+    const int64_t dsum_offset = (static_cast<int64_t>(batch) * p.nheads + head) * p.seqlen_q;
+    const int64_t lse_offset = lse_index(p, seq, head, 0);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int i = m0 + warp_row0 + acc_row(2 * r);
-      lse_log2[r] = i < p.seqlen_q ? p.lse[stats_offset + i] * kLog2e : INFINITY;
-      row_dsum[r] = i < p.seqlen_q ? dsum[stats_offset + i] : 0.f;
+      lse_log2[r] = i < seq.seqlen_q ? p.lse[lse_offset + i] * kLog2e : INFINITY;
+      row_dsum[r] = i < seq.seqlen_q ? dsum[dsum_offset + i] : 0.f;
     }
   }
 
@@ -101,9 +106,9 @@ __global__ void __launch_bounds__(BwdDqTraits<kHeadDim>::kThreads, 1)
   for (int n_block = 0; n_block < n_blocks; ++n_block) {
     const int n0 = n_block * kBlockN;
     __syncthreads();  // every warp is done with the previous K and V
-    load_tile_async<kThreads>(k_s, k + n0 * p.k_strides.row, p.k_strides.row, p.seqlen_k - n0);
+    load_tile_async<kThreads>(k_s, k + n0 * p.k_strides.row, p.k_strides.row, seq.seqlen_k - n0);
     cp_async_commit();
-    load_tile_async<kThreads>(v_s, v + n0 * p.v_strides.row, p.v_strides.row, p.seqlen_k - n0);
+    load_tile_async<kThreads>(v_s, v + n0 * p.v_strides.row, p.v_strides.row, seq.seqlen_k - n0);
     cp_async_commit();
     cp_async_wait<1>();  // Q, dO and K have landed; V may still be in flight during (1)-(2)
     __syncthreads();
@@ -150,9 +155,9 @@ __global__ void __launch_bounds__(BwdDqTraits<kHeadDim>::kThreads, 1)
   __syncthreads();
   acc_to_smem(q_s, warp_row0, dq, p.softmax_scale);
   __syncthreads();
-  bf16* dq_out = static_cast<bf16*>(p.dq) + batch * p.dq_strides.batch +
+  bf16* dq_out = static_cast<bf16*>(p.dq) + seq.q_offset(p.dq_strides) +
                  head * p.dq_strides.head + m0 * p.dq_strides.row;
-  store_tile<kThreads>(q_s, dq_out, p.dq_strides.row, p.seqlen_q - m0);
+  store_tile<kThreads>(q_s, dq_out, p.dq_strides.row, seq.seqlen_q - m0);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include "bwd/reference_bwd.h"
 #include "common/attention.cuh"
+#include "common/sequence.cuh"
 #include "common/tile.cuh"
 
 namespace flashback {
@@ -27,11 +28,12 @@ __global__ void __launch_bounds__(kPreprocessThreads)
   const int row = blockIdx.x * kRowsPerCta + static_cast<int>(threadIdx.x) / kLanesPerRow;
   const int col = (static_cast<int>(threadIdx.x) % kLanesPerRow) * 8;
 
+  const SeqRows seq = seq_rows(p, batch);
   float acc = 0.f;
-  if (row < p.seqlen_q) {
-    const bf16* o = static_cast<const bf16*>(p.out) + batch * p.out_strides.batch +
+  if (row < seq.seqlen_q) {
+    const bf16* o = static_cast<const bf16*>(p.out) + seq.q_offset(p.out_strides) +
                     head * p.out_strides.head + row * p.out_strides.row + col;
-    const bf16* dout = static_cast<const bf16*>(p.dout) + batch * p.dout_strides.batch +
+    const bf16* dout = static_cast<const bf16*>(p.dout) + seq.q_offset(p.dout_strides) +
                        head * p.dout_strides.head + row * p.dout_strides.row + col;
     const uint4 o_raw = *reinterpret_cast<const uint4*>(o);
     const uint4 do_raw = *reinterpret_cast<const uint4*>(dout);
@@ -49,7 +51,7 @@ __global__ void __launch_bounds__(kPreprocessThreads)
   for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) {
     acc += __shfl_xor_sync(0xffffffffu, acc, offset);
   }
-  if (col == 0 && row < p.seqlen_q) {
+  if (col == 0 && row < seq.seqlen_q) {
     dsum[(static_cast<int64_t>(batch) * p.nheads + head) * p.seqlen_q + row] = acc;
   }
 }

@@ -107,6 +107,8 @@ bool bwd_sm90_can_implement(const flashback_bwd_params& p, const char** why) {
     reason = "headdim is not 256";
   } else if (p.dtype != FLASHBACK_DTYPE_BF16) {
     reason = "dtype is not bf16";
+  } else if (p.cu_seqlens_q != nullptr) {
+    reason = "variable-length batch (not on the Hopper path yet)";
   } else {
     // The dK/dV/dQ writes and the preprocess use 4- and 16-byte vectors (the API checks
     // alignment and strides of those already).

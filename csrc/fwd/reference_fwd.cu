@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 
 #include "common/attention.cuh"
+#include "common/sequence.cuh"
 #include "common/mma.cuh"
 #include "common/tile.cuh"
 #include "launch.h"
@@ -66,16 +67,18 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
   const int head_k = head / (p.nheads / p.nheads_k);
   const int m0 = m_block * kBlockM;
   const int warp_row0 = (threadIdx.x / 32) * 16;  // this warp's rows inside the block
-  const Mask mask{p.seqlen_q, p.seqlen_k, p.causal != 0};
+  const SeqRows seq = seq_rows(p, batch);
+  if (m0 >= seq.seqlen_q) return;  // varlen: the grid covers the longest sequence
+  const Mask mask{seq.seqlen_q, seq.seqlen_k, p.causal != 0};
 
-  const bf16* q = static_cast<const bf16*>(p.q) + batch * p.q_strides.batch +
+  const bf16* q = static_cast<const bf16*>(p.q) + seq.q_offset(p.q_strides) +
                   head * p.q_strides.head + m0 * p.q_strides.row;
-  const bf16* k = static_cast<const bf16*>(p.k) + batch * p.k_strides.batch +
+  const bf16* k = static_cast<const bf16*>(p.k) + seq.k_offset(p.k_strides) +
                   head_k * p.k_strides.head;
-  const bf16* v = static_cast<const bf16*>(p.v) + batch * p.v_strides.batch +
+  const bf16* v = static_cast<const bf16*>(p.v) + seq.k_offset(p.v_strides) +
                   head_k * p.v_strides.head;
 
-  load_tile_async<kThreads>(q_s, q, p.q_strides.row, p.seqlen_q - m0);
+  load_tile_async<kThreads>(q_s, q, p.q_strides.row, seq.seqlen_q - m0);
   cp_async_commit();
 
   float o[kHeadDim / 8][4];
@@ -91,9 +94,9 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
   for (int n_block = 0; n_block < n_blocks; ++n_block) {
     const int n0 = n_block * kBlockN;
     __syncthreads();  // every warp is done with the previous K and V
-    load_tile_async<kThreads>(k_s, k + n0 * p.k_strides.row, p.k_strides.row, p.seqlen_k - n0);
+    load_tile_async<kThreads>(k_s, k + n0 * p.k_strides.row, p.k_strides.row, seq.seqlen_k - n0);
     cp_async_commit();
-    load_tile_async<kThreads>(v_s, v + n0 * p.v_strides.row, p.v_strides.row, p.seqlen_k - n0);
+    load_tile_async<kThreads>(v_s, v + n0 * p.v_strides.row, p.v_strides.row, seq.seqlen_k - n0);
     cp_async_commit();
     cp_async_wait<1>();  // Q and K have landed; V may still be in flight during S and softmax
     __syncthreads();
@@ -157,7 +160,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
 
   // Epilogue: O /= rowsum, LSE = ln(rowsum) + max. A row that saw no key gets O = 0 and
   // LSE = +inf, which makes the backward's P = exp(S - LSE) exactly 0 for it.
-  float* lse = p.lse + (static_cast<int64_t>(batch) * p.nheads + head) * p.seqlen_q;
+  float* lse = p.lse + lse_index(p, seq, head, 0);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float sum = row_sum[r];
@@ -170,7 +173,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
       o[nt][2 * r + 1] *= inv_sum;
     }
     const int i = m0 + warp_row0 + acc_row(2 * r);
-    if (threadIdx.x % 4 == 0 && i < p.seqlen_q) {
+    if (threadIdx.x % 4 == 0 && i < seq.seqlen_q) {
       lse[i] = sum > 0.f ? (row_max[r] + log2f(sum)) * kLn2 : INFINITY;
     }
   }
@@ -181,9 +184,9 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 1)
   __syncthreads();
   acc_to_smem(q_s, warp_row0, o, 1.f);
   __syncthreads();
-  bf16* out = static_cast<bf16*>(p.out) + batch * p.out_strides.batch +
+  bf16* out = static_cast<bf16*>(p.out) + seq.q_offset(p.out_strides) +
               head * p.out_strides.head + m0 * p.out_strides.row;
-  store_tile<kThreads>(q_s, out, p.out_strides.row, p.seqlen_q - m0);
+  store_tile<kThreads>(q_s, out, p.out_strides.row, seq.seqlen_q - m0);
 }
 
 template <int kHeadDim>

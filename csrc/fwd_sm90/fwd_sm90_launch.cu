@@ -69,6 +69,8 @@ bool fwd_sm90_can_implement(const flashback_fwd_params& p, const char** why) {
     reason = "headdim is not 256";
   } else if (p.dtype != FLASHBACK_DTYPE_BF16) {
     reason = "dtype is not bf16";
+  } else if (p.cu_seqlens_q != nullptr) {
+    reason = "variable-length batch (not on the Hopper path yet)";
   } else {
     // out and lse are written with 16- and 4-byte stores (the API checks their alignment).
     const void* ptrs[3] = {p.q, p.k, p.v};

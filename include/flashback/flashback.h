@@ -12,6 +12,16 @@
  * Causal masking is aligned bottom-right: query row i sees key column j when
  * j <= i + seqlen_k - seqlen_q.
  *
+ * Variable-length batches (FlashAttention's varlen layout): set cu_seqlens_q and cu_seqlens_k
+ * (int32 device arrays of batch + 1 offsets: first 0, non-decreasing, last = total_q / total_k).
+ * q, out, dout, dq are then (total_q, nheads, headdim) and k, v, dk, dv (total_k, nheads_k,
+ * headdim): sequence b owns rows cu_seqlens[b] .. cu_seqlens[b + 1] - 1 (batch strides are
+ * ignored), may be empty, and never reads or writes another's rows. seqlen_q and seqlen_k are
+ * then the longest sequence lengths, which size the grid: the caller must not pass less than
+ * a sequence's length (the library does not read the offsets on the host, so it cannot check
+ * them; the Python front does). lse is (nheads, total_q). Causal masking is bottom-right per
+ * sequence. NULL offsets: dense batches as above.
+ *
  * Outputs (out, lse, dq, dk, dv) must not share memory with any input, nor with each other;
  * their strides must give every element its own address (checked). Inputs may use any strides
  * that are multiples of 8 elements, including 0 (broadcast).
@@ -65,6 +75,8 @@ typedef struct {
   int causal;          /* nonzero: bottom-right aligned causal mask */
   flashback_dtype dtype;
   void *stream; /* a cudaStream_t; NULL is the legacy default stream */
+  const int *cu_seqlens_q, *cu_seqlens_k; /* varlen offsets (see above); NULL: dense */
+  int total_q, total_k;                   /* varlen: rows of q and of k */
 } flashback_fwd_params;
 
 typedef struct {
@@ -81,6 +93,8 @@ typedef struct {
   void *workspace; /* device memory of flashback_bwd_workspace_size() bytes, 256-byte aligned */
   size_t workspace_bytes;
   void *stream;
+  const int *cu_seqlens_q, *cu_seqlens_k; /* varlen offsets (see above); NULL: dense */
+  int total_q, total_k;                   /* varlen: rows of q and of k */
 } flashback_bwd_params;
 
 /* Bytes of device workspace flashback_attention_backward needs for these shapes (0 if the

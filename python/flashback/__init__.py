@@ -2,10 +2,12 @@
 
     import flashback
     out = flashback.attention(q, k, v, causal=True)   # (batch, seqlen, nheads, headdim), bf16
+    out = flashback.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k)  # packed
 """
 from ._checks import SUPPORTED_HEADDIMS
 from ._lib import FlashbackError, LibraryNotFoundError
 from .interface import attention, attention_backward, attention_forward
+from .varlen import attention_varlen
 from . import sdpa as _sdpa
 
 # Makes "flashback" known to torch.nn.attention.activate_flash_attention_impl; activates nothing.
@@ -14,7 +16,7 @@ _sdpa.register()
 __version__ = "0.1.0"
 
 __all__ = [
-    "attention", "attention_forward", "attention_backward", "is_available", "last_forward_path", "last_backward_path",
+    "attention", "attention_forward", "attention_backward", "attention_varlen", "is_available", "last_forward_path", "last_backward_path",
     "SUPPORTED_HEADDIMS", "FlashbackError", "LibraryNotFoundError", "__version__",
 ]
 

@@ -34,6 +34,11 @@ class Strides(ctypes.Structure):
 _SHAPE_FIELDS = [(n, ctypes.c_int) for n in ("batch", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "headdim")]
 
 
+# Variable-length batches: int32 device offsets (NULL = dense) and the packed row counts.
+_VARLEN_FIELDS = [("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p),
+                  ("total_q", ctypes.c_int), ("total_k", ctypes.c_int)]
+
+
 class FwdParams(ctypes.Structure):
     _fields_ = (
         [(n, ctypes.c_void_p) for n in ("q", "k", "v", "out", "lse")]
@@ -41,6 +46,7 @@ class FwdParams(ctypes.Structure):
         + _SHAPE_FIELDS
         + [("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int), ("dtype", ctypes.c_int),
            ("stream", ctypes.c_void_p)]
+        + _VARLEN_FIELDS
     )
 
 
@@ -53,6 +59,7 @@ class BwdParams(ctypes.Structure):
            ("deterministic", ctypes.c_int), ("dtype", ctypes.c_int),
            ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
            ("stream", ctypes.c_void_p)]
+        + _VARLEN_FIELDS
     )
 
 

@@ -1,0 +1,273 @@
+"""Variable-length batches, in FlashAttention's varlen layout.
+
+    out = flashback.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                     max_seqlen_k, causal=True)
+
+q is (total_q, nheads, headdim) and k, v are (total_k, nheads_k, headdim): the sequences of the
+batch packed one after the other; sequence b owns rows cu_seqlens_q[b] .. cu_seqlens_q[b+1] - 1
+of q (and likewise of k, v). cu_seqlens are int32 tensors of batch + 1 offsets on q's device,
+starting at 0, non-decreasing (empty sequences are allowed), ending at total_q / total_k.
+max_seqlen_q / max_seqlen_k are at least the longest sequence length. The LSE is
+(nheads, total_q), fp32. Causal masking is bottom-right per sequence. No sequence reads or
+writes another's rows.
+
+The offsets' values are checked on the host (one small device-to-host copy per call, which
+synchronises with the current stream) so that bad offsets raise a clear error instead of
+giving wrong answers; the custom ops (flashback::varlen_fwd, varlen_bwd) have fake kernels, so
+torch.compile traces them (the value check then runs when the compiled graph executes).
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import Tensor
+
+from . import _checks, _lib
+
+
+# --- validation ----------------------------------------------------------------------------
+
+def _check_packed(name: str, x) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _checks.SUPPORTED_DTYPES:
+        raise TypeError(f"{name} has dtype {x.dtype}, which is not supported (supported: {_checks._DTYPE_TEXT})")
+    if x.dim() != 3:
+        raise ValueError(f"{name} must have 3 dims (total_tokens, nheads, headdim) in the varlen layout, "
+                         f"got shape {tuple(x.shape)}")
+    if x.stride(-1) != 1 and x.shape[-1] > 1:
+        raise ValueError(f"{name} must be contiguous in its last dim (headdim), got strides {tuple(x.stride())}")
+
+
+def _check_offsets(name: str, cu, ref: Tensor, batch: int | None) -> int:
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of int32 offsets, got {type(cu).__name__}")
+    if cu.dtype != torch.int32:
+        raise TypeError(f"{name} must have dtype torch.int32, got {cu.dtype}")
+    if cu.dim() != 1 or cu.shape[0] < 2:
+        raise ValueError(f"{name} must be 1-D with batch + 1 >= 2 entries, got shape {tuple(cu.shape)}")
+    if cu.device != ref.device:
+        raise ValueError(f"{name} must be on the device of q ({ref.device}), got {cu.device}")
+    if batch is not None and cu.shape[0] - 1 != batch:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), "
+                         f"got {batch + 1} and {cu.shape[0]}")
+    return cu.shape[0] - 1
+
+
+def _check_max(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                      softmax_scale=None, require_cuda=True):
+    """Metadata checks (also on fake tensors); returns (batch, nheads, nheads_k, headdim)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_packed(name, x)
+    _checks._check_same_dtype({"q": q, "k": k, "v": v})
+    _, h, d = q.shape
+    _, hk, dk = k.shape
+    if tuple(k.shape) != tuple(v.shape):
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    if dk != d:
+        raise ValueError(f"q and k must have the same headdim, got {d} and {dk}")
+    if h < 1 or hk < 1 or h % hk != 0:
+        raise ValueError(f"nheads of q ({h}) must be a positive multiple of nheads of k and v ({hk}) (GQA/MQA)")
+    if h > _checks.MAX_HEADS:
+        raise ValueError(f"nheads {h} is larger than the supported maximum {_checks.MAX_HEADS}")
+    if d not in _checks.SUPPORTED_HEADDIMS:
+        raise ValueError(f"headdim {d} is not supported (supported: {', '.join(map(str, _checks.SUPPORTED_HEADDIMS))})")
+    batch = _check_offsets("cu_seqlens_q", cu_seqlens_q, q, None)
+    _check_offsets("cu_seqlens_k", cu_seqlens_k, q, batch)
+    if batch > _checks.MAX_BATCH:
+        raise ValueError(f"batch {batch} is larger than the supported maximum {_checks.MAX_BATCH}")
+    _check_max("max_seqlen_q", max_seqlen_q)
+    _check_max("max_seqlen_k", max_seqlen_k)
+    _checks.check_scale(softmax_scale, d)
+    _checks._check_devices({"q": q, "k": k, "v": v}, require_cuda)
+    return batch, h, hk, d
+
+
+def check_offset_values(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, total_q: int, total_k: int,
+                        max_seqlen_q: int, max_seqlen_k: int) -> None:
+    """The offsets' values: first 0, non-decreasing, last = total, no sequence longer than
+    max_seqlen. Reads them on the host."""
+    for name, cu, total, mx, mx_name in (("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q, "max_seqlen_q"),
+                                         ("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k, "max_seqlen_k")):
+        vals = cu.tolist()
+        if vals[0] != 0:
+            raise ValueError(f"{name} must start at 0, got {vals[0]}")
+        lengths = [b - a for a, b in zip(vals, vals[1:])]
+        bad = next((i for i, n in enumerate(lengths) if n < 0), None)
+        if bad is not None:
+            raise ValueError(f"{name} must be non-decreasing: entry {bad + 1} ({vals[bad + 1]}) is smaller "
+                             f"than entry {bad} ({vals[bad]})")
+        if vals[-1] != total:
+            raise ValueError(f"{name} must end at the number of rows ({total}), got {vals[-1]}")
+        if max(lengths) > mx:
+            raise ValueError(f"{mx_name} ({mx}) is smaller than the longest sequence ({max(lengths)}) "
+                             f"in {name}")
+
+
+# --- launches ------------------------------------------------------------------------------
+
+def _in_place_ok(x: Tensor) -> bool:
+    """The kernels access x directly: 16-byte aligned base, row and head strides in multiples
+    of 8 elements, last dim contiguous."""
+    return x.data_ptr() % 16 == 0 and x.stride(-1) == 1 and all(s % 8 == 0 for s in x.stride()[:2])
+
+
+def _ready(x: Tensor) -> Tensor:
+    return x if _in_place_ok(x) else x.clone(memory_format=torch.contiguous_format)
+
+
+def _strides(x: Tensor) -> _lib.Strides:
+    return _lib.Strides(0, x.stride(0), x.stride(1))  # no batch dim: rows are packed
+
+
+def _common(q, k, cu_q, cu_k, max_q, max_k):
+    return dict(batch=cu_q.shape[0] - 1, seqlen_q=max_q, seqlen_k=max_k, nheads=q.shape[1],
+                nheads_k=k.shape[1], headdim=q.shape[2], cu_seqlens_q=cu_q.data_ptr(),
+                cu_seqlens_k=cu_k.data_ptr(), total_q=q.shape[0], total_k=k.shape[0],
+                dtype=_lib.DTYPE_BF16, stream=torch.cuda.current_stream(q.device).cuda_stream)
+
+
+def _launch_fwd(q, k, v, cu_q, cu_k, max_q, max_k, out, lse, scale, causal) -> None:
+    lib = _lib.load()
+    q, k, v = _ready(q), _ready(k), _ready(v)
+    cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
+    p = _lib.FwdParams(q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), out=out.data_ptr(),
+                       lse=lse.data_ptr(), q_strides=_strides(q), k_strides=_strides(k),
+                       v_strides=_strides(v), out_strides=_strides(out), softmax_scale=scale,
+                       causal=int(causal), **_common(q, k, cu_q, cu_k, max_q, max_k))
+    with torch.cuda.device(q.device):
+        _lib.check(lib, lib.flashback_attention_forward(ctypes.byref(p)), "varlen forward")
+
+
+def _launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dq, dk, dv, scale, causal,
+                deterministic) -> None:
+    lib = _lib.load()
+    dout, q, k, v, out = (_ready(x) for x in (dout, q, k, v, out))
+    cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
+    p = _lib.BwdParams(q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), out=out.data_ptr(),
+                       dout=dout.data_ptr(), lse=lse.data_ptr(), dq=dq.data_ptr(), dk=dk.data_ptr(),
+                       dv=dv.data_ptr(), q_strides=_strides(q), k_strides=_strides(k),
+                       v_strides=_strides(v), out_strides=_strides(out),
+                       dout_strides=_strides(dout), dq_strides=_strides(dq),
+                       dk_strides=_strides(dk), dv_strides=_strides(dv), softmax_scale=scale,
+                       causal=int(causal), deterministic=int(deterministic), workspace=None,
+                       workspace_bytes=0, **_common(q, k, cu_q, cu_k, max_q, max_k))
+    nbytes = lib.flashback_bwd_workspace_size(ctypes.byref(p))
+    workspace = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=q.device)
+    p.workspace, p.workspace_bytes = workspace.data_ptr(), nbytes
+    with torch.cuda.device(q.device):
+        _lib.check(lib, lib.flashback_attention_backward(ctypes.byref(p)), "varlen backward")
+
+
+# --- custom ops ----------------------------------------------------------------------------
+
+def _outputs_fwd(q):
+    total_q, h, _ = q.shape
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            torch.empty((h, total_q), dtype=torch.float32, device=q.device))
+
+
+@torch.library.custom_op("flashback::varlen_fwd", mutates_args=(), device_types="cuda")
+def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+               max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
+               deterministic: bool) -> tuple[Tensor, Tensor]:
+    """(out, lse (nheads, total_q)). `deterministic` is for the autograd formula."""
+    check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale)
+    check_offset_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
+    _checks.check_runtime(q.device, q.shape[-1])
+    out, lse = _outputs_fwd(q)
+    if q.shape[0] == 0:
+        return out, lse
+    if k.shape[0] == 0:  # no keys anywhere: every row sees none
+        out.zero_()
+        lse.fill_(float("inf"))
+        return out, lse
+    _launch_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max(max_seqlen_q, 1), max(max_seqlen_k, 1), out, lse,
+                softmax_scale, causal)
+    return out, lse
+
+
+@varlen_fwd.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic):
+    check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                      require_cuda=False)
+    return _outputs_fwd(q)
+
+
+@torch.library.custom_op("flashback::varlen_bwd", mutates_args=(), device_types="cuda")
+def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+               cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+               softmax_scale: float, causal: bool, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale)
+    _check_bwd_like(dout, out, lse, q)
+    check_offset_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
+    _checks.check_runtime(q.device, q.shape[-1])
+    if q.shape[0] == 0 or k.shape[0] == 0:  # no query sees a key: all gradients are 0
+        return tuple(torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+    dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+    _launch_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max(max_seqlen_q, 1),
+                max(max_seqlen_k, 1), dq, dk, dv, softmax_scale, causal, deterministic)
+    return dq, dk, dv
+
+
+def _check_bwd_like(dout, out, lse, q) -> None:
+    for name, x in (("out", out), ("dout", dout)):
+        if not isinstance(x, torch.Tensor) or tuple(x.shape) != tuple(q.shape) or x.dtype != q.dtype:
+            raise ValueError(f"{name} must be a tensor of q's shape {tuple(q.shape)} and dtype {q.dtype}")
+    if (not isinstance(lse, torch.Tensor) or lse.dtype != torch.float32
+            or tuple(lse.shape) != (q.shape[1], q.shape[0]) or not lse.is_contiguous()):
+        raise ValueError(f"lse must be a contiguous float32 tensor of shape (nheads, total_q) = "
+                         f"{(q.shape[1], q.shape[0])}")
+
+
+@varlen_bwd.register_fake
+def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+      causal, deterministic):
+    check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                      require_cuda=False)
+    _check_bwd_like(dout, out, lse, q)
+    return tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.args = (max_q, max_k, scale, causal, deterministic)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    max_q, max_k, scale, causal, deterministic = ctx.args
+    dq, dk, dv = torch.ops.flashback.varlen_bwd(dout.contiguous(), q, k, v, out, lse, cu_q, cu_k, max_q,
+                                                max_k, scale, causal, deterministic)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("flashback::varlen_fwd", _backward, setup_context=_setup_context)
+
+
+# --- public API ----------------------------------------------------------------------------
+
+def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                     max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                     softmax_scale: float | None = None, deterministic: bool = False,
+                     return_lse: bool = False):
+    """Differentiable attention over a packed variable-length batch (module docstring). Returns
+    out (total_q, nheads, headdim), or (out, lse) with lse (nheads, total_q) when return_lse."""
+    d = check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                          softmax_scale)[-1]
+    scale = _checks.check_scale(softmax_scale, d)
+    out, lse = torch.ops.flashback.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+                                              int(max_seqlen_k), scale, bool(causal), bool(deterministic))
+    return (out, lse) if return_lse else out

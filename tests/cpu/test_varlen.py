@@ -1,0 +1,227 @@
+"""Variable-length batches, without a GPU: the tiled model of the packed layout against
+per-sequence dense references, the argument and offset checks, and the op plumbing (fake
+kernels, autograd, torch.compile) through test-only CPU kernels built from the reference math.
+"""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import flashback
+from flashback import varlen as fv
+from reference import dense_backward_np, dense_forward_np
+from tiled_model import varlen_backward, varlen_forward
+
+BF16 = torch.bfloat16
+
+
+@pytest.fixture
+def rng():
+    seed = int(os.environ.get("FLASHBACK_TEST_SEED", np.random.SeedSequence().entropy))
+    print(f"FLASHBACK_TEST_SEED={seed}")
+    return np.random.default_rng(seed)
+
+
+def _offsets(lengths):
+    return [0] + list(np.cumsum(lengths))
+
+
+# --- the tiled model of packed tiles ----------------------------------------------------------
+
+VARLEN_CASES = [
+    # (lengths_q, lengths_k, nheads, nheads_k, causal)
+    ([17, 0, 100, 1, 64], [17, 0, 100, 1, 64], 2, 1, True),
+    ([17, 0, 100, 1, 64], [17, 0, 100, 1, 64], 2, 2, False),
+    ([5, 130, 81], [90, 7, 200], 4, 2, True),     # seqlen_q != seqlen_k per sequence
+    ([5, 130, 81], [90, 7, 200], 4, 2, False),
+    ([70, 3], [0, 161], 2, 1, True),             # a sequence with no keys
+]
+
+
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=lambda c: f"{c[0]}x{c[1]}-h{c[2]}/{c[3]}-{'causal' if c[4] else 'full'}")
+def test_varlen_model_matches_per_sequence_dense(rng, case):
+    """Tiles loaded from the packed tensors run into the next sequence's rows; masks and bounds
+    must keep them out, so every sequence equals its own dense computation."""
+    lq, lk, h, hk, causal = case
+    d = 32
+    cu_q, cu_k = _offsets(lq), _offsets(lk)
+    q = rng.standard_normal((cu_q[-1], h, d))
+    k, v = (rng.standard_normal((cu_k[-1], hk, d)) for _ in range(2))
+    dout = rng.standard_normal((cu_q[-1], h, d))
+    out, lse = varlen_forward(q, k, v, cu_q, cu_k, causal, block_m=64, block_n=80)
+    dq, dk, dv = varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, causal, block_m=64, block_n=80)
+    for b in range(len(lq)):
+        sq, sk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        if lq[b] == 0:
+            continue
+        if lk[b] == 0:
+            assert np.all(out[sq] == 0) and np.all(np.isinf(lse[:, sq])) and np.all(dq[sq] == 0)
+            continue
+        o_ref, l_ref = dense_forward_np(q[None, sq], k[None, sk], v[None, sk], causal)
+        g_ref = dense_backward_np(dout[None, sq], q[None, sq], k[None, sk], v[None, sk], causal)
+        np.testing.assert_allclose(out[sq], o_ref[0], rtol=0, atol=1e-10)
+        np.testing.assert_allclose(lse[:, sq], l_ref[0], rtol=0, atol=1e-10)
+        for got, want in zip((dq[sq], dk[sk], dv[sk]), g_ref):
+            np.testing.assert_allclose(got, want[0], rtol=0, atol=1e-9)
+    # Keys of a sequence no query sees get zero gradient (sequence 1 of the first cases).
+    for b in range(len(lq)):
+        if lq[b] == 0:
+            assert np.all(dk[cu_k[b]:cu_k[b + 1]] == 0) and np.all(dv[cu_k[b]:cu_k[b + 1]] == 0)
+
+
+# --- argument and offset checks -------------------------------------------------------------
+
+def _packed(total_q=30, total_k=40, h=4, hk=2, d=64, dtype=BF16):
+    return (torch.randn(total_q, h, d).to(dtype), torch.randn(total_k, hk, d).to(dtype),
+            torch.randn(total_k, hk, d).to(dtype))
+
+
+def _cu(*vals):
+    return torch.tensor(vals, dtype=torch.int32)
+
+
+def _check(q, k, v, cu_q, cu_k, mq=20, mk=25):
+    return fv.check_varlen_args(q, k, v, cu_q, cu_k, mq, mk, require_cuda=False)
+
+
+def test_valid_arguments_pass():
+    q, k, v = _packed()
+    assert _check(q, k, v, _cu(0, 10, 30), _cu(0, 15, 40)) == (2, 4, 2, 64)
+    fv.check_offset_values(_cu(0, 10, 30), _cu(0, 15, 40), 30, 40, 20, 25)
+    fv.check_offset_values(_cu(0, 0, 30), _cu(0, 40, 40), 30, 40, 30, 40)  # empty sequences
+
+
+@pytest.mark.parametrize("bad, error, match", [
+    (dict(cu_q=_cu(0, 10, 30).long()), TypeError, "cu_seqlens_q must have dtype torch.int32"),
+    (dict(cu_k=_cu(0, 15, 40).float()), TypeError, "cu_seqlens_k must have dtype torch.int32"),
+    (dict(cu_q=_cu(0)), ValueError, "batch \\+ 1 >= 2"),
+    (dict(cu_q=_cu(0, 10, 30).reshape(1, 3)), ValueError, "must be 1-D"),
+    (dict(cu_k=_cu(0, 40)), ValueError, "same length"),
+    (dict(q=torch.randn(1, 30, 4, 64).to(BF16)), ValueError, "3 dims"),
+    (dict(q=torch.randn(30, 4, 64)), TypeError, "dtype"),
+    (dict(q=torch.randn(30, 3, 64).to(BF16)), ValueError, "multiple of nheads"),
+    (dict(q=torch.randn(30, 4, 32).to(BF16)), ValueError, "same headdim"),
+    (dict(mq=-1), ValueError, "max_seqlen_q must be >= 0"),
+    (dict(mk=2.5), TypeError, "max_seqlen_k must be an int"),
+    (dict(cu_q="0,10,30"), TypeError, "cu_seqlens_q must be a torch.Tensor"),
+], ids=lambda x: x if isinstance(x, str) else None)
+def test_bad_arguments_raise(bad, error, match):
+    q, k, v = _packed()
+    args = dict(q=q, k=k, v=v, cu_q=_cu(0, 10, 30), cu_k=_cu(0, 15, 40), mq=20, mk=25)
+    args.update(bad)
+    with pytest.raises(error, match=match):
+        _check(args["q"], args["k"], args["v"], args["cu_q"], args["cu_k"], args["mq"], args["mk"])
+
+
+@pytest.mark.parametrize("cu_q, cu_k, mq, mk, match", [
+    (_cu(1, 10, 30), _cu(0, 15, 40), 30, 40, "cu_seqlens_q must start at 0"),
+    (_cu(0, 20, 10, 30), _cu(0, 15, 20, 40), 30, 40, "non-decreasing: entry 2 \\(10\\)"),
+    (_cu(0, 10, 29), _cu(0, 15, 40), 30, 40, "must end at the number of rows \\(30\\), got 29"),
+    (_cu(0, 10, 30), _cu(0, 15, 41), 30, 40, "cu_seqlens_k must end at the number of rows \\(40\\)"),
+    (_cu(0, 10, 30), _cu(0, 15, 40), 19, 40, "max_seqlen_q \\(19\\) is smaller than the longest sequence \\(20\\)"),
+    (_cu(0, 10, 30), _cu(0, 15, 40), 20, 24, "max_seqlen_k \\(24\\) is smaller than the longest sequence \\(25\\)"),
+])
+def test_bad_offsets_raise(cu_q, cu_k, mq, mk, match):
+    with pytest.raises(ValueError, match=match):
+        fv.check_offset_values(cu_q, cu_k, 30, 40, mq, mk)
+
+
+def test_cpu_tensors_are_refused_before_any_launch():
+    q, k, v = _packed()
+    with pytest.raises(ValueError, match="CUDA GPUs"):
+        flashback.attention_varlen(q, k, v, _cu(0, 10, 30), _cu(0, 15, 40), 20, 25)
+
+
+def test_offsets_on_another_device_are_refused():
+    q, k, v = _packed()
+    with pytest.raises(ValueError, match="cu_seqlens_q must be on the device of q"):
+        fv.check_varlen_args(q, k, v, _cu(0, 10, 30).to("meta"), _cu(0, 15, 40), 20, 25,
+                             require_cuda=False)
+
+
+# --- op plumbing with test-only CPU kernels --------------------------------------------------
+
+def _dense_one(q, k, v, scale, causal, dout=None):
+    """One sequence (s, h, d) in fp32, written out (a backend kernel runs below autograd):
+    (out, lse (h, s)) or, with dout, (dq, dk, dv)."""
+    sq, h, d = q.shape
+    sk, hk = k.shape[0], k.shape[1]
+    group = h // hk
+    qf = q.float()
+    kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
+    s = torch.einsum("qhd,khd->hqk", qf, kf) * scale
+    visible = torch.ones(sq, sk, dtype=torch.bool)
+    if causal:
+        visible = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + (sk - sq)
+    s = s.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.where(visible, torch.exp(s - torch.nan_to_num(lse, neginf=0.0)[..., None]), 0.0)
+    if dout is None:
+        return torch.einsum("hqk,khd->qhd", p, vf), torch.where(visible.any(-1), lse, float("inf"))
+    dof = dout.float()
+    dp = torch.einsum("qhd,khd->hqk", dof, vf)
+    ds = p * (dp - (p * dp).sum(-1, keepdim=True))
+    dq = torch.einsum("hqk,khd->qhd", ds, kf) * scale
+    dk = torch.einsum("hqk,qhd->khd", ds, qf) * scale
+    dv = torch.einsum("hqk,qhd->khd", p, dof)
+    dk, dv = (t.reshape(sk, hk, group, d).sum(2) for t in (dk, dv))
+    return dq, dk, dv
+
+
+def _per_sequence(q, k, v, cu_q, cu_k, scale, causal, dout=None):
+    """Reference: each sequence on its own, packed again."""
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    parts = []
+    for b in range(len(cq) - 1):
+        a, e, a2, e2 = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        parts.append(_dense_one(q[a:e], k[a2:e2], v[a2:e2], scale, causal,
+                                None if dout is None else dout[a:e]))
+    if dout is None:
+        return (torch.cat([o for o, _ in parts]).to(q.dtype).contiguous(),
+                torch.cat([l for _, l in parts], dim=1).float().contiguous())
+    return [torch.cat([g[i] for g in parts]).to(q.dtype).contiguous() for i in range(3)]
+
+
+@pytest.fixture(scope="module")
+def cpu_varlen_kernels():
+    lib = torch.library.Library("flashback", "IMPL")
+
+    def fwd(q, k, v, cu_q, cu_k, mq, mk, scale, causal, deterministic):
+        return _per_sequence(q, k, v, cu_q, cu_k, scale, causal)
+
+    def bwd(dout, q, k, v, out, lse, cu_q, cu_k, mq, mk, scale, causal, deterministic):
+        return tuple(_per_sequence(q, k, v, cu_q, cu_k, scale, causal, dout))
+
+    lib.impl("varlen_fwd", fwd, "CPU")
+    lib.impl("varlen_bwd", bwd, "CPU")
+    yield
+    lib._destroy()
+
+
+def test_opcheck_varlen(cpu_varlen_kernels):
+    q, k, v = _packed()
+    cu_q, cu_k = _cu(0, 10, 10, 30), _cu(0, 15, 15, 40)
+    torch.library.opcheck(torch.ops.flashback.varlen_fwd.default,
+                          (q, k, v, cu_q, cu_k, 20, 25, 0.125, True, False))
+    out, lse = torch.ops.flashback.varlen_fwd(q, k, v, cu_q, cu_k, 20, 25, 0.125, True, False)
+    assert out.shape == q.shape and lse.shape == (4, 30)
+    dout = torch.randn_like(out)
+    torch.library.opcheck(torch.ops.flashback.varlen_bwd.default,
+                          (dout, q, k, v, out, lse, cu_q, cu_k, 20, 25, 0.125, True, False))
+
+
+def test_varlen_autograd_and_compile(cpu_varlen_kernels):
+    q, k, v = (t.requires_grad_() for t in _packed())
+    cu_q, cu_k = _cu(0, 10, 30), _cu(0, 15, 40)
+
+    def f(q, k, v):
+        out, _ = torch.ops.flashback.varlen_fwd(q, k, v, cu_q, cu_k, 20, 25, 0.125, True, False)
+        return (out.float() * 2).sum()
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    grads = torch.autograd.grad(compiled(q, k, v), (q, k, v))
+    want = _per_sequence(q.detach(), k.detach(), v.detach(), cu_q, cu_k, 0.125, True,
+                         dout=torch.full(q.shape, 2.0))
+    for g, w in zip(grads, want):
+        torch.testing.assert_close(g.float(), w.float(), atol=2e-2, rtol=2e-2)
