@@ -70,6 +70,10 @@ struct BwdSm90Params {
   // every run. Null otherwise.
   int* dq_turn;           // (batch, nheads, m_blocks, 2)
   int det_chunk;          // deterministic, non-causal: CTAs per chunk of the grid (the SM count)
+  // Varlen (flashback.h): per-sequence offsets, null for dense batches; seqlen_q / seqlen_k
+  // (and m_blocks / n_blocks) are then the longest sequence's, and the maps address packed rows.
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
   void* dk;
   void* dv;
   flashback_strides dk_strides, dv_strides;

@@ -104,9 +104,10 @@ __device__ __forceinline__ void stage_dkv_t(uint8_t* stage, uint32_t row_bytes,
 // 512 bytes per instruction; rows past seqlen_k are not written. `tid` counts 256 threads.
 template <int kBlockN>
 __device__ __forceinline__ void copy_dkv_out(void* out, const flashback_strides& st,
-                                             const uint8_t* stage, uint32_t row_bytes, int batch,
-                                             int kv_head, int n0, int seqlen_k, int tid) {
-  __nv_bfloat16* base = static_cast<__nv_bfloat16*>(out) + batch * st.batch + kv_head * st.head;
+                                             const uint8_t* stage, uint32_t row_bytes,
+                                             int64_t seq_offset, int kv_head, int n0,
+                                             int seqlen_k, int tid) {
+  __nv_bfloat16* base = static_cast<__nv_bfloat16*>(out) + seq_offset + kv_head * st.head;
   constexpr int kChunks = 256 * 2 / 16;  // 16-byte chunks per row
   for (int idx = tid; idx < kBlockN * kChunks; idx += 256) {
     const int row = idx / kChunks;

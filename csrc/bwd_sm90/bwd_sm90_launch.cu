@@ -62,6 +62,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   __syncthreads();
 
   const BwdSm90Work w = bwd_sm90_work<Traits::kBlockM, Traits::kBlockN, kDet>(p);
+  if (!w.active) return;  // varlen: past the end of a shorter sequence's keys (the whole CTA)
   if (wg == 0) {
     fh::setmaxnreg_dec<kBwdSm90Hdim256.producer_regs>();
     if (threadIdx.x == 0) {
@@ -107,13 +108,12 @@ bool bwd_sm90_can_implement(const flashback_bwd_params& p, const char** why) {
     reason = "headdim is not 256";
   } else if (p.dtype != FLASHBACK_DTYPE_BF16) {
     reason = "dtype is not bf16";
-  } else if (p.cu_seqlens_q != nullptr) {
-    reason = "variable-length batch (not on the Hopper path yet)";
   } else {
     // The dK/dV/dQ writes and the preprocess use 4- and 16-byte vectors (the API checks
     // alignment and strides of those already).
     const void* ptrs[4] = {p.q, p.k, p.v, p.dout};
-    const flashback_strides sts[4] = {p.q_strides, p.k_strides, p.v_strides, p.dout_strides};
+    const flashback_strides sts[4] = {map_strides(p.q_strides, p, true), map_strides(p.k_strides, p, false),
+                                      map_strides(p.v_strides, p, false), map_strides(p.dout_strides, p, true)};
     tma_layout_ok(ptrs, sts, 4, &reason);
   }
   if (why) *why = reason;
@@ -126,14 +126,15 @@ cudaError_t run_bwd_sm90(const flashback_bwd_params& p, cudaStream_t stream) {
   CUtensorMap map_q, map_k, map_v, map_do;
   bool hi[4];
   constexpr uint32_t kRowsQ = Traits::kBlockM, kRowsKv = Traits::kBlockN;
-  if (make_rows_map(&map_q, &hi[0], p.q, p.q_strides, p.batch, p.seqlen_q, p.nheads, kRowsQ) !=
-          cudaSuccess ||
-      make_rows_map(&map_k, &hi[1], p.k, p.k_strides, p.batch, p.seqlen_k, p.nheads_k, kRowsKv) !=
-          cudaSuccess ||
-      make_rows_map(&map_v, &hi[2], p.v, p.v_strides, p.batch, p.seqlen_k, p.nheads_k, kRowsKv) !=
-          cudaSuccess ||
-      make_rows_map(&map_do, &hi[3], p.dout, p.dout_strides, p.batch, p.seqlen_q, p.nheads, kRowsQ) !=
-          cudaSuccess) {
+  const MapRows rq = map_rows(p, true), rk = map_rows(p, false);
+  if (make_rows_map(&map_q, &hi[0], p.q, map_strides(p.q_strides, p, true), rq.batch, rq.rows,
+                    p.nheads, kRowsQ) != cudaSuccess ||
+      make_rows_map(&map_k, &hi[1], p.k, map_strides(p.k_strides, p, false), rk.batch, rk.rows,
+                    p.nheads_k, kRowsKv) != cudaSuccess ||
+      make_rows_map(&map_v, &hi[2], p.v, map_strides(p.v_strides, p, false), rk.batch, rk.rows,
+                    p.nheads_k, kRowsKv) != cudaSuccess ||
+      make_rows_map(&map_do, &hi[3], p.dout, map_strides(p.dout_strides, p, true), rq.batch,
+                    rq.rows, p.nheads, kRowsQ) != cudaSuccess) {
     return cudaErrorNotSupported;  // nothing launched: the caller takes the reference path
   }
   const WorkspaceParts parts = workspace_parts(p);
@@ -171,6 +172,8 @@ cudaError_t run_bwd_sm90(const flashback_bwd_params& p, cudaStream_t stream) {
   kp.dsum = dsum;
   kp.dq_accum = dq_accum;
   kp.dq_turn = p.deterministic ? reinterpret_cast<int*>(ws + parts.dq_turn) : nullptr;
+  kp.cu_seqlens_q = p.cu_seqlens_q;
+  kp.cu_seqlens_k = p.cu_seqlens_k;
   kp.dk = p.dk;
   kp.dv = p.dv;
   kp.dk_strides = p.dk_strides;

@@ -112,7 +112,8 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
   // K on its own barrier, first: the first S needs K and Q_0 only; V (for dP) follows Q_0.
   auto load_kv = [&](uint32_t off, const CUtensorMap* map, uint64_t* bar, bool head_inner) {
     fh::mbar_arrive_expect_tx(bar, T::kKvTileBytes);
-    tma_tile(smem + off, T::kKvAtomBytes, map, bar, head_inner, n0, w.kv_head, w.batch);
+    tma_tile(smem + off, T::kKvAtomBytes, map, bar, head_inner, static_cast<int>(w.seq.row_k) + n0,
+             w.kv_head, w.map_batch);
   };
   load_kv(T::kOffK, m.k, kv_bar, p.head_inner & 2);
   fh::PipelineState<T::kQStages> sq;
@@ -126,13 +127,15 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     pipe_q->producer_acquire(sq);
     pipe_q->producer_expect(sq, T::kQTileBytes);
     tma_tile(smem + T::kOffQ + sq.stage * T::kQTileBytes, T::kQAtomBytes, m.q,
-             pipe_q->full_barrier(sq), p.head_inner & 1, m0, head, w.batch);
+             pipe_q->full_barrier(sq), p.head_inner & 1, static_cast<int>(w.seq.row_q) + m0, head,
+             w.map_batch);
     sq.advance();
     if (it == 0) load_kv(T::kOffV, m.v, kv_bar + 1, p.head_inner & 4);
     pipe_do->producer_acquire(sd);
     pipe_do->producer_expect(sd, T::kQTileBytes);
     tma_tile(smem + T::kOffDo + sd.stage * T::kQTileBytes, T::kQAtomBytes, m.dout,
-             pipe_do->full_barrier(sd), p.head_inner & 8, m0, head, w.batch);
+             pipe_do->full_barrier(sd), p.head_inner & 8, static_cast<int>(w.seq.row_q) + m0, head,
+             w.map_batch);
     sd.advance();
   }
 }
@@ -253,7 +256,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   const bool warp_leader = (threadIdx.x % 32) == 0;
   const int n0 = w.n_block * T::kBlockN;
   const int rows_padded = p.m_blocks * T::kBlockM;
-  const int diag = p.seqlen_k - p.seqlen_q;  // causal: query i sees keys <= i + diag
+  const int seqlen_k = w.seq.seqlen_k;
+  const int diag = seqlen_k - w.seq.seqlen_q;  // causal: query i sees keys <= i + diag
   // This thread's two query rows in S / dP (accumulator rows) and first key column.
   const int q_row = fh::acc_row(0, t);
   const int key0 = n0 + T::kHalfN * wg + fh::acc_col(0, t);
@@ -311,14 +315,14 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     fh::wgmma_wait<1>();
     fh::wgmma_fence_operand(s);
     const bool need_mask =
-        n0 + T::kBlockN > p.seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag);
+        n0 + T::kBlockN > seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag);
     if (need_mask) {
 #pragma unroll
       for (int r = 0; r < T::kHalfN / 2; ++r) {
         const int key = key0 + 8 * (r >> 2) + (r & 1);
         const int query = m0 + q_row + 8 * ((r >> 1) & 1);
         const float l = (r & 2) ? lse1 : lse0;
-        const bool masked = key >= p.seqlen_k || (p.causal && key > query + diag);
+        const bool masked = key >= seqlen_k || (p.causal && key > query + diag);
         s[r] = masked ? 0.f : exp2f(s[r] * p.scale_log2 - l);
       }
     } else {
@@ -392,10 +396,10 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   stage_dkv_t<T::kBlockN>(stage_dk, T::kStageRowBytes, acc_dk, p.softmax_scale, wg, t);
   fh::named_bar_sync(T::kBarEpilogue, 256);
   const int tid = threadIdx.x - 128;  // 0..255 over both consumer warpgroups
-  copy_dkv_out<T::kBlockN>(p.dv, p.dv_strides, stage_dv, T::kStageRowBytes, w.batch, w.kv_head,
-                           n0, p.seqlen_k, tid);
-  copy_dkv_out<T::kBlockN>(p.dk, p.dk_strides, stage_dk, T::kStageRowBytes, w.batch, w.kv_head,
-                           n0, p.seqlen_k, tid);
+  copy_dkv_out<T::kBlockN>(p.dv, p.dv_strides, stage_dv, T::kStageRowBytes,
+                           w.seq.k_offset(p.dv_strides), w.kv_head, n0, seqlen_k, tid);
+  copy_dkv_out<T::kBlockN>(p.dk, p.dk_strides, stage_dk, T::kStageRowBytes,
+                           w.seq.k_offset(p.dk_strides), w.kv_head, n0, seqlen_k, tid);
 }
 
 }  // namespace sm90

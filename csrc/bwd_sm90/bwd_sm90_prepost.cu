@@ -13,6 +13,7 @@
 
 #include "bwd_sm90/bwd_sm90.h"
 #include "bwd_sm90/bwd_sm90_prepost.h"
+#include "common/sequence.cuh"
 
 namespace flashback {
 namespace sm90 {
@@ -33,11 +34,12 @@ __global__ void __launch_bounds__(kPreThreads)
   const int row = blockIdx.x * kRowsPerCta + static_cast<int>(threadIdx.x) / kLanesPerRow;
   const int col = (static_cast<int>(threadIdx.x) % kLanesPerRow) * 8;
   if (row >= rows_padded) return;  // whole rows leave together: a row is one warp
+  const SeqRows seq = seq_rows(p, batch);
   float acc = 0.f;
-  if (row < p.seqlen_q) {
-    const bf16* o = static_cast<const bf16*>(p.out) + batch * p.out_strides.batch +
+  if (row < seq.seqlen_q) {
+    const bf16* o = static_cast<const bf16*>(p.out) + seq.q_offset(p.out_strides) +
                     head * p.out_strides.head + row * p.out_strides.row + col;
-    const bf16* dout = static_cast<const bf16*>(p.dout) + batch * p.dout_strides.batch +
+    const bf16* dout = static_cast<const bf16*>(p.dout) + seq.q_offset(p.dout_strides) +
                        head * p.dout_strides.head + row * p.dout_strides.row + col;
     const uint4 o_raw = *reinterpret_cast<const uint4*>(o);
     const uint4 do_raw = *reinterpret_cast<const uint4*>(dout);
@@ -58,7 +60,7 @@ __global__ void __launch_bounds__(kPreThreads)
     const int64_t bh = static_cast<int64_t>(batch) * p.nheads + head;
     const int64_t idx = bh * rows_padded + row;
     dsum[idx] = acc;
-    lse_log2[idx] = row < p.seqlen_q ? p.lse[bh * p.seqlen_q + row] * kLog2e : INFINITY;
+    lse_log2[idx] = row < seq.seqlen_q ? p.lse[lse_index(p, seq, head, row)] * kLog2e : INFINITY;
   }
 }
 
@@ -96,13 +98,15 @@ __global__ void __launch_bounds__(kPostThreads)
     tile_s[(q0 + 1) * kPostRowElems + d0 + 8] = __float2bfloat16_rn(v.w * s);
   }
   __syncthreads();
-  bf16* dq = static_cast<bf16*>(p.dq) + batch * p.dq_strides.batch + head * p.dq_strides.head;
+  const SeqRows seq = seq_rows(p, batch);
+  if (m_block * kDqTileRows >= seq.seqlen_q) return;  // varlen: past a shorter sequence's end
+  bf16* dq = static_cast<bf16*>(p.dq) + seq.q_offset(p.dq_strides) + head * p.dq_strides.head;
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   for (int i = threadIdx.x; i < kDqTileRows * kChunks; i += kPostThreads) {
     const int row = i / kChunks;
     const int chunk = i % kChunks;
     const int q = m_block * kDqTileRows + row;
-    if (q < p.seqlen_q) {
+    if (q < seq.seqlen_q) {
       *reinterpret_cast<uint4*>(dq + static_cast<int64_t>(q) * p.dq_strides.row + chunk * 8) =
           *reinterpret_cast<const uint4*>(tile_s + row * kPostRowElems + chunk * 8);
     }

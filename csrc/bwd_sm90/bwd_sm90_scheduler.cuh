@@ -4,6 +4,7 @@
 #pragma once
 
 #include "bwd_sm90/bwd_sm90.h"
+#include "common/sequence.cuh"
 #include "sm90/sm90_common.h"
 
 namespace flashback {
@@ -17,6 +18,11 @@ struct BwdSm90Work {
                  // dK / dV of the kv head sum in registers with no atomics
   int shift;     // deterministic, non-causal: the walk starts at Q block m_begin + shift
   int det_lo, det_size;  // deterministic, non-causal: this pair's K/V blocks in this CTA's chunk
+  // This sequence (dense: the params'; varlen: its own, flashback.h):
+  SeqRows seq;
+  int m_blocks, n_blocks;  // its Q and K/V blocks (p.m_blocks / p.n_blocks are the longest's)
+  int map_batch;           // the maps' batch coordinate: the batch, or 0 for packed rows
+  bool active;             // the K/V block holds keys of its sequence
 };
 
 // One-dimensional grid. The (batch, kv head) pairs are cut into groups of p.l2_group pairs;
@@ -50,20 +56,28 @@ __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
   w.n_block = (kDet && p.causal) ? p.n_blocks - 1 - tile.block : tile.block;
   w.kv_head = tile.pair % p.nheads_k;
   w.batch = tile.pair / p.nheads_k;
+  w.seq = seq_rows(p, w.batch);
+  w.m_blocks = (w.seq.seqlen_q + kBlockM - 1) / kBlockM;
+  w.n_blocks = (w.seq.seqlen_k + kBlockN - 1) / kBlockN;
+  w.map_batch = w.seq.varlen ? 0 : w.batch;
+  w.active = w.n_block < w.n_blocks;
   const int n0 = w.n_block * kBlockN;
-  w.m_begin =
-      p.causal ? max(0, causal_first_query(n0, p.seqlen_q, p.seqlen_k)) / kBlockM : 0;
-  w.m_count = max(0, p.m_blocks - w.m_begin);
+  w.m_begin = p.causal
+                  ? max(0, causal_first_query(n0, w.seq.seqlen_q, w.seq.seqlen_k)) / kBlockM
+                  : 0;
+  w.m_count = w.active ? max(0, w.m_blocks - w.m_begin) : 0;
   w.n_iters = p.group * w.m_count;
   w.shift = 0;
   w.det_lo = 0;
   w.det_size = 0;
-  if (kDet && !p.causal) {  // l2_group is 1: blockIdx = pair * n_blocks + n_block
+  if (kDet && !p.causal && w.m_count > 0) {  // l2_group is 1: blockIdx = pair * n_blocks + n_block
+    // Chunks are slices of the grid; the blocks of this sequence in it are those below its
+    // own n_blocks (varlen: the grid's other ones exit at once).
     const int pair_base = tile.pair * p.n_blocks;
     const int chunk = static_cast<int>(blockIdx.x) / p.det_chunk;
     w.det_lo = max(0, chunk * p.det_chunk - pair_base);
-    w.det_size = min(p.n_blocks, (chunk + 1) * p.det_chunk - pair_base) - w.det_lo;
-    w.shift = (w.n_block - w.det_lo) % p.m_blocks;
+    w.det_size = min(w.n_blocks, (chunk + 1) * p.det_chunk - pair_base) - w.det_lo;
+    w.shift = (w.n_block - w.det_lo) % w.m_blocks;
   }
   return w;
 }
@@ -99,14 +113,14 @@ __device__ __forceinline__ int bwd_sm90_dq_rank(const BwdSm90Params& p, const Bw
   if (p.causal) {
     // Blocks 0 .. n_max see the tile (block n does iff its m_begin <= m_block); the adds run
     // from n_max down.
-    const int rows_end = kBlockM * (m_block + 1) + (p.seqlen_k - p.seqlen_q);  // > 0 here
-    const int n_max = min(p.n_blocks - 1, (rows_end - 1) / kBlockN);
+    const int rows_end = kBlockM * (m_block + 1) + (w.seq.seqlen_k - w.seq.seqlen_q);  // > 0 here
+    const int n_max = min(w.n_blocks - 1, (rows_end - 1) / kBlockN);
     return n_max - w.n_block;
   }
   // Non-causal: the pair's blocks in earlier chunks, then the blocks i' of this chunk that
   // reach the tile at an earlier position (position of i' = (m - i') mod M, M = m_blocks),
   // ties by index.
-  const int M = p.m_blocks;
+  const int M = w.m_blocks;
   const int i = w.n_block - w.det_lo;
   const int size = w.det_size;
   // Blocks i' in [0, size) whose start residue i' mod M lies in the cyclic range

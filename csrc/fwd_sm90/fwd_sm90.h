@@ -44,11 +44,16 @@ struct FwdSm90Params {
   float softmax_scale;
   void* out;
   flashback_strides out_strides;
-  float* lse;  // (batch, nheads, seqlen_q), natural log
+  float* lse;  // (batch, nheads, seqlen_q), natural log; varlen: (nheads, total_q)
+  // Varlen (flashback.h): per-sequence offsets, null for dense batches. seqlen_q / seqlen_k
+  // are then the longest lengths (they size the grid); the maps address the packed rows.
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
+  int total_q;
 };
 
 // Does the fast path take these params? Head dim 256, bf16, q/k/v TMA-addressable
-// (sm90_common.h). `why` (may be null) gets the first reason not.
+// (sm90_common.h), dense or varlen. `why` (may be null) gets the first reason not.
 bool fwd_sm90_can_implement(const flashback_fwd_params& p, const char** why);
 
 // Runs the forward on `stream`. Returns cudaErrorNotSupported without launching anything when

@@ -24,10 +24,10 @@ __device__ __forceinline__ void store_out_and_lse(const FwdSm90Params& p, const 
                                                   const float (&inv)[2], const float (&lse)[2]) {
   const int row0 = hopper::acc_row(0, t);
   if (t % 4 == 0) {
-    float* lse_bh = p.lse + (static_cast<int64_t>(w.batch) * p.nheads + w.head) * p.seqlen_q;
+    float* lse_bh = p.lse + w.lse_offset;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      if (m0 + row0 + 8 * h < p.seqlen_q) lse_bh[m0 + row0 + 8 * h] = lse[h];
+      if (m0 + row0 + 8 * h < w.seqlen_q) lse_bh[m0 + row0 + 8 * h] = lse[h];
     }
   }
 #pragma unroll
@@ -41,13 +41,13 @@ __device__ __forceinline__ void store_out_and_lse(const FwdSm90Params& p, const 
     }
   }
   hopper::named_bar_sync(1 + wg, 128);  // this warpgroup's staged rows are complete
-  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + w.batch * p.out_strides.batch +
+  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + w.out_offset +
                        w.head * p.out_strides.head;
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   for (int idx = t; idx < 64 * kChunks; idx += 128) {
     const int row = idx / kChunks;
     const int c = idx % kChunks;
-    if (m0 + row < p.seqlen_q) {
+    if (m0 + row < w.seqlen_q) {
       const uint4 v = *reinterpret_cast<const uint4*>(stage + (c / 8) * atom_bytes + row * 128 +
                                                       (((c % 8) ^ (row & 7)) << 4));
       *reinterpret_cast<uint4*>(out + static_cast<int64_t>(m0 + row) * p.out_strides.row + c * 8) = v;

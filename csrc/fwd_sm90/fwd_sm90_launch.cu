@@ -49,6 +49,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   __syncthreads();
 
   const FwdSm90Work w = fwd_sm90_work<Traits::kBlockM, Traits::kBlockN>(p);
+  if (!w.active) return;  // varlen: past the end of a shorter sequence (the whole CTA)
   if (wg == 0) {
     fh::setmaxnreg_dec<kFwdSm90Hdim256.producer_regs>();
     if (threadIdx.x == 0) {
@@ -69,12 +70,11 @@ bool fwd_sm90_can_implement(const flashback_fwd_params& p, const char** why) {
     reason = "headdim is not 256";
   } else if (p.dtype != FLASHBACK_DTYPE_BF16) {
     reason = "dtype is not bf16";
-  } else if (p.cu_seqlens_q != nullptr) {
-    reason = "variable-length batch (not on the Hopper path yet)";
   } else {
     // out and lse are written with 16- and 4-byte stores (the API checks their alignment).
     const void* ptrs[3] = {p.q, p.k, p.v};
-    const flashback_strides sts[3] = {p.q_strides, p.k_strides, p.v_strides};
+    const flashback_strides sts[3] = {map_strides(p.q_strides, p, true), map_strides(p.k_strides, p, false),
+                                      map_strides(p.v_strides, p, false)};
     tma_layout_ok(ptrs, sts, 3, &reason);
   }
   if (why) *why = reason;
@@ -85,12 +85,13 @@ cudaError_t run_fwd_sm90(const flashback_fwd_params& p, cudaStream_t stream) {
   CUtensorMap map_q, map_k, map_v;
   bool hi[3];
   constexpr uint32_t kRowsQ = Traits::kBlockM, kRowsKv = Traits::kBlockN;
-  if (make_rows_map(&map_q, &hi[0], p.q, p.q_strides, p.batch, p.seqlen_q, p.nheads, kRowsQ) !=
-          cudaSuccess ||
-      make_rows_map(&map_k, &hi[1], p.k, p.k_strides, p.batch, p.seqlen_k, p.nheads_k,
-                    kRowsKv) != cudaSuccess ||
-      make_rows_map(&map_v, &hi[2], p.v, p.v_strides, p.batch, p.seqlen_k, p.nheads_k,
-                    kRowsKv) != cudaSuccess) {
+  const MapRows rq = map_rows(p, true), rk = map_rows(p, false);
+  if (make_rows_map(&map_q, &hi[0], p.q, map_strides(p.q_strides, p, true), rq.batch, rq.rows,
+                    p.nheads, kRowsQ) != cudaSuccess ||
+      make_rows_map(&map_k, &hi[1], p.k, map_strides(p.k_strides, p, false), rk.batch, rk.rows,
+                    p.nheads_k, kRowsKv) != cudaSuccess ||
+      make_rows_map(&map_v, &hi[2], p.v, map_strides(p.v_strides, p, false), rk.batch, rk.rows,
+                    p.nheads_k, kRowsKv) != cudaSuccess) {
     return cudaErrorNotSupported;  // nothing launched: the caller takes the reference path
   }
   FwdSm90Params kp;
@@ -112,6 +113,9 @@ cudaError_t run_fwd_sm90(const flashback_fwd_params& p, cudaStream_t stream) {
   kp.out = p.out;
   kp.out_strides = p.out_strides;
   kp.lse = static_cast<float*>(p.lse);
+  kp.cu_seqlens_q = p.cu_seqlens_q;
+  kp.cu_seqlens_k = p.cu_seqlens_k;
+  kp.total_q = p.total_q;
 
   cudaError_t err = cudaFuncSetAttribute(fwd_sm90_kernel,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -74,19 +74,19 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
   if (w.n_count == 0) return;  // nobody would wait for the copies
   const int kv_head = w.head / p.group;
   fh::mbar_arrive_expect_tx(q_bar, T::kQBytes);
-  tma_tile(smem + T::kOffQ, T::kQAtomBytes, m.q, q_bar, p.head_inner & 1, w.m_block * T::kBlockM,
-           w.head, w.batch);
+  tma_tile(smem + T::kOffQ, T::kQAtomBytes, m.q, q_bar, p.head_inner & 1,
+           w.row_q + w.m_block * T::kBlockM, w.head, w.map_batch);
   fh::PipelineState<T::kStages> st;
   for (int j = 0; j < w.n_count; ++j) {
     const int n0 = j * T::kBlockN;
     pipe_k->producer_acquire(st);
     pipe_k->producer_expect(st, T::kKvTileBytes);
     tma_tile(smem + T::kOffK + st.stage * T::kKvTileBytes, T::kKvAtomBytes, m.k,
-             pipe_k->full_barrier(st), p.head_inner & 2, n0, kv_head, w.batch);
+             pipe_k->full_barrier(st), p.head_inner & 2, w.row_k + n0, kv_head, w.map_batch);
     pipe_v->producer_acquire(st);
     pipe_v->producer_expect(st, T::kKvTileBytes);
     tma_tile(smem + T::kOffV + st.stage * T::kKvTileBytes, T::kKvAtomBytes, m.v,
-             pipe_v->full_barrier(st), p.head_inner & 4, n0, kv_head, w.batch);
+             pipe_v->full_barrier(st), p.head_inner & 4, w.row_k + n0, kv_head, w.map_batch);
     st.advance();
   }
 }
@@ -111,7 +111,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   const int t = threadIdx.x % 128;
   const bool warp_leader = (threadIdx.x % 32) == 0;
   const int m0 = w.m_block * T::kBlockM + 64 * wg;  // this warpgroup's first query row
-  const int diag = p.seqlen_k - p.seqlen_q;         // causal: query i sees keys <= i + diag
+  const int diag = w.seqlen_k - w.seqlen_q;         // causal: query i sees keys <= i + diag
   const int row0 = fh::acc_row(0, t);               // this thread's rows: row0, row0 + 8
   const uint8_t* q_w = smem + T::kOffQ + 64 * wg * 128;
 
@@ -158,12 +158,12 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     const int n0 = j * T::kBlockN;
     // Keys past seqlen_k and (causal) after a row's diagonal get -inf; only blocks that reach
     // past seqlen_k or cross the diagonal test each element.
-    if (n0 + T::kBlockN > p.seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag)) {
+    if (n0 + T::kBlockN > w.seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag)) {
 #pragma unroll
       for (int r = 0; r < kS; ++r) {
         const int key = n0 + fh::acc_col(r, t);
         const int query = m0 + fh::acc_row(r, t);
-        if (key >= p.seqlen_k || (p.causal && key > query + diag)) acc[r] = -INFINITY;
+        if (key >= w.seqlen_k || (p.causal && key > query + diag)) acc[r] = -INFINITY;
       }
     }
     // Base 2: p = exp2(S * scale_log2 - m * scale_log2). A row that has seen only masked keys

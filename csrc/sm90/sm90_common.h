@@ -42,6 +42,28 @@ inline cudaError_t make_rows_map(CUtensorMap* map, bool* head_inner, const void*
                                                box_rows_first, hopper::TmaSwizzle::k128B);
 }
 
+// Varlen batches (cu_seqlens set) are mapped as one batch element of total packed rows; a
+// sequence then loads from its first row, and a tile that runs past its end reads the next
+// sequence's rows, which the kernels mask (keys) or drop (queries). map_rows gives the map's
+// (batch, rows), map_strides the strides with a positive batch stride the map can take (the
+// batch dim has size 1 then, so its value is never used).
+struct MapRows {
+  int batch, rows;
+};
+template <class Params>
+inline MapRows map_rows(const Params& p, bool query_side) {
+  if (p.cu_seqlens_q == nullptr) return {p.batch, query_side ? p.seqlen_q : p.seqlen_k};
+  return {1, query_side ? p.total_q : p.total_k};
+}
+template <class Params>
+inline flashback_strides map_strides(const flashback_strides& st, const Params& p, bool query_side) {
+  if (p.cu_seqlens_q == nullptr) return st;
+  const int64_t rows = query_side ? p.total_q : p.total_k;
+  const int64_t heads = query_side ? p.nheads : p.nheads_k;
+  const int64_t span = st.row * rows > st.head * heads ? st.row * rows : st.head * heads;
+  return {span, st.row, st.head};
+}
+
 // One box (64 d x the map's rows) at (d0, row) of (head, batch) into `dst`, completing on `bar`.
 // Rows past seqlen arrive as zeros and still count in the transaction bytes (FACTS section 4.2).
 __device__ __forceinline__ void tma_rows(void* dst, const CUtensorMap* map, uint64_t* bar,
