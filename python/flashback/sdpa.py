@@ -11,8 +11,10 @@ nothing changes until the user activates it. Activation overrides the CUDA kerne
 its Hopper kernels serve it (bf16, head dim 256, no dropout, no debug mask, an sm_90 GPU,
 TMA-addressable layouts, what flashback's argument checks accept); every other call falls through
 to the kernel PyTorch had before, unchanged, so activating the provider never makes attention
-slower. Variable-length calls (`aten::_flash_attention_forward` with offsets, `varlen_attn`) are
-not overridden yet and stay on PyTorch.
+slower. The lower-level `aten::_flash_attention_forward` / `_backward` (dense (b, s, h, d) or
+packed with offsets, the route of `torch.nn.attention.varlen.varlen_attn`) are overridden the
+same way where this PyTorch has them; a sliding window, seqused_k, ALiBi and paged KV fall
+through.
 
 Semantics: the flash op's is_causal is aligned bottom-right when seqlen_q != seqlen_k (SDPA itself
 only picks the flash backend for causal when they are equal), as in flashback. The LSE is float32
@@ -31,6 +33,10 @@ NAME = "flashback"
 
 _FWD_OP = "_scaled_dot_product_flash_attention"
 _BWD_OP = "_scaled_dot_product_flash_attention_backward"
+# The lower-level flash ops: (b, s, h, d) tensors, or packed (total, h, d) ones with cumulative
+# offsets (what torch.nn.attention.varlen.varlen_attn calls).
+_FLASH_FWD_OP = "_flash_attention_forward"
+_FLASH_BWD_OP = "_flash_attention_backward"
 
 
 def _bshd(x: Tensor) -> Tensor:
@@ -81,6 +87,41 @@ class _Backend:
 
         ops._launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, scale, causal, deterministic)
 
+    def accepts_varlen(self, q, k, v, cu_q, cu_k, max_q, max_k, scale) -> str | None:
+        """flashback's varlen argument checks (metadata only), as a reason."""
+        from . import _checks, varlen
+
+        try:
+            varlen.check_varlen_args(q, k, v, cu_q, cu_k, int(max_q), int(max_k), softmax_scale=scale)
+            _checks.check_runtime(q.device, q.shape[-1])
+        except (TypeError, ValueError, RuntimeError) as e:
+            return f"flashback rejects it ({e})"
+        return None
+
+    def varlen_forward(self, q, k, v, cu_q, cu_k, max_q, max_k, out, lse, scale, causal) -> None:
+        from . import varlen
+
+        varlen.check_offset_values(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k)
+        if q.shape[0] == 0:
+            return
+        if k.shape[0] == 0:
+            out.zero_()
+            lse.fill_(float("inf"))
+            return
+        varlen._launch_fwd(q, k, v, cu_q, cu_k, max(max_q, 1), max(max_k, 1), out, lse, scale, causal)
+
+    def varlen_backward(self, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dq, dk, dv, scale,
+                        causal, deterministic) -> None:
+        from . import varlen
+
+        varlen.check_offset_values(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k)
+        if q.shape[0] == 0 or k.shape[0] == 0:
+            for g in (dq, dk, dv):
+                g.zero_()
+            return
+        varlen._launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max(max_q, 1), max(max_k, 1), dq, dk, dv,
+                           scale, causal, deterministic)
+
 
 @functools.lru_cache(maxsize=None)
 def _sm90_with_flashback(index: int) -> bool:
@@ -120,6 +161,51 @@ def decline_reason(query: Tensor, key: Tensor, value: Tensor, dropout_p: float =
     if not all(_backend.layout_ok(_bshd(t)) for t in (query, key, value)):
         return "layout not 128-byte aligned with strides in multiples of 64 elements"
     return _backend.accepts(_bshd(query), _bshd(key), _bshd(value), scale)
+
+
+def _is_varlen(cum_seq) -> bool:
+    return cum_seq is not None and cum_seq.numel() > 0
+
+
+def _unserved_options(kwargs: dict) -> str | None:
+    """Options of the flash ops that flashback does not implement (a sliding window, seqused_k,
+    ALiBi, a paged KV cache); num_splits is a speed hint and is ignored."""
+    for name in ("window_size_left", "window_size_right"):
+        if kwargs.get(name) not in (None, -1):
+            return "sliding window"
+    for name in ("seqused_k", "alibi_slopes", "block_table"):
+        if kwargs.get(name) is not None:
+            return name
+    return None
+
+
+def flash_decline_reason(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p=0.0,
+                         return_debug_mask=False, scale=None, **options) -> str | None:
+    """Like decline_reason, for aten::_flash_attention_forward / _backward: tensors (b, s, h, d),
+    or packed (total, h, d) with int32 offsets cum_seq_q / cum_seq_k."""
+    reason = _unserved_options(options)
+    if reason is not None:
+        return reason
+    if not _is_varlen(cum_seq_q):
+        if _is_varlen(cum_seq_k):
+            return "offsets for k only"
+        return decline_reason(*(t.transpose(1, 2) if t.dim() == 4 else t for t in (query, key, value)),
+                              dropout_p, return_debug_mask, scale)
+    if dropout_p != 0.0:
+        return "dropout"
+    if return_debug_mask:
+        return "debug mask requested"
+    if not isinstance(cum_seq_k, torch.Tensor) or any(t.dim() != 3 for t in (query, key, value)):
+        return "varlen tensors not 3-D"
+    if any(t.dtype != torch.bfloat16 for t in (query, key, value)):
+        return "dtype is not bf16"
+    if query.shape[-1] != 256:
+        return "head dim is not 256"
+    if not all(_backend.device_ok(t) for t in (query, key, value)):
+        return "not an sm_90 GPU with flashback available"
+    if not all(_backend.layout_ok(t.unsqueeze(0)) for t in (query, key, value)):
+        return "layout not 128-byte aligned with strides in multiples of 64 elements"
+    return _backend.accepts_varlen(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, scale)
 
 
 def _scale(scale, d: int) -> float:
@@ -169,6 +255,54 @@ def _make_backward(orig):
     return backward
 
 
+def _make_flash_forward(orig):
+    def forward(keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                return_debug_mask, **kwargs):
+        scale = kwargs.get("scale")
+        if flash_decline_reason(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                                return_debug_mask, **kwargs) is not None:
+            return orig.call_boxed(keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                                   is_causal, return_debug_mask, **kwargs)
+        d = query.shape[-1]
+        out = torch.empty_like(query)
+        if _is_varlen(cum_seq_q):
+            lse = torch.empty((query.shape[1], query.shape[0]), dtype=torch.float32, device=query.device)
+            _backend.varlen_forward(query, key, value, cum_seq_q, cum_seq_k, int(max_q), int(max_k), out, lse,
+                                    _scale(scale, d), bool(is_causal))
+        else:
+            b, sq, h, _ = query.shape
+            lse = torch.empty((b, h, sq), dtype=torch.float32, device=query.device)
+            _backend.forward(query, key, value, out, lse, _scale(scale, d), bool(is_causal))
+        dev = query.device
+        return (out, lse, torch.zeros((2,), dtype=torch.uint64, device=dev),
+                torch.zeros((), dtype=torch.uint64, device=dev), torch.empty((0,), dtype=query.dtype, device=dev))
+
+    return forward
+
+
+def _make_flash_backward(orig):
+    def backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+                 dropout_p, is_causal, rng_state, unused, **kwargs):
+        scale = kwargs.get("scale")
+        if flash_decline_reason(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, False,
+                                **kwargs) is not None:
+            return orig.call_boxed(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
+                                   max_q, max_k, dropout_p, is_causal, rng_state, unused, **kwargs)
+        d = query.shape[-1]
+        dq, dk, dv = torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+        deterministic = torch.are_deterministic_algorithms_enabled()
+        if _is_varlen(cum_seq_q):
+            _backend.varlen_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
+                                     int(max_q), int(max_k), dq, dk, dv, _scale(scale, d), bool(is_causal),
+                                     deterministic)
+        else:
+            _backend.backward(grad_out, query, key, value, out, logsumexp, dq, dk, dv, _scale(scale, d),
+                              bool(is_causal), deterministic)
+        return dq, dk, dv
+
+    return backward
+
+
 class _Handle:
     """Keeps the override alive; remove() restores PyTorch's kernels."""
 
@@ -197,6 +331,16 @@ def install(dispatch_key: str = "CUDA") -> _Handle:
     lib = torch.library.Library("aten", "IMPL", dispatch_key)
     lib.impl(_FWD_OP, _make_forward(orig_fwd), dispatch_key, with_keyset=True)
     lib.impl(_BWD_OP, _make_backward(orig_bwd), dispatch_key, with_keyset=True)
+    # The lower-level ops (varlen_attn's route) only where this PyTorch has them with a kernel to
+    # fall back to; without them the SDPA route above still works.
+    try:
+        orig_flash_fwd = torch.library.get_kernel(f"aten::{_FLASH_FWD_OP}", dispatch_key)
+        orig_flash_bwd = torch.library.get_kernel(f"aten::{_FLASH_BWD_OP}", dispatch_key)
+    except (RuntimeError, AttributeError):
+        orig_flash_fwd = orig_flash_bwd = None
+    if orig_flash_fwd is not None:
+        lib.impl(_FLASH_FWD_OP, _make_flash_forward(orig_flash_fwd), dispatch_key, with_keyset=True)
+        lib.impl(_FLASH_BWD_OP, _make_flash_backward(orig_flash_bwd), dispatch_key, with_keyset=True)
     return _Handle(lib)
 
 

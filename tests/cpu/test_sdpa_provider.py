@@ -61,6 +61,8 @@ class _PyTorchStandIn:
         self.lib = torch.library.Library("aten", "IMPL", "CPU")
         self.lib.impl("_scaled_dot_product_flash_attention", self.forward, "CPU")
         self.lib.impl("_scaled_dot_product_flash_attention_backward", self.backward, "CPU")
+        self.lib.impl("_flash_attention_forward", self.flash_forward, "CPU")
+        self.lib.impl("_flash_attention_backward", self.flash_backward, "CPU")
 
     def forward(self, q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
         self.calls += 1
@@ -76,8 +78,56 @@ class _PyTorchStandIn:
         grads = _reference_grads(q, k, v, dout, scale, is_causal)
         return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
 
+    def flash_forward(self, q, k, v, cq, ck, mq, mk, dropout_p, is_causal, return_debug_mask, **kwargs):
+        self.calls += 1
+        scale = kwargs.get("scale") or q.shape[-1] ** -0.5
+        out, lse = _flash_reference(q, k, v, cq, ck, scale, is_causal)
+        z = torch.zeros((2,), dtype=torch.uint64)
+        return out.to(q.dtype), lse, z, torch.zeros((), dtype=torch.uint64), torch.empty(0, dtype=q.dtype)
+
+    def flash_backward(self, dout, q, k, v, out, lse, cq, ck, mq, mk, dropout_p, is_causal, rng, unused, **kwargs):
+        self.calls += 1
+        scale = kwargs.get("scale") or q.shape[-1] ** -0.5
+        return tuple(g.to(t.dtype) for g, t in zip(_flash_reference_grads(dout, q, k, v, cq, ck, scale, is_causal),
+                                                   (q, k, v)))
+
     def close(self):
         self.lib._destroy()
+
+
+def _segments(cq, ck, tq, tk):
+    """[(q rows, k rows)] per sequence: one (all, all) pair per batch element when dense."""
+    if cq is None or cq.numel() == 0:
+        return None
+    a, b = cq.tolist(), ck.tolist()
+    return [(slice(a[i], a[i + 1]), slice(b[i], b[i + 1])) for i in range(len(a) - 1)]
+
+
+def _flash_reference(q, k, v, cq, ck, scale, causal):
+    """The flash op's (out, lse) in fp32: (b, s, h, d) tensors with lse (b, h, s), or packed
+    (total, h, d) tensors with lse (h, total)."""
+    segs = _segments(cq, ck, q.shape[0], k.shape[0])
+    if segs is None:
+        out, lse = _reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, causal)
+        return out.transpose(1, 2), lse
+    outs, lses = [], []
+    for sq, sk in segs:
+        o, l = _reference(*(t[None, s].transpose(1, 2) for t, s in ((q, sq), (k, sk), (v, sk))), scale, causal)
+        outs.append(o.transpose(1, 2)[0])
+        lses.append(l[0])
+    return torch.cat(outs), torch.cat(lses, dim=1)
+
+
+def _flash_reference_grads(dout, q, k, v, cq, ck, scale, causal):
+    segs = _segments(cq, ck, q.shape[0], k.shape[0])
+    if segs is None:
+        g = _reference_grads(*(t.transpose(1, 2) for t in (q, k, v, dout)), scale, causal)
+        return [x.transpose(1, 2) for x in g]
+    parts = []
+    for sq, sk in segs:
+        qs, ks, vs, ds = (t[None, s].transpose(1, 2) for t, s in ((q, sq), (k, sk), (v, sk), (dout, sq)))
+        parts.append([x.transpose(1, 2)[0] for x in _reference_grads(qs, ks, vs, ds, scale, causal)])
+    return [torch.cat([p[i] for p in parts]) for i in range(3)]
 
 
 class _FlashbackStandIn(sdpa._Backend):
@@ -107,6 +157,29 @@ class _FlashbackStandIn(sdpa._Backend):
         o, l = _reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, causal)
         out.copy_(o.transpose(1, 2))
         lse.copy_(l)
+
+    def accepts_varlen(self, q, k, v, cu_q, cu_k, max_q, max_k, scale):
+        from flashback import varlen
+
+        try:
+            varlen.check_varlen_args(q, k, v, cu_q, cu_k, int(max_q), int(max_k), softmax_scale=scale,
+                                     require_cuda=False)
+        except (TypeError, ValueError) as e:
+            return f"flashback rejects it ({e})"
+        return None
+
+    def varlen_forward(self, q, k, v, cu_q, cu_k, max_q, max_k, out, lse, scale, causal):
+        self.forward_calls += 1
+        o, l = _flash_reference(q, k, v, cu_q, cu_k, scale, causal)
+        out.copy_(o)
+        lse.copy_(l)
+
+    def varlen_backward(self, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dq, dk, dv, scale, causal,
+                        deterministic):
+        self.backward_calls += 1
+        self.deterministic.append(deterministic)
+        for dst, g in zip((dq, dk, dv), _flash_reference_grads(dout, q, k, v, cu_q, cu_k, scale, causal)):
+            dst.copy_(g)
 
     def backward(self, dout, q, k, v, out, lse, dq, dk, dv, scale, causal, deterministic):
         self.backward_calls += 1
@@ -278,3 +351,88 @@ def test_tma_layout_rule():
     assert not sdpa._tma_ok(_aligned((2, 64, 8, 256), offset_elems=8))  # 16-byte, not 128-byte aligned
     assert not sdpa._tma_ok(_aligned((2, 64, 8, 264))[..., :256])  # head stride 264: not a multiple of 64
     assert not sdpa._tma_ok(x.transpose(-1, -2))  # last dim not contiguous
+
+
+# --- the lower-level flash ops (varlen_attn's route) ------------------------------------------
+
+FLASH_FWD = torch.ops.aten._flash_attention_forward
+FLASH_BWD = torch.ops.aten._flash_attention_backward
+
+
+def _packed(lengths_q, lengths_k, h=4, hk=2, d=256, dtype=torch.bfloat16):
+    cq = torch.tensor([0] + torch.tensor(lengths_q).cumsum(0).tolist(), dtype=torch.int32)
+    ck = torch.tensor([0] + torch.tensor(lengths_k).cumsum(0).tolist(), dtype=torch.int32)
+    q = torch.randn(int(cq[-1]), h, d).to(dtype)
+    k, v = (torch.randn(int(ck[-1]), hk, d).to(dtype) for _ in range(2))
+    return q, k, v, cq, ck
+
+
+@needs_registry
+@needs_get_kernel
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_flash_op_is_served(cpu_provider, causal):
+    torch_kernel, backend = cpu_provider
+    torch.nn.attention.activate_flash_attention_impl("flashback")
+    q, k, v, cq, ck = _packed([5, 0, 40], [7, 3, 40])
+    out, lse, rng, unused, debug = FLASH_FWD(q, k, v, cq, ck, 40, 40, 0.0, causal, False, scale=0.0625)
+    assert (backend.forward_calls, torch_kernel.calls) == (1, 0)
+    assert out.shape == q.shape and lse.shape == (4, 45) and lse.dtype == torch.float32
+    assert rng.dtype == torch.uint64 and rng.shape == (2,) and debug.numel() == 0
+    ref_out, ref_lse = _flash_reference(q, k, v, cq, ck, 0.0625, causal)
+    torch.testing.assert_close(out.float(), ref_out, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
+    dout = torch.randn_like(out)
+    dq, dk, dv = FLASH_BWD(dout, q, k, v, out, lse, cq, ck, 40, 40, 0.0, causal, rng, unused, scale=0.0625)
+    assert (backend.backward_calls, torch_kernel.calls) == (1, 0)
+    for ours, r in zip((dq, dk, dv), _flash_reference_grads(dout, q, k, v, cq, ck, 0.0625, causal)):
+        torch.testing.assert_close(ours.float(), r, atol=3e-2, rtol=3e-2)
+
+
+@needs_registry
+@needs_get_kernel
+def test_dense_flash_op_is_served(cpu_provider):
+    torch_kernel, backend = cpu_provider
+    torch.nn.attention.activate_flash_attention_impl("flashback")
+    q, k, v = (t.transpose(1, 2) for t in _qkv())  # the flash op takes (b, s, h, d)
+    out, lse, rng, unused, _ = FLASH_FWD(q, k, v, None, None, 33, 33, 0.0, True, False, scale=0.0625)
+    assert (backend.forward_calls, torch_kernel.calls) == (1, 0)
+    assert out.shape == q.shape and lse.shape == (2, 4, 33)
+    ref_out, ref_lse = _flash_reference(q, k, v, None, None, 0.0625, True)
+    torch.testing.assert_close(out.float(), ref_out, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
+
+
+@needs_registry
+@needs_get_kernel
+@pytest.mark.parametrize("case", ["window", "dropout", "fp32", "hdim128", "seqused_k"])
+def test_unserved_flash_op_calls_fall_through(cpu_provider, case):
+    torch_kernel, backend = cpu_provider
+    torch.nn.attention.activate_flash_attention_impl("flashback")
+    q, k, v, cq, ck = _packed([5, 40], [7, 40], d=128 if case == "hdim128" else 256,
+                              dtype=torch.float32 if case == "fp32" else torch.bfloat16)
+    kwargs = {"scale": 0.0625}
+    if case == "window":
+        kwargs["window_size_left"] = 8
+    if case == "seqused_k":
+        kwargs["seqused_k"] = torch.tensor([7, 40], dtype=torch.int32)
+    dropout = 0.1 if case == "dropout" else 0.0
+    if case in ("window", "seqused_k"):  # the stand-in ignores them; only the routing matters
+        assert sdpa.flash_decline_reason(q, k, v, cq, ck, 40, 40, dropout, False, **kwargs) is not None
+        return
+    FLASH_FWD(q, k, v, cq, ck, 40, 40, dropout, True, False, **kwargs)
+    assert (backend.forward_calls, torch_kernel.calls) == (0, 1)
+
+
+def test_flash_decline_reasons(cpu_provider, monkeypatch):
+    q, k, v, cq, ck = _packed([5, 40], [7, 40])
+    assert sdpa.flash_decline_reason(q, k, v, cq, ck, 40, 40) is None
+    assert sdpa.flash_decline_reason(q, k, v, cq, ck, 40, 40, window_size_left=-1, window_size_right=-1,
+                                     num_splits=4) is None
+    assert sdpa.flash_decline_reason(q, k, v, cq, ck, 40, 40, window_size_right=0) == "sliding window"
+    assert sdpa.flash_decline_reason(q, k, v, cq, ck, 40, 40, block_table=cq) == "block_table"
+    assert sdpa.flash_decline_reason(q, k, v, cq, ck, 40, 40, alibi_slopes=cq) == "alibi_slopes"
+    assert sdpa.flash_decline_reason(q, k, v, cq.long(), ck, 40, 40).startswith("flashback rejects it")
+    assert sdpa.flash_decline_reason(q[None], k, v, cq, ck, 40, 40) == "varlen tensors not 3-D"
+    assert sdpa.flash_decline_reason(q, k, v, None, ck, 40, 40) == "offsets for k only"
+    monkeypatch.setattr(sdpa._backend, "device_ok", lambda x: False)
+    assert "sm_90" in sdpa.flash_decline_reason(q, k, v, cq, ck, 40, 40)

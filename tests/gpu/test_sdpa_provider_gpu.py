@@ -109,3 +109,23 @@ def test_deterministic_algorithms_run_flashbacks_deterministic_backward(provider
     outlp, glp = _ref(q, k, v, dout, True, upcast=False)
     for name, ours, r32, rlp in zip(("dq", "dk", "dv"), grads[0], g32, glp):
         check_close(name, ours, r32, rlp)
+
+
+@pytest.mark.skipif(not hasattr(torch.nn.attention, "varlen"), reason="this PyTorch has no varlen_attn")
+def test_varlen_attn_runs_on_flashback(provider):
+    """torch.nn.attention.varlen.varlen_attn goes through aten::_flash_attention_forward with
+    offsets; with the provider active it runs flashback's varlen kernels."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    lengths = [17, 1000, 300]
+    cu = torch.tensor([0, 17, 1017, 1317], dtype=torch.int32, device="cuda")
+    q, k, v, dout = (torch.randn(1317, 4, 256, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    out = varlen_attn(*leaves, cu, cu, max(lengths), max(lengths), is_causal=True)
+    assert flashback.last_forward_path() == "sm90"
+    grads = torch.autograd.grad(out, leaves, dout)
+    assert flashback.last_backward_path() == "sm90"
+    ref = flashback.attention_varlen(*[t.detach().requires_grad_() for t in (q, k, v)], cu, cu,
+                                     max(lengths), max(lengths), causal=True)
+    assert torch.equal(out, ref)
+    assert all(torch.isfinite(g).all() for g in grads)
