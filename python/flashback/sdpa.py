@@ -13,8 +13,8 @@ TMA-addressable layouts, what flashback's argument checks accept); every other c
 to the kernel PyTorch had before, unchanged, so activating the provider never makes attention
 slower. The lower-level `aten::_flash_attention_forward` / `_backward` (dense (b, s, h, d) or
 packed with offsets, the route of `torch.nn.attention.varlen.varlen_attn`) are overridden the
-same way where this PyTorch has them; a sliding window, seqused_k, ALiBi and paged KV fall
-through.
+same way where this PyTorch has them (a window of (-1, 0) is causal masking, as varlen_attn
+asks for it); a sliding window, seqused_k, ALiBi and paged KV fall through.
 
 Semantics: the flash op's is_causal is aligned bottom-right when seqlen_q != seqlen_k (SDPA itself
 only picks the flash backend for causal when they are equal), as in flashback. The LSE is float32
@@ -167,12 +167,19 @@ def _is_varlen(cum_seq) -> bool:
     return cum_seq is not None and cum_seq.numel() > 0
 
 
+def _window_is_causal(kwargs: dict) -> bool:
+    """FlashAttention's window (left -1 = unlimited, right 0) is causal masking (bottom-right):
+    how varlen_attn asks for it."""
+    return kwargs.get("window_size_left") in (None, -1) and kwargs.get("window_size_right") == 0
+
+
 def _unserved_options(kwargs: dict) -> str | None:
     """Options of the flash ops that flashback does not implement (a sliding window, seqused_k,
     ALiBi, a paged KV cache); num_splits is a speed hint and is ignored."""
-    for name in ("window_size_left", "window_size_right"):
-        if kwargs.get(name) not in (None, -1):
-            return "sliding window"
+    if not _window_is_causal(kwargs):
+        for name in ("window_size_left", "window_size_right"):
+            if kwargs.get(name) not in (None, -1):
+                return "sliding window"
     for name in ("seqused_k", "alibi_slopes", "block_table"):
         if kwargs.get(name) is not None:
             return name
@@ -264,6 +271,7 @@ def _make_flash_forward(orig):
             return orig.call_boxed(keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
                                    is_causal, return_debug_mask, **kwargs)
         d = query.shape[-1]
+        is_causal = bool(is_causal) or _window_is_causal(kwargs)
         out = torch.empty_like(query)
         if _is_varlen(cum_seq_q):
             lse = torch.empty((query.shape[1], query.shape[0]), dtype=torch.float32, device=query.device)
@@ -289,6 +297,7 @@ def _make_flash_backward(orig):
             return orig.call_boxed(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
                                    max_q, max_k, dropout_p, is_causal, rng_state, unused, **kwargs)
         d = query.shape[-1]
+        is_causal = bool(is_causal) or _window_is_causal(kwargs)
         dq, dk, dv = torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
         deterministic = torch.are_deterministic_algorithms_enabled()
         if _is_varlen(cum_seq_q):

@@ -428,7 +428,10 @@ def test_flash_decline_reasons(cpu_provider, monkeypatch):
     assert sdpa.flash_decline_reason(q, k, v, cq, ck, 40, 40) is None
     assert sdpa.flash_decline_reason(q, k, v, cq, ck, 40, 40, window_size_left=-1, window_size_right=-1,
                                      num_splits=4) is None
-    assert sdpa.flash_decline_reason(q, k, v, cq, ck, 40, 40, window_size_right=0) == "sliding window"
+    assert sdpa.flash_decline_reason(q, k, v, cq, ck, 40, 40, window_size_right=0) is None  # causal
+    assert sdpa.flash_decline_reason(q, k, v, cq, ck, 40, 40, window_size_right=5) == "sliding window"
+    assert sdpa.flash_decline_reason(q, k, v, cq, ck, 40, 40, window_size_left=64,
+                                     window_size_right=0) == "sliding window"
     assert sdpa.flash_decline_reason(q, k, v, cq, ck, 40, 40, block_table=cq) == "block_table"
     assert sdpa.flash_decline_reason(q, k, v, cq, ck, 40, 40, alibi_slopes=cq) == "alibi_slopes"
     assert sdpa.flash_decline_reason(q, k, v, cq.long(), ck, 40, 40).startswith("flashback rejects it")
@@ -436,3 +439,16 @@ def test_flash_decline_reasons(cpu_provider, monkeypatch):
     assert sdpa.flash_decline_reason(q, k, v, None, ck, 40, 40) == "offsets for k only"
     monkeypatch.setattr(sdpa._backend, "device_ok", lambda x: False)
     assert "sm_90" in sdpa.flash_decline_reason(q, k, v, cq, ck, 40, 40)
+
+
+@needs_registry
+@needs_get_kernel
+def test_window_minus_one_zero_is_served_as_causal(cpu_provider):
+    torch_kernel, backend = cpu_provider
+    torch.nn.attention.activate_flash_attention_impl("flashback")
+    q, k, v, cq, ck = _packed([5, 40], [7, 40])
+    out = FLASH_FWD(q, k, v, cq, ck, 40, 40, 0.0, False, False, scale=0.0625, window_size_left=-1,
+                    window_size_right=0)[0]
+    assert (backend.forward_calls, torch_kernel.calls) == (1, 0)
+    ref_out, _ = _flash_reference(q, k, v, cq, ck, 0.0625, True)
+    torch.testing.assert_close(out.float(), ref_out, atol=2e-2, rtol=2e-2)
