@@ -22,24 +22,15 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 import flashback  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_attention  # noqa: E402
+
 H, D = 8, 256
 
 
-def time_ms(fn, iters, warmup=5, repeats=2):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    runs = []
-    for _ in range(repeats):
-        s = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        e = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        for a, b in zip(s, e):
-            a.record()
-            fn()
-            b.record()
-        torch.cuda.synchronize()
-        runs.append(statistics.median(a.elapsed_time(b) for a, b in zip(s, e)))
-    return statistics.median(runs)
+def time_ms(fn, iters):
+    """Median of two runs of bench_attention's per-call CUDA-event timing."""
+    return statistics.median(bench_attention.time_ms(fn, iters, warmup=5, repeats=2))
 
 
 def lengths(total, n, gen):

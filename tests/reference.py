@@ -208,3 +208,36 @@ def dense_backward_np(dout, q, k, v, causal=False, scale=None):
             dk[b, :, hk] += scale * (ds.T @ qh)
             dq[b, :, h] = scale * (ds @ kh)
     return dq, dk, dv
+
+
+def explicit_attention(q, k, v, scale, causal, dout=None):
+    """fp32 attention of (b, s, h, d) torch tensors written out without autograd (for test-only
+    kernels registered below the autograd key): (out, lse (b, h, s)), or with dout the
+    gradients (dq, dk, dv). GQA sums dK and dV over each kv head's q heads; a row that sees no
+    key gets out 0, lse +inf and no gradient."""
+    import torch
+
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    group = h // hk
+    qf = q.float()
+    kf, vf = (t.float().repeat_interleave(group, dim=2) for t in (k, v))
+    s = torch.einsum("bqhd,bkhd->bhqk", qf, kf) * scale
+    visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    if causal:
+        visible = (torch.arange(sk, device=q.device)[None, :]
+                   <= torch.arange(sq, device=q.device)[:, None] + (sk - sq))
+    s = s.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.where(visible, torch.exp(s - torch.nan_to_num(lse, neginf=0.0)[..., None]), 0.0)
+    if dout is None:
+        seen = visible.any(-1)
+        return torch.einsum("bhqk,bkhd->bqhd", p, vf), torch.where(seen, lse, float("inf"))
+    dof = dout.float()
+    dp = torch.einsum("bqhd,bkhd->bhqk", dof, vf)
+    ds = p * (dp - (p * dp).sum(-1, keepdim=True))
+    dq = torch.einsum("bhqk,bkhd->bqhd", ds, kf) * scale
+    dk = torch.einsum("bhqk,bqhd->bkhd", ds, qf) * scale
+    dv = torch.einsum("bhqk,bqhd->bkhd", p, dof)
+    dk, dv = (t.reshape(b, sk, hk, group, d).sum(3) for t in (dk, dv))
+    return dq, dk, dv

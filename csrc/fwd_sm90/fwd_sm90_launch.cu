@@ -85,13 +85,9 @@ cudaError_t run_fwd_sm90(const flashback_fwd_params& p, cudaStream_t stream) {
   CUtensorMap map_q, map_k, map_v;
   bool hi[3];
   constexpr uint32_t kRowsQ = Traits::kBlockM, kRowsKv = Traits::kBlockN;
-  const MapRows rq = map_rows(p, true), rk = map_rows(p, false);
-  if (make_rows_map(&map_q, &hi[0], p.q, map_strides(p.q_strides, p, true), rq.batch, rq.rows,
-                    p.nheads, kRowsQ) != cudaSuccess ||
-      make_rows_map(&map_k, &hi[1], p.k, map_strides(p.k_strides, p, false), rk.batch, rk.rows,
-                    p.nheads_k, kRowsKv) != cudaSuccess ||
-      make_rows_map(&map_v, &hi[2], p.v, map_strides(p.v_strides, p, false), rk.batch, rk.rows,
-                    p.nheads_k, kRowsKv) != cudaSuccess) {
+  if (make_call_map(&map_q, &hi[0], p.q, p.q_strides, p, true, kRowsQ) != cudaSuccess ||
+      make_call_map(&map_k, &hi[1], p.k, p.k_strides, p, false, kRowsKv) != cudaSuccess ||
+      make_call_map(&map_v, &hi[2], p.v, p.v_strides, p, false, kRowsKv) != cudaSuccess) {
     return cudaErrorNotSupported;  // nothing launched: the caller takes the reference path
   }
   FwdSm90Params kp;

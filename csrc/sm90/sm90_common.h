@@ -64,6 +64,17 @@ inline flashback_strides map_strides(const flashback_strides& st, const Params& 
   return {span, st.row, st.head};
 }
 
+// The map of one tensor of a call: query side (q, out, dout; nheads) or key side (k, v;
+// nheads_k), dense or packed.
+template <class Params>
+inline cudaError_t make_call_map(CUtensorMap* map, bool* head_inner, const void* ptr,
+                                 const flashback_strides& st, const Params& p, bool query_side,
+                                 uint32_t box_rows) {
+  const MapRows r = map_rows(p, query_side);
+  return make_rows_map(map, head_inner, ptr, map_strides(st, p, query_side), r.batch, r.rows,
+                       query_side ? p.nheads : p.nheads_k, box_rows);
+}
+
 // One box (64 d x the map's rows) at (d0, row) of (head, batch) into `dst`, completing on `bar`.
 // Rows past seqlen arrive as zeros and still count in the transaction bytes (FACTS section 4.2).
 __device__ __forceinline__ void tma_rows(void* dst, const CUtensorMap* map, uint64_t* bar,

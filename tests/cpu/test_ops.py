@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import flashback  # noqa: F401  (registers torch.ops.flashback.*)
-from reference import attention_ref
+from reference import attention_ref, explicit_attention
 
 BF16 = torch.bfloat16
 
@@ -21,25 +21,8 @@ def _ref_fwd(q, k, v, softmax_scale, causal):
 
 def _ref_bwd(dout, q, k, v, softmax_scale, causal):
     # Written out (no autograd): a backend kernel runs below the autograd dispatch key.
-    b, sq, h, d = q.shape
-    sk, hk = k.shape[1], k.shape[2]
-    group = h // hk
-    qf, dof = q.float(), dout.float()
-    kf, vf = (t.float().repeat_interleave(group, dim=2) for t in (k, v))
-    s = torch.einsum("bqhd,bkhd->bhqk", qf, kf) * softmax_scale
-    visible = torch.ones(sq, sk, dtype=torch.bool)
-    if causal:
-        visible = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + (sk - sq)
-    s = s.masked_fill(~visible, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1, keepdim=True)
-    p = torch.where(visible, torch.exp(s - torch.nan_to_num(lse, neginf=0.0)), 0.0)
-    dp = torch.einsum("bqhd,bkhd->bhqk", dof, vf)
-    ds = p * (dp - (p * dp).sum(-1, keepdim=True))
-    dq = torch.einsum("bhqk,bkhd->bqhd", ds, kf) * softmax_scale
-    dk = torch.einsum("bhqk,bqhd->bkhd", ds, qf) * softmax_scale
-    dv = torch.einsum("bhqk,bqhd->bkhd", p, dof)
-    dk, dv = (t.reshape(b, sk, hk, group, d).sum(3) for t in (dk, dv))
-    return tuple(g.to(BF16).contiguous() for g in (dq, dk, dv))
+    grads = explicit_attention(q, k, v, softmax_scale, causal, dout)
+    return tuple(g.to(BF16).contiguous() for g in grads)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -10,7 +10,7 @@ import torch
 
 import flashback
 from flashback import varlen as fv
-from reference import dense_backward_np, dense_forward_np
+from reference import dense_backward_np, dense_forward_np, explicit_attention
 from tiled_model import varlen_backward, varlen_forward
 
 BF16 = torch.bfloat16
@@ -143,30 +143,9 @@ def test_offsets_on_another_device_are_refused():
 # --- op plumbing with test-only CPU kernels --------------------------------------------------
 
 def _dense_one(q, k, v, scale, causal, dout=None):
-    """One sequence (s, h, d) in fp32, written out (a backend kernel runs below autograd):
-    (out, lse (h, s)) or, with dout, (dq, dk, dv)."""
-    sq, h, d = q.shape
-    sk, hk = k.shape[0], k.shape[1]
-    group = h // hk
-    qf = q.float()
-    kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
-    s = torch.einsum("qhd,khd->hqk", qf, kf) * scale
-    visible = torch.ones(sq, sk, dtype=torch.bool)
-    if causal:
-        visible = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + (sk - sq)
-    s = s.masked_fill(~visible, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.where(visible, torch.exp(s - torch.nan_to_num(lse, neginf=0.0)[..., None]), 0.0)
-    if dout is None:
-        return torch.einsum("hqk,khd->qhd", p, vf), torch.where(visible.any(-1), lse, float("inf"))
-    dof = dout.float()
-    dp = torch.einsum("qhd,khd->hqk", dof, vf)
-    ds = p * (dp - (p * dp).sum(-1, keepdim=True))
-    dq = torch.einsum("hqk,khd->qhd", ds, kf) * scale
-    dk = torch.einsum("hqk,qhd->khd", ds, qf) * scale
-    dv = torch.einsum("hqk,qhd->khd", p, dof)
-    dk, dv = (t.reshape(sk, hk, group, d).sum(2) for t in (dk, dv))
-    return dq, dk, dv
+    """One sequence (s, h, d): (out, lse (h, s)) or, with dout, (dq, dk, dv)."""
+    res = explicit_attention(q[None], k[None], v[None], scale, causal, None if dout is None else dout[None])
+    return tuple(t[0] for t in res)
 
 
 def _per_sequence(q, k, v, cu_q, cu_k, scale, causal, dout=None):
