@@ -108,6 +108,9 @@ bool bwd_sm90_can_implement(const flashback_bwd_params& p, const char** why) {
     reason = "headdim is not 256";
   } else if (p.dtype != FLASHBACK_DTYPE_BF16) {
     reason = "dtype is not bf16";
+  } else if (int64_t{(p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN} * p.nheads_k * p.batch >
+             int64_t{0x7fffffff}) {
+    reason = "grid too large (batch x kv heads x key blocks of the longest sequence)";
   } else {
     // The dK/dV/dQ writes and the preprocess use 4- and 16-byte vectors (the API checks
     // alignment and strides of those already).

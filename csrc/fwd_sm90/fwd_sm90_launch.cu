@@ -70,6 +70,9 @@ bool fwd_sm90_can_implement(const flashback_fwd_params& p, const char** why) {
     reason = "headdim is not 256";
   } else if (p.dtype != FLASHBACK_DTYPE_BF16) {
     reason = "dtype is not bf16";
+  } else if (int64_t{(p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM} * p.nheads * p.batch >
+             int64_t{0x7fffffff}) {
+    reason = "grid too large (batch x nheads x query blocks of the longest sequence)";
   } else {
     // out and lse are written with 16- and 4-byte stores (the API checks their alignment).
     const void* ptrs[3] = {p.q, p.k, p.v};

@@ -137,8 +137,9 @@ def decline_reason(query: Tensor, key: Tensor, value: Tensor, dropout_p: float =
                    return_debug_mask: bool = False, scale=None, backward: bool = False) -> str | None:
     """None when flashback serves this SDPA flash call on its fast path, else why not (the call
     then falls through to PyTorch). Tensors in SDPA's (batch, heads, seqlen, dim) order.
-    Under torch.use_deterministic_algorithms a served backward runs flashback's deterministic
-    mode (ordered dQ adds); the forward is deterministic either way."""
+    Under torch.use_deterministic_algorithms a served causal backward runs flashback's
+    deterministic mode (ordered dQ adds), a non-causal one falls through (_deterministic_decline);
+    the forward is deterministic either way."""
     if dropout_p != 0.0:
         return "dropout"
     if return_debug_mask:
@@ -242,13 +243,23 @@ def _make_forward(orig):
     return forward
 
 
+def _deterministic_decline(is_causal) -> str | None:
+    """Under torch.use_deterministic_algorithms flashback's deterministic backward serves causal
+    attention only: its non-causal schedule needs every CTA of a chunk resident at once, which a
+    training job's concurrent kernels (NCCL) can prevent for as long as they run."""
+    if torch.are_deterministic_algorithms_enabled() and not is_causal:
+        return "deterministic non-causal backward"
+    return None
+
+
 def _make_backward(orig):
     def backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
                  dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
         # The forward's decision, so a forward that fell through has its backward fall through
         # too. A backward that declines after a served forward is
         # still right: the outputs and LSE are PyTorch's layout and meaning.
-        if decline_reason(query, key, value, dropout_p, False, scale, backward=True) is not None:
+        if (decline_reason(query, key, value, dropout_p, False, scale, backward=True) is not None
+                or _deterministic_decline(is_causal) is not None):
             kwargs = {} if scale is None else {"scale": scale}
             return orig.call_boxed(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
                                    max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, **kwargs)
@@ -292,8 +303,9 @@ def _make_flash_backward(orig):
     def backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
                  dropout_p, is_causal, rng_state, unused, **kwargs):
         scale = kwargs.get("scale")
-        if flash_decline_reason(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, False,
-                                **kwargs) is not None:
+        if (flash_decline_reason(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, False,
+                                 **kwargs) is not None
+                or _deterministic_decline(bool(is_causal) or _window_is_causal(kwargs)) is not None):
             return orig.call_boxed(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
                                    max_q, max_k, dropout_p, is_causal, rng_state, unused, **kwargs)
         d = query.shape[-1]

@@ -452,3 +452,19 @@ def test_window_minus_one_zero_is_served_as_causal(cpu_provider):
     assert (backend.forward_calls, torch_kernel.calls) == (1, 0)
     ref_out, _ = _flash_reference(q, k, v, cq, ck, 0.0625, True)
     torch.testing.assert_close(out.float(), ref_out, atol=2e-2, rtol=2e-2)
+
+
+@needs_registry
+@needs_get_kernel
+def test_deterministic_non_causal_backward_falls_through(cpu_provider):
+    torch_kernel, backend = cpu_provider
+    torch.nn.attention.activate_flash_attention_impl("flashback")
+    q, k, v = (t.detach().requires_grad_() for t in _qkv())
+    prev = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        out = FWD(q, k, v, 0.0, False, False, scale=0.0625)[0]
+        torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    finally:
+        torch.use_deterministic_algorithms(prev)
+    assert (backend.forward_calls, backend.backward_calls, torch_kernel.calls) == (1, 0, 1)
