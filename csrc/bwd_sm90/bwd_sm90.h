@@ -70,6 +70,7 @@ struct BwdSm90Params {
   // every run. Null otherwise.
   int* dq_turn;           // (batch, nheads, m_blocks, 2)
   int det_chunk;          // deterministic, non-causal: CTAs per chunk of the grid (the SM count)
+  int block_base;         // grid index of this launch's CTA 0 (cooperative chunk launches), else 0
   // Varlen (flashback.h): per-sequence offsets, null for dense batches; seqlen_q / seqlen_k
   // (and m_blocks / n_blocks) are then the longest sequence's, and the maps address packed rows.
   const int* cu_seqlens_q;

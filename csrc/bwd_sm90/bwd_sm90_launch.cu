@@ -78,6 +78,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 }
 
 constexpr size_t kAlign = 256;
+
+bool det_cooperative() {
+  static const bool on = [] {
+    const char* v = std::getenv("FLASHBACK_DET_COOPERATIVE");
+    return v != nullptr && v[0] != '\0' && v[0] != '0';
+  }();
+  return on;
+}
+
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 int m_blocks_of(const flashback_bwd_params& p) {
@@ -177,24 +186,49 @@ cudaError_t run_bwd_sm90(const flashback_bwd_params& p, cudaStream_t stream) {
   kp.dk_strides = p.dk_strides;
   kp.dv_strides = p.dv_strides;
 
-  // Deterministic, non-causal: chunks of CTAs that fit on the GPU at once (one CTA per SM), so
-  // that a CTA waiting for a chunk-mate's add never holds the SM that one needs.
-  int sms = 0;
-  if (p.deterministic) {
-    int dev = 0;
-    err = cudaGetDevice(&dev);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (err != cudaSuccess) return err;
-  }
-  kp.det_chunk = std::max(1, sms);
-
   // (1)-(7)
   const auto kernel = p.deterministic ? bwd_sm90_kernel<true> : bwd_sm90_kernel<false>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(Traits::kSmemBytes));
   if (err != cudaSuccess) return err;
-  const dim3 grid(kp.n_blocks * p.nheads_k * p.batch);
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(map_q, map_k, map_v, map_do, kp);
+  const int ctas = kp.n_blocks * p.nheads_k * p.batch;
+  kp.block_base = 0;
+  kp.det_chunk = 1;
+  if (p.deterministic) {
+    // Non-causal: chunks of CTAs that fit on the GPU at once (bwd_sm90_scheduler.cuh), so that
+    // a CTA waiting for a chunk-mate's add never holds the SM that one needs.
+    int dev = 0, sms = 0, per_sm = 0;
+    err = cudaGetDevice(&dev);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (err == cudaSuccess)
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Traits::kThreads,
+                                                          Traits::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    kp.det_chunk = std::max(1, sms * std::max(1, per_sm));
+    if (!p.causal && det_cooperative()) {
+      // EXPERIMENTAL (FLASHBACK_DET_COOPERATIVE=1; compile-checked, not yet run on a GPU): one
+      // cooperative launch per chunk, so the driver places a chunk only when all of it fits and
+      // a concurrent kernel holding SMs delays the launch instead of stalling resident CTAs.
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeCooperative;
+      attr[0].val.cooperative = 1;
+      cudaLaunchConfig_t cfg = {};
+      cfg.blockDim = dim3(Traits::kThreads);
+      cfg.dynamicSmemBytes = Traits::kSmemBytes;
+      cfg.stream = stream;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      for (int base = 0; base < ctas; base += kp.det_chunk) {
+        kp.block_base = base;
+        cfg.gridDim = dim3(std::min(kp.det_chunk, ctas - base));
+        err = cudaLaunchKernelEx(&cfg, kernel, map_q, map_k, map_v, map_do, kp);
+        if (err != cudaSuccess) return err;
+      }
+      return launch_bwd_sm90_postprocess(p, m_blocks, dq_accum, stream);
+    }
+  }
+  kernel<<<dim3(ctas), Traits::kThreads, Traits::kSmemBytes, stream>>>(map_q, map_k, map_v, map_do,
+                                                                      kp);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   // dQ = scale * dQaccum

@@ -51,8 +51,8 @@ struct BwdSm90Work {
 template <int kBlockM, int kBlockN, bool kDet = false>
 __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
   BwdSm90Work w;
-  const GroupedTile tile = grouped_tile(static_cast<int>(blockIdx.x), p.l2_group, p.n_blocks,
-                                       p.nheads_k * p.batch);
+  const int cta = p.block_base + static_cast<int>(blockIdx.x);
+  const GroupedTile tile = grouped_tile(cta, p.l2_group, p.n_blocks, p.nheads_k * p.batch);
   w.n_block = (kDet && p.causal) ? p.n_blocks - 1 - tile.block : tile.block;
   w.kv_head = tile.pair % p.nheads_k;
   w.batch = tile.pair / p.nheads_k;
@@ -74,7 +74,7 @@ __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
     // Chunks are slices of the grid; the blocks of this sequence in it are those below its
     // own n_blocks (varlen: the grid's other ones exit at once).
     const int pair_base = tile.pair * p.n_blocks;
-    const int chunk = static_cast<int>(blockIdx.x) / p.det_chunk;
+    const int chunk = cta / p.det_chunk;
     w.det_lo = max(0, chunk * p.det_chunk - pair_base);
     w.det_size = min(w.n_blocks, (chunk + 1) * p.det_chunk - pair_base) - w.det_lo;
     w.shift = (w.n_block - w.det_lo) % w.m_blocks;

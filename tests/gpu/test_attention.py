@@ -295,6 +295,38 @@ def test_deterministic_is_bitwise_reproducible(case):
             assert torch.equal(a, b), f"{ctx}: deterministic {name} differs between calls in {int((a != b).sum())} elements"
 
 
+@pytest.mark.gpu
+def test_deterministic_cooperative_launches_give_the_same_bits(tmp_path):
+    """FLASHBACK_DET_COOPERATIVE=1 (read once per process, hence a subprocess) launches the
+    non-causal deterministic backward chunk by chunk; the order of the adds is the same, so
+    the gradients must be bitwise those of the single launch."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "det.py"
+    script.write_text(
+        "import sys, torch, flashback\n"
+        "g = torch.Generator(device='cuda').manual_seed(1234)\n"
+        "q, k, v, do = (torch.randn(1, 12000, 2, 256, generator=g, device='cuda').to(torch.bfloat16) for _ in range(4))\n"
+        "out, lse = flashback.attention_forward(q, k, v)\n"
+        "grads = flashback.attention_backward(do, q, k, v, out, lse, deterministic=True)\n"
+        "assert flashback.last_backward_path() == 'sm90', flashback.last_backward_path()\n"
+        "torch.save([t.cpu() for t in grads], sys.argv[1])\n")
+    env = dict(os.environ)
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "python")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    results = []
+    for coop in ("0", "1"):
+        env["FLASHBACK_DET_COOPERATIVE"] = coop
+        path = tmp_path / f"grads{coop}.pt"
+        run = subprocess.run([sys.executable, str(script), str(path)], env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 0, f"FLASHBACK_DET_COOPERATIVE={coop}: {run.stderr[-2000:]}"
+        results.append(torch.load(path))
+    for name, a, b in zip(("dq", "dk", "dv"), *results):
+        assert torch.equal(a, b), f"{name}: cooperative chunk launches differ from the single launch"
+
+
 def _attention_and_grads(fn, x, causal, return_lse):
     leaves = [t.clone().requires_grad_() for t in (x.q, x.k, x.v)]
     res = fn(*leaves, causal=causal, deterministic=True, return_lse=return_lse)
