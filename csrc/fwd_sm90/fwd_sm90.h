@@ -38,6 +38,7 @@ struct FwdSm90Params {
   int m_blocks;  // ceil(seqlen_q / block_m)
   int n_blocks;  // ceil(seqlen_k / block_n)
   int l2_group;  // (batch, head) pairs scheduled together (fwd_sm90_scheduler.cuh)
+  int num_tiles;  // m_blocks * nheads * batch: the grid, or the persistent kernel's tile count
   int causal;
   int head_inner;       // bit 0 Q, 1 K, 2 V: that map's dims are {d, head, seq, batch}
   float scale_log2;     // softmax_scale * log2(e)

@@ -55,5 +55,38 @@ __device__ __forceinline__ void store_out_and_lse(const FwdSm90Params& p, const 
   }
 }
 
+// The persistent kernel's epilogue: O straight from the accumulator registers (rows row0 and
+// row0 + 8 of the thread, 2 adjacent columns per 8-column chunk: 4-byte stores, a quad covering
+// 16 contiguous bytes), so that shared memory (Q) is free for the next tile already. LSE as
+// above.
+template <int kHeadDim>
+__device__ __forceinline__ void store_out_and_lse_direct(const FwdSm90Params& p,
+                                                         const FwdSm90Work& w, int m0, int t,
+                                                         const float (&o)[kHeadDim / 2],
+                                                         const float (&inv)[2],
+                                                         const float (&lse)[2]) {
+  const int row0 = hopper::acc_row(0, t);
+  if (t % 4 == 0) {
+    float* lse_bh = p.lse + w.lse_offset;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (m0 + row0 + 8 * h < w.seqlen_q) lse_bh[m0 + row0 + 8 * h] = lse[h];
+    }
+  }
+  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + w.out_offset +
+                       w.head * p.out_strides.head;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = m0 + row0 + 8 * h;
+    if (row >= w.seqlen_q) continue;
+    uint32_t* dst = reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(row) * p.out_strides.row +
+                                                2 * (t % 4));
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+      dst[4 * j] = hopper::pack_bf16x2(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
+    }
+  }
+}
+
 }  // namespace sm90
 }  // namespace flashback

@@ -7,6 +7,8 @@
 // See fwd_sm90_mainloop.cuh for the shared-memory plan and the GEMM operands.
 #include <cuda.h>
 
+#include <cstdlib>
+
 #include <algorithm>
 
 // A wrong barrier count or byte count would hang the GPU; trap instead after ~8 minutes of
@@ -27,6 +29,11 @@ namespace {
 
 using Traits = FwdSm90Traits<kFwdSm90Hdim256>;
 
+// kPersistent (EXPERIMENTAL, FLASHBACK_FWD_PERSISTENT=1; compile-checked, not yet run on a
+// GPU): one CTA per SM walks tiles blockIdx.x, + gridDim.x, ... in the grid's order; the K/V
+// ring and the Q barrier phases carry over, so the next tile's loads overlap this one's last
+// P V and epilogue.
+template <bool kPersistent>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q,
                     const __grid_constant__ CUtensorMap map_k,
@@ -34,6 +41,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = fh::align_smem(smem_raw);
   uint64_t* q_bar = reinterpret_cast<uint64_t*>(smem + Traits::kOffBar);
+  uint64_t* q_empty = reinterpret_cast<uint64_t*>(smem + Traits::kOffQEmpty);
   auto* pipe_k = reinterpret_cast<fh::TmaPipeline<Traits::kStages>*>(smem + Traits::kOffPipeK);
   auto* pipe_v = reinterpret_cast<fh::TmaPipeline<Traits::kStages>*>(smem + Traits::kOffPipeV);
 
@@ -43,23 +51,46 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     fh::tma_prefetch_map(&map_k);
     fh::tma_prefetch_map(&map_v);
     fh::mbar_init(q_bar, 1);
+    fh::mbar_init(q_empty, 8);  // one arrival per consumer warp
     pipe_k->init(8);  // empty[s]: one arrival per consumer warp (2 warpgroups x 4 warps)
     pipe_v->init(8);
   }
   __syncthreads();
 
-  const FwdSm90Work w = fwd_sm90_work<Traits::kBlockM, Traits::kBlockN>(p);
-  if (!w.active) return;  // varlen: past the end of a shorter sequence (the whole CTA)
+  const int first = static_cast<int>(blockIdx.x);
+  const int step = kPersistent ? static_cast<int>(gridDim.x) : p.num_tiles;
+  if (!kPersistent && !fwd_sm90_work<Traits::kBlockM, Traits::kBlockN>(p, first).active) {
+    return;  // varlen: past the end of a shorter sequence (the whole CTA)
+  }
+  fh::PipelineState<Traits::kStages> st;
+  int q_loads = 0;
   if (wg == 0) {
     fh::setmaxnreg_dec<kFwdSm90Hdim256.producer_regs>();
     if (threadIdx.x == 0) {
       const FwdSm90Maps maps{&map_q, &map_k, &map_v};
-      fwd_sm90_producer<Traits>(p, maps, w, smem, q_bar, pipe_k, pipe_v);
+      for (int id = first; id < p.num_tiles; id += step) {
+        const FwdSm90Work w = fwd_sm90_work<Traits::kBlockM, Traits::kBlockN>(p, id);
+        if (w.active) fwd_sm90_producer<Traits>(p, maps, w, smem, q_bar, q_empty, pipe_k, pipe_v, st, q_loads);
+      }
     }
   } else {
     fh::setmaxnreg_inc<kFwdSm90Hdim256.consumer_regs>();
-    fwd_sm90_consumer<Traits>(p, w, smem, q_bar, pipe_k, pipe_v, wg - 1);
+    for (int id = first; id < p.num_tiles; id += step) {
+      const FwdSm90Work w = fwd_sm90_work<Traits::kBlockM, Traits::kBlockN>(p, id);
+      if (w.active) {
+        fwd_sm90_consumer<Traits, kPersistent>(p, w, smem, q_bar, q_empty, pipe_k, pipe_v, wg - 1, st,
+                                               q_loads);
+      }
+    }
   }
+}
+
+bool fwd_persistent() {
+  static const bool on = [] {
+    const char* v = std::getenv("FLASHBACK_FWD_PERSISTENT");
+    return v != nullptr && v[0] != '\0' && v[0] != '0';
+  }();
+  return on;
 }
 
 }  // namespace
@@ -116,13 +147,24 @@ cudaError_t run_fwd_sm90(const flashback_fwd_params& p, cudaStream_t stream) {
   kp.cu_seqlens_k = p.cu_seqlens_k;
   kp.total_q = p.total_q;
 
-  cudaError_t err = cudaFuncSetAttribute(fwd_sm90_kernel,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+  kp.num_tiles = kp.m_blocks * p.nheads * p.batch;
+  const bool persistent = fwd_persistent();
+  const auto kernel = persistent ? fwd_sm90_kernel<true> : fwd_sm90_kernel<false>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(Traits::kSmemBytes));
   if (err != cudaSuccess) return err;
-  const dim3 grid(kp.m_blocks * p.nheads * p.batch);
-  fwd_sm90_kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(map_q, map_k, map_v,
-                                                                          kp);
+  int ctas = kp.num_tiles;
+  if (persistent) {
+    int dev = 0, sms = 0, per_sm = 0;
+    err = cudaGetDevice(&dev);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (err == cudaSuccess)
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Traits::kThreads,
+                                                          Traits::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    ctas = std::min(ctas, std::max(1, sms * per_sm));
+  }
+  kernel<<<dim3(ctas), Traits::kThreads, Traits::kSmemBytes, stream>>>(map_q, map_k, map_v, kp);
   return cudaGetLastError();
 }
 

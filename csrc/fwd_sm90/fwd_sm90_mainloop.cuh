@@ -46,7 +46,8 @@ struct FwdSm90Traits {
   static constexpr uint32_t kOffK = kOffQ + kQBytes;
   static constexpr uint32_t kOffV = kOffK + kStages * kKvTileBytes;
   static constexpr uint32_t kOffBar = kOffV + kStages * kKvTileBytes;  // the Q barrier
-  static constexpr uint32_t kOffPipeK = kOffBar + 8;
+  static constexpr uint32_t kOffQEmpty = kOffBar + 8;  // persistent: Q may be overwritten
+  static constexpr uint32_t kOffPipeK = kOffBar + 16;
   static constexpr uint32_t kOffPipeV = kOffPipeK + sizeof(fh::TmaPipeline<kStages>);
   static constexpr size_t kSmemBytes =
       1024 /* alignment slack */ + kOffPipeV + sizeof(fh::TmaPipeline<kStages>);
@@ -64,19 +65,23 @@ struct FwdSm90Maps {
 
 // ------------------------------------------------------------------------------ producer ---
 // One thread: Q once (boxes of 64 d x 128 rows), then K_j and V_j (64 d x 80 rows) of every
-// step into their rings; K first, so S can start while V is still on its way.
+// step into their rings; K first, so S can start while V is still on its way. `st` (the ring
+// position) and `q_loads` (Qs loaded so far) carry over from tile to tile in the persistent
+// kernel: the k-th Q load (k >= 1) first waits until the consumers are done with Q k - 1.
 template <class T>
 __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const FwdSm90Maps& m,
                                                   const FwdSm90Work& w, uint8_t* smem,
-                                                  uint64_t* q_bar,
+                                                  uint64_t* q_bar, uint64_t* q_empty,
                                                   fh::TmaPipeline<T::kStages>* pipe_k,
-                                                  fh::TmaPipeline<T::kStages>* pipe_v) {
+                                                  fh::TmaPipeline<T::kStages>* pipe_v,
+                                                  fh::PipelineState<T::kStages>& st, int& q_loads) {
   if (w.n_count == 0) return;  // nobody would wait for the copies
   const int kv_head = w.head / p.group;
+  if (q_loads > 0) fh::mbar_wait(q_empty, (q_loads - 1) & 1);
   fh::mbar_arrive_expect_tx(q_bar, T::kQBytes);
   tma_tile(smem + T::kOffQ, T::kQAtomBytes, m.q, q_bar, p.head_inner & 1,
            w.row_q + w.m_block * T::kBlockM, w.head, w.map_batch);
-  fh::PipelineState<T::kStages> st;
+  ++q_loads;
   for (int j = 0; j < w.n_count; ++j) {
     const int n0 = j * T::kBlockN;
     pipe_k->producer_acquire(st);
@@ -102,11 +107,16 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-template <class T>
+// One tile. kPersistent: `st` and `q_loads` carry over between tiles (as in the producer); Q
+// is handed back (q_empty) as soon as the tile's last S has finished, so the next tile's Q
+// loads during the last P V and the epilogue, which therefore writes O straight from the
+// registers instead of staging it over Q.
+template <class T, bool kPersistent>
 __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const FwdSm90Work& w,
-                                                  uint8_t* smem, uint64_t* q_bar,
+                                                  uint8_t* smem, uint64_t* q_bar, uint64_t* q_empty,
                                                   fh::TmaPipeline<T::kStages>* pipe_k,
-                                                  fh::TmaPipeline<T::kStages>* pipe_v, int wg) {
+                                                  fh::TmaPipeline<T::kStages>* pipe_v, int wg,
+                                                  fh::PipelineState<T::kStages>& st, int& q_loads) {
   constexpr int kS = T::kBlockN / 2;  // S accumulator registers (64 x 80)
   const int t = threadIdx.x % 128;
   const bool warp_leader = (threadIdx.x % 32) == 0;
@@ -119,7 +129,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   fh::zero_acc(o);
   float m_raw[2] = {-INFINITY, -INFINITY};  // running row max of S (unscaled)
   float l_part[2] = {0.f, 0.f};             // this thread's part of the row sums
-  if (w.n_count > 0) fh::mbar_wait(q_bar, 0);
+  if (w.n_count > 0) fh::mbar_wait(q_bar, q_loads & 1);
 
   // S = Q_w K_j^T into `acc` (one commit group). Zeroed first although the first wgmma ignores
   // it: its asm reads the accumulators; the operand fence keeps the zeroing before
@@ -209,7 +219,12 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     for (int c = 0; c < T::kBlockN / 16; ++c) fh::acc_to_a_frag(acc, c, a[c]);
   };
 
-  fh::PipelineState<T::kStages> st;
+  // kPersistent: Q is read by no wgmma any more (the tile's last S was waited for).
+  auto release_q = [&]() {
+    if constexpr (kPersistent) {
+      if (warp_leader) fh::mbar_arrive(q_empty);
+    }
+  };
   float s[kS];
   uint32_t a[T::kBlockN / 16][4];
   float alpha[2];
@@ -222,6 +237,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(s);
     if (warp_leader) pipe_k->consumer_release(st);
+    if (w.n_count == 1) release_q();
     softmax(s, 0, alpha);
     to_frags(s, a);  // O is 0: no rescale
     for (int j = 0; j + 1 < w.n_count; ++j) {
@@ -232,6 +248,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       fh::wgmma_wait<1>();  // S_{j+1}; P_j V_j may still run
       fh::wgmma_fence_operand(s);
       if (warp_leader) pipe_k->consumer_release(next);
+      if (j + 2 == w.n_count) release_q();
       softmax(s, j + 1, alpha);
       fh::wgmma_wait<0>();  // P_j V_j
       fh::wgmma_fence_operand(o);
@@ -245,6 +262,8 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(o);
     if (warp_leader) pipe_v->consumer_release(st);
+    st.advance();  // the next tile's first K/V block
+    ++q_loads;
   }
 
   // Row sums over the quad; O / l and LSE = (m * scale_log2 + log2 l) * ln 2. A row that saw no
@@ -256,10 +275,14 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     inv[h] = l > 0.f ? 1.f / l : 0.f;
     lse[h] = l > 0.f ? (m_raw[h] * p.scale_log2 + log2f(l)) * 0.6931471805599453f : INFINITY;
   }
-  // Q of this warpgroup is read by no wgmma any more (its last S was waited for): the O tile
-  // is staged over it.
-  store_out_and_lse<T::kHeadDim>(p, w, smem + T::kOffQ + 64 * wg * 128, T::kQAtomBytes, m0, t,
-                                 wg, o, inv, lse);
+  if constexpr (kPersistent) {
+    store_out_and_lse_direct<T::kHeadDim>(p, w, m0, t, o, inv, lse);
+  } else {
+    // Q of this warpgroup is read by no wgmma any more (its last S was waited for): the O tile
+    // is staged over it.
+    store_out_and_lse<T::kHeadDim>(p, w, smem + T::kOffQ + 64 * wg * 128, T::kQAtomBytes, m0, t,
+                                   wg, o, inv, lse);
+  }
 }
 
 }  // namespace sm90

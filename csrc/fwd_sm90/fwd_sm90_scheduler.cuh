@@ -26,10 +26,9 @@ struct FwdSm90Work {
 // the Q block is slower than the pair, and with causal masking the last Q blocks, which see the
 // most keys, start first (longest-first), so the short ones fill the group's tail.
 template <int kBlockM, int kBlockN>
-__device__ __forceinline__ FwdSm90Work fwd_sm90_work(const FwdSm90Params& p) {
+__device__ __forceinline__ FwdSm90Work fwd_sm90_work(const FwdSm90Params& p, int id) {
   FwdSm90Work w;
-  const GroupedTile tile = grouped_tile(static_cast<int>(blockIdx.x), p.l2_group, p.m_blocks,
-                                       p.nheads * p.batch);
+  const GroupedTile tile = grouped_tile(id, p.l2_group, p.m_blocks, p.nheads * p.batch);
   w.m_block = p.causal ? p.m_blocks - 1 - tile.block : tile.block;
   w.head = tile.pair % p.nheads;
   w.batch = tile.pair / p.nheads;

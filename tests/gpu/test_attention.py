@@ -295,36 +295,64 @@ def test_deterministic_is_bitwise_reproducible(case):
             assert torch.equal(a, b), f"{ctx}: deterministic {name} differs between calls in {int((a != b).sum())} elements"
 
 
-@pytest.mark.gpu
-def test_deterministic_cooperative_launches_give_the_same_bits(tmp_path):
-    """FLASHBACK_DET_COOPERATIVE=1 (read once per process, hence a subprocess) launches the
-    non-causal deterministic backward chunk by chunk; the order of the adds is the same, so
-    the gradients must be bitwise those of the single launch."""
+def _bits_under_env(tmp_path, variable, code):
+    """Runs `code` (which saves a list of tensors to sys.argv[1]) in a fresh process with the
+    environment variable `variable` set to 0 and to 1 (the library reads such switches once per
+    process) and returns both lists."""
     import subprocess
     import sys
 
-    script = tmp_path / "det.py"
-    script.write_text(
-        "import sys, torch, flashback\n"
+    script = tmp_path / "run.py"
+    script.write_text("import sys, torch, flashback\n" + code)
+    env = dict(os.environ)
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "python")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    results = []
+    for value in ("0", "1"):
+        env[variable] = value
+        path = tmp_path / f"out{value}.pt"
+        run = subprocess.run([sys.executable, str(script), str(path)], env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 0, f"{variable}={value}: {run.stderr[-2000:]}"
+        results.append(torch.load(path))
+    return results
+
+
+@pytest.mark.gpu
+def test_deterministic_cooperative_launches_give_the_same_bits(tmp_path):
+    """FLASHBACK_DET_COOPERATIVE=1 launches the non-causal deterministic backward chunk by
+    chunk; the order of the adds is the same, so the gradients must be bitwise those of the
+    single launch."""
+    single, coop = _bits_under_env(tmp_path, "FLASHBACK_DET_COOPERATIVE", (
         "g = torch.Generator(device='cuda').manual_seed(1234)\n"
         "q, k, v, do = (torch.randn(1, 12000, 2, 256, generator=g, device='cuda').to(torch.bfloat16) for _ in range(4))\n"
         "out, lse = flashback.attention_forward(q, k, v)\n"
         "grads = flashback.attention_backward(do, q, k, v, out, lse, deterministic=True)\n"
         "assert flashback.last_backward_path() == 'sm90', flashback.last_backward_path()\n"
-        "torch.save([t.cpu() for t in grads], sys.argv[1])\n")
-    env = dict(os.environ)
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "python")
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    results = []
-    for coop in ("0", "1"):
-        env["FLASHBACK_DET_COOPERATIVE"] = coop
-        path = tmp_path / f"grads{coop}.pt"
-        run = subprocess.run([sys.executable, str(script), str(path)], env=env, capture_output=True, text=True,
-                             timeout=300)
-        assert run.returncode == 0, f"FLASHBACK_DET_COOPERATIVE={coop}: {run.stderr[-2000:]}"
-        results.append(torch.load(path))
-    for name, a, b in zip(("dq", "dk", "dv"), *results):
+        "torch.save([t.cpu() for t in grads], sys.argv[1])\n"))
+    for name, a, b in zip(("dq", "dk", "dv"), single, coop):
         assert torch.equal(a, b), f"{name}: cooperative chunk launches differ from the single launch"
+
+
+@pytest.mark.gpu
+def test_persistent_forward_gives_the_same_bits(tmp_path):
+    """FLASHBACK_FWD_PERSISTENT=1 runs the forward as a persistent kernel (one CTA per SM
+    walking the tiles); same arithmetic in the same order, so out and lse must be bitwise those
+    of the one-tile-per-CTA kernel: causal and not, GQA, a ragged seqlen, and a varlen batch."""
+    default, persistent = _bits_under_env(tmp_path, "FLASHBACK_FWD_PERSISTENT", (
+        "g = torch.Generator(device='cuda').manual_seed(4321)\n"
+        "r = lambda *s: torch.randn(*s, generator=g, device='cuda').to(torch.bfloat16)\n"
+        "res = []\n"
+        "for causal in (True, False):\n"
+        "    q, k, v = r(2, 3001, 8, 256), r(2, 3001, 2, 256), r(2, 3001, 2, 256)\n"
+        "    res += list(flashback.attention_forward(q, k, v, causal=causal))\n"
+        "    assert flashback.last_forward_path() == 'sm90'\n"
+        "cu = torch.tensor([0, 17, 1017, 1017, 5114], dtype=torch.int32, device='cuda')\n"
+        "q, k, v = r(5114, 4, 256), r(5114, 2, 256), r(5114, 2, 256)\n"
+        "res += list(flashback.attention_varlen(q, k, v, cu, cu, 4097, 4097, causal=True, return_lse=True))\n"
+        "torch.save([t.cpu() for t in res], sys.argv[1])\n"))
+    for i, (a, b) in enumerate(zip(default, persistent)):
+        assert torch.equal(a, b), f"output {i}: the persistent forward differs from the default one"
 
 
 def _attention_and_grads(fn, x, causal, return_lse):
