@@ -4,7 +4,10 @@
 # process order for all, SDPA flash as the yardstick in every run). Builds nothing.
 #
 #   scripts/compare_builds.sh build/libflashback.so build-exp/libflashback.so
+#   scripts/compare_builds.sh build/libflashback.so FLASHBACK_FWD_PERSISTENT=1:build/libflashback.so
 #
+# An argument VAR=value[,VAR2=value]:LIB runs LIB with those environment variables set (the
+# library's experimental switches).
 # Environment: OUT (default ./logs), ITERS (default 50), REPEATS (default 2),
 # TESTS=0 to skip the tests, BENCH_ARGS (e.g. "--directions fwd").  Logs: $OUT/<n>-tests.log, $OUT/<n>/<result>.json.
 set -uo pipefail
@@ -14,15 +17,18 @@ OUT_DIR=${OUT:-$PWD/logs}
 mkdir -p "$OUT_DIR"
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 n=0
-for lib in "$@"; do
+for arg in "$@"; do
   n=$((n + 1))
-  echo "== [$n] $lib"
+  echo "== [$n] $arg"
+  lib=${arg##*:}
+  envs=()
+  [ "$lib" != "$arg" ] && IFS=, read -r -a envs <<< "${arg%:*}"
   if [ "${TESTS:-1}" != 0 ]; then
-    FLASHBACK_LIBRARY=$lib timeout -k 10 300 $PY -m pytest tests/gpu/test_attention.py -q -x -k 256 \
+    env "${envs[@]}" FLASHBACK_LIBRARY="$lib" timeout -k 10 300 $PY -m pytest tests/gpu/test_attention.py -q -x -k 256 \
       -p no:cacheprovider > "$OUT_DIR/$n-tests.log" 2>&1
     tail -n 1 "$OUT_DIR/$n-tests.log"
   fi
-  FLASHBACK_LIBRARY=$lib timeout -k 10 300 $PY benchmarks/bench_attention.py --impls flashback,sdpa_flash \
+  env "${envs[@]}" FLASHBACK_LIBRARY="$lib" timeout -k 10 300 $PY benchmarks/bench_attention.py --impls flashback,sdpa_flash \
     --iters "${ITERS:-50}" --repeats "${REPEATS:-2}" --out "$OUT_DIR/$n" ${BENCH_ARGS:-} > "$OUT_DIR/$n-bench.log" 2>&1 \
     || echo "benchmark of [$n] failed: see $OUT_DIR/$n-bench.log"
 done
