@@ -252,18 +252,34 @@ def _deterministic_decline(is_causal) -> str | None:
     return None
 
 
+def _backward_inputs_decline(grad_out, query, out, logsumexp, lse_shape) -> str | None:
+    """What a served backward needs besides q, k, v: dout and out of q's shape and dtype, and
+    the fp32 LSE of the forward's shape (any strides: it is made contiguous). Otherwise the call
+    falls through (e.g. an LSE merged by a caller in another layout)."""
+    for x in (grad_out, out):
+        if not isinstance(x, torch.Tensor) or x.shape != query.shape or x.dtype != query.dtype:
+            return "dout or out not of q's shape and dtype"
+    if (not isinstance(logsumexp, torch.Tensor) or logsumexp.dtype != torch.float32
+            or tuple(logsumexp.shape) != tuple(lse_shape)):
+        return "logsumexp not fp32 of the forward's shape"
+    return None
+
+
 def _make_backward(orig):
     def backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
                  dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
         # The forward's decision, so a forward that fell through has its backward fall through
         # too. A backward that declines after a served forward is
         # still right: the outputs and LSE are PyTorch's layout and meaning.
+        b, h, sq, _ = query.shape if query.dim() == 4 else (0, 0, 0, 0)
         if (decline_reason(query, key, value, dropout_p, False, scale, backward=True) is not None
-                or _deterministic_decline(is_causal) is not None):
+                or _deterministic_decline(is_causal) is not None
+                or _backward_inputs_decline(grad_out, query, out, logsumexp, (b, h, sq)) is not None):
             kwargs = {} if scale is None else {"scale": scale}
             return orig.call_boxed(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
                                    max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, **kwargs)
         d = query.shape[-1]
+        logsumexp = logsumexp.contiguous()  # context parallel hands over chunks of a merged LSE
         dq, dk, dv = torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
         _backend.backward(_bshd(grad_out), _bshd(query), _bshd(key), _bshd(value), _bshd(out), logsumexp,
                           _bshd(dq), _bshd(dk), _bshd(dv), _scale(scale, d), bool(is_causal),
@@ -303,13 +319,17 @@ def _make_flash_backward(orig):
     def backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
                  dropout_p, is_causal, rng_state, unused, **kwargs):
         scale = kwargs.get("scale")
+        lse_shape = ((query.shape[1], query.shape[0]) if _is_varlen(cum_seq_q)
+                     else (query.shape[0], query.shape[2], query.shape[1]) if query.dim() == 4 else None)
         if (flash_decline_reason(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, False,
                                  **kwargs) is not None
-                or _deterministic_decline(bool(is_causal) or _window_is_causal(kwargs)) is not None):
+                or _deterministic_decline(bool(is_causal) or _window_is_causal(kwargs)) is not None
+                or _backward_inputs_decline(grad_out, query, out, logsumexp, lse_shape) is not None):
             return orig.call_boxed(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
                                    max_q, max_k, dropout_p, is_causal, rng_state, unused, **kwargs)
         d = query.shape[-1]
         is_causal = bool(is_causal) or _window_is_causal(kwargs)
+        logsumexp = logsumexp.contiguous()
         dq, dk, dv = torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
         deterministic = torch.are_deterministic_algorithms_enabled()
         if _is_varlen(cum_seq_q):

@@ -468,3 +468,28 @@ def test_deterministic_non_causal_backward_falls_through(cpu_provider):
     finally:
         torch.use_deterministic_algorithms(prev)
     assert (backend.forward_calls, backend.backward_calls, torch_kernel.calls) == (1, 0, 1)
+
+
+@needs_registry
+@needs_get_kernel
+def test_backward_takes_a_strided_lse_and_declines_a_foreign_one(cpu_provider):
+    """Context parallel hands the backward chunks of a merged LSE: a non-contiguous fp32 LSE of
+    the right shape is served (made contiguous); one of another shape or dtype falls through."""
+    torch_kernel, backend = cpu_provider
+    torch.nn.attention.activate_flash_attention_impl("flashback")
+    q, k, v = _qkv()
+    out, lse = FWD(q, k, v, 0.0, True, False, scale=0.0625)[:2]
+    dout = torch.randn_like(out)
+    wide = torch.empty(lse.shape[0], lse.shape[1], 2 * lse.shape[2])
+    strided = wide[:, :, ::2]
+    strided.copy_(lse)
+    assert not strided.is_contiguous()
+    BWD = torch.ops.aten._scaled_dot_product_flash_attention_backward
+    grads = BWD(dout, q, k, v, out, strided, None, None, 33, 33, 0.0, True, torch.zeros(2, dtype=torch.uint64),
+                torch.zeros((), dtype=torch.uint64), scale=0.0625)
+    assert (backend.backward_calls, torch_kernel.calls) == (1, 0)
+    for ours, r in zip(grads, _reference_grads(q, k, v, dout, 0.0625, True)):
+        torch.testing.assert_close(ours.float(), r, atol=3e-2, rtol=3e-2)
+    BWD(dout, q, k, v, out, lse.double(), None, None, 33, 33, 0.0, True, torch.zeros(2, dtype=torch.uint64),
+        torch.zeros((), dtype=torch.uint64), scale=0.0625)
+    assert (backend.backward_calls, torch_kernel.calls) == (1, 1)

@@ -133,3 +133,32 @@ def test_varlen_attn_runs_on_flashback(provider):
                                      max(lengths), max(lengths), causal=True)
     assert torch.equal(out, ref)
     assert all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("step", ["q_full_kv_first_half", "q_second_half_kv_full", "diagonal"])
+def test_context_parallel_ring_step_contract(provider, step):
+    """The calls PyTorch's context-parallel ring makes per step (load-balanced causal): the
+    SDPA flash op on chunks of the local sequence (q twice as long as k/v, or q a strided
+    second half), non-causal off the diagonal, then its backward with chunks of out, dout and of
+    a merged LSE. Each call must meet the bar on its own inputs and run on flashback."""
+    b, h, s, d = 1, 8, 4096, 256
+    q, k, v, dout = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    causal = step == "diagonal"
+    if step == "q_full_kv_first_half":
+        k, v = k.chunk(2, dim=2)[0], v.chunk(2, dim=2)[0]
+    elif step == "q_second_half_kv_full":
+        q, dout = q.chunk(2, dim=2)[1], dout.chunk(2, dim=2)[1]
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False)[:2]
+    assert flashback.last_forward_path() == "sm90"
+    wide = torch.empty(b, h, 2 * q.shape[2], device="cuda")
+    lse_chunk = wide.chunk(2, dim=2)[1]
+    lse_chunk.copy_(lse)  # a chunk of a larger merged LSE, as the ring hands it over
+    grads = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+        dout, q, k, v, out, lse_chunk, None, None, q.shape[2], k.shape[2], 0.0, causal,
+        torch.zeros(2, dtype=torch.uint64, device="cuda"), torch.zeros((), dtype=torch.uint64, device="cuda"))
+    assert flashback.last_backward_path() == "sm90"
+    out32, g32 = _ref(q, k, v, dout, causal, upcast=True)
+    outlp, glp = _ref(q, k, v, dout, causal, upcast=False)
+    check_close("out", out, out32, outlp)
+    for name, ours, r32, rlp in zip(("dq", "dk", "dv"), grads, g32, glp):
+        check_close(name, ours, r32, rlp)
