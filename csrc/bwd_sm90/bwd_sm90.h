@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "bwd_sm90/bwd_sm90_prepost.h"
 #include "flashback/flashback.h"
 
 namespace flashback {
@@ -61,14 +62,17 @@ struct BwdSm90Params {
                    // (else {d, seq, head, batch}); see make_map in bwd_sm90_launch.cu
   float scale_log2;     // softmax_scale * log2(e)
   float softmax_scale;  // dK = scale * sum dS^T Q
-  const float* lse_log2;  // (batch, nheads, m_blocks * block_m): LSE * log2(e), +inf padding
-  const float* dsum;      // same shape: D = rowsum(dO * O), 0 padding
-  float* dq_accum;        // (batch, nheads, m_blocks) tiles of block_m x 256 fp32, fragment order
+  // The workspace is indexed by tile (dq_tile in bwd_sm90_prepost.h; dense batches:
+  // (batch, nheads, m_blocks) tiles):
+  const float* lse_log2;  // 64 rows per tile: LSE * log2(e), +inf padding
+  const float* dsum;      // same: D = rowsum(dO * O), 0 padding
+  float* dq_accum;        // block_m x 256 fp32 per tile, fragment order
+  DqTiles dq_tiles;
   // Deterministic mode (deterministic=True): per dQaccum tile and phase of the adds (the first
   // or the second quarter each consumer warpgroup adds), how many K/V blocks have added theirs. Each tile takes the adds in one fixed order
   // (bwd_sm90_dq_rank in bwd_sm90_scheduler.cuh), so every element is summed the same way
   // every run. Null otherwise.
-  int* dq_turn;           // (batch, nheads, m_blocks, 2)
+  int* dq_turn;           // per workspace tile (dq_tile, bwd_sm90_prepost.h): 2 counters
   int det_chunk;          // deterministic, non-causal: CTAs per chunk of the grid (the SM count)
   int block_base;         // grid index of this launch's CTA 0 (cooperative chunk launches), else 0
   // Varlen (flashback.h): per-sequence offsets, null for dense batches; seqlen_q / seqlen_k

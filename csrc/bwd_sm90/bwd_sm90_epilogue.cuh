@@ -31,10 +31,8 @@ __device__ __forceinline__ void red_add_v4(float* dst, float a, float b, float c
 }
 
 // (7) dQaccum[tile][quarter u] += dq (32 registers of an m64n64 accumulator).
-__device__ __forceinline__ void add_dq_partial(const BwdSm90Params& p, int batch, int head,
-                                               int m_block, int u, int t,
+__device__ __forceinline__ void add_dq_partial(const BwdSm90Params& p, int64_t tile, int u, int t,
                                                const float (&dq)[32]) {
-  const int64_t tile = (static_cast<int64_t>(batch) * p.nheads + head) * p.m_blocks + m_block;
   float* dst = p.dq_accum + tile * kDqTileFloats + u * (kDqTileFloats / 4) + t * 4;
 #pragma unroll
   for (int g = 0; g < 8; ++g) {

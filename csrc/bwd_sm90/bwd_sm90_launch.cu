@@ -97,15 +97,17 @@ struct WorkspaceParts {
   size_t dq_accum, dq_turn, lse, dsum, total;  // dq_accum and dq_turn are zeroed together
 };
 
+// Per workspace tile (dq_tile, bwd_sm90_prepost.h): a dQaccum tile, 2 turn counters
+// (deterministic), 64 rows of LSE * log2(e) and of D.
 WorkspaceParts workspace_parts(const flashback_bwd_params& p) {
-  const size_t bh = static_cast<size_t>(p.batch) * p.nheads;
-  const size_t rows = static_cast<size_t>(m_blocks_of(p)) * Traits::kBlockM;
+  const size_t tiles = static_cast<size_t>(dq_tiles_total(p, m_blocks_of(p)));
+  const size_t rows = tiles * kDqTileRows;
   WorkspaceParts w;
   w.dq_accum = 0;
-  w.dq_turn = align_up(bh * m_blocks_of(p) * kDqTileFloats * sizeof(float));
-  w.lse = w.dq_turn + (p.deterministic ? align_up(bh * m_blocks_of(p) * 2 * sizeof(int)) : 0);
-  w.dsum = w.lse + align_up(bh * rows * sizeof(float));
-  w.total = w.dsum + align_up(bh * rows * sizeof(float));
+  w.dq_turn = align_up(tiles * kDqTileFloats * sizeof(float));
+  w.lse = w.dq_turn + (p.deterministic ? align_up(tiles * 2 * sizeof(int)) : 0);
+  w.dsum = w.lse + align_up(rows * sizeof(float));
+  w.total = w.dsum + align_up(rows * sizeof(float));
   return w;
 }
 
@@ -179,6 +181,7 @@ cudaError_t run_bwd_sm90(const flashback_bwd_params& p, cudaStream_t stream) {
   kp.dsum = dsum;
   kp.dq_accum = dq_accum;
   kp.dq_turn = p.deterministic ? reinterpret_cast<int*>(ws + parts.dq_turn) : nullptr;
+  kp.dq_tiles = dq_tiles_of(p, m_blocks);
   kp.cu_seqlens_q = p.cu_seqlens_q;
   kp.cu_seqlens_k = p.cu_seqlens_k;
   kp.dk = p.dk;

@@ -235,8 +235,7 @@ __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block, pos;
     bwd_sm90_iter<true>(p, w, it, head, m_block, pos);
-    int* turn = p.dq_turn +
-                ((static_cast<int64_t>(w.batch) * p.nheads + head) * p.m_blocks + m_block) * 2 + h;
+    int* turn = p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block) * 2 + h;
     if (leader) dq_turn_acquire(turn, bwd_sm90_dq_rank<T::kBlockM, T::kBlockN>(p, w, m_block, pos));
     __syncwarp();
     fh::named_bar_arrive(T::kBarTurn0 + h, T::kTurnThreads);
@@ -255,7 +254,6 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   const int t = threadIdx.x % 128;
   const bool warp_leader = (threadIdx.x % 32) == 0;
   const int n0 = w.n_block * T::kBlockN;
-  const int rows_padded = p.m_blocks * T::kBlockM;
   const int seqlen_k = w.seq.seqlen_k;
   const int diag = seqlen_k - w.seq.seqlen_q;  // causal: query i sees keys <= i + diag
   // This thread's two query rows in S / dP (accumulator rows) and first key column.
@@ -278,8 +276,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     int head, m_block;
     bwd_sm90_iter<kDet>(p, w, it, head, m_block);
     const int m0 = m_block * T::kBlockM;
-    const int64_t stat_row =
-        (static_cast<int64_t>(w.batch) * p.nheads + head) * rows_padded + m0 + q_row;
+    const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);  // dQaccum, stats, turns
+    const int64_t stat_row = tile * T::kBlockM + q_row;
     const float lse0 = p.lse_log2[stat_row];
     const float lse1 = p.lse_log2[stat_row + 8];
     const float dsum0 = p.dsum[stat_row];
@@ -365,7 +363,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     fh::wgmma_fence_operand(dq);
     // Deterministic: wait until the phase-0 turn warp says this block's turn has come.
     if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0, T::kTurnThreads);
-    add_dq_partial(p, w.batch, head, m_block, 2 * wg, t, dq);
+    add_dq_partial(p, tile, 2 * wg, t, dq);
     if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0, T::kTurnThreads);
     fh::wgmma_fence();
     gemm_dq<T>(dq, smem + T::kOffK + (2 * wg + 1) * T::kKvAtomBytes, ds_t);
@@ -377,7 +375,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(dq);
     if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + 1, T::kTurnThreads);
-    add_dq_partial(p, w.batch, head, m_block, 2 * wg + 1, t, dq);
+    add_dq_partial(p, tile, 2 * wg + 1, t, dq);
     if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + 1, T::kTurnThreads);
     sq.advance();
     sd.advance();

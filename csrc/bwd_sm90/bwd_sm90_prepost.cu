@@ -27,14 +27,16 @@ constexpr int kLanesPerRow = kHeadDim / 8;  // 16 bytes per lane
 constexpr int kRowsPerCta = kPreThreads / kLanesPerRow;
 
 __global__ void __launch_bounds__(kPreThreads)
-    bwd_sm90_preprocess_kernel(const flashback_bwd_params p, int rows_padded, float* lse_log2,
-                               float* dsum) {
+    bwd_sm90_preprocess_kernel(const flashback_bwd_params p, int rows_padded, DqTiles tiles,
+                               float* lse_log2, float* dsum) {
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
   const int row = blockIdx.x * kRowsPerCta + static_cast<int>(threadIdx.x) / kLanesPerRow;
   const int col = (static_cast<int>(threadIdx.x) % kLanesPerRow) * 8;
   if (row >= rows_padded) return;  // whole rows leave together: a row is one warp
   const SeqRows seq = seq_rows(p, batch);
+  // Only this sequence's own tiles (varlen: the next tiles are the next sequence's).
+  if (row >= (seq.seqlen_q + kDqTileRows - 1) / kDqTileRows * kDqTileRows) return;
   float acc = 0.f;
   if (row < seq.seqlen_q) {
     const bf16* o = static_cast<const bf16*>(p.out) + seq.q_offset(p.out_strides) +
@@ -57,8 +59,7 @@ __global__ void __launch_bounds__(kPreThreads)
     acc += __shfl_xor_sync(0xffffffffu, acc, offset);
   }
   if (col == 0) {
-    const int64_t bh = static_cast<int64_t>(batch) * p.nheads + head;
-    const int64_t idx = bh * rows_padded + row;
+    const int64_t idx = dq_tile(tiles, seq, head, row / kDqTileRows) * kDqTileRows + row % kDqTileRows;
     dsum[idx] = acc;
     lse_log2[idx] = row < seq.seqlen_q ? p.lse[lse_index(p, seq, head, row)] * kLog2e : INFINITY;
   }
@@ -75,13 +76,14 @@ constexpr int kPostThreads = 256;
 constexpr int kPostRowElems = kHeadDim + 8;  // 16 bytes of padding per row
 
 __global__ void __launch_bounds__(kPostThreads)
-    bwd_sm90_postprocess_kernel(const flashback_bwd_params p, int m_blocks,
-                                const float* dq_accum) {
+    bwd_sm90_postprocess_kernel(const flashback_bwd_params p, DqTiles tiles, const float* dq_accum) {
   __shared__ __align__(16) bf16 tile_s[kDqTileRows * kPostRowElems];
   const int m_block = blockIdx.x;
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
-  const int64_t tile = (static_cast<int64_t>(batch) * p.nheads + head) * m_blocks + m_block;
+  const SeqRows seq = seq_rows(p, batch);
+  if (m_block * kDqTileRows >= seq.seqlen_q) return;  // varlen: past a shorter sequence's end
+  const int64_t tile = dq_tile(tiles, seq, head, m_block);
   const float4* src = reinterpret_cast<const float4*>(dq_accum + tile * kDqTileFloats);
   const float s = p.softmax_scale;
 #pragma unroll 4
@@ -98,8 +100,6 @@ __global__ void __launch_bounds__(kPostThreads)
     tile_s[(q0 + 1) * kPostRowElems + d0 + 8] = __float2bfloat16_rn(v.w * s);
   }
   __syncthreads();
-  const SeqRows seq = seq_rows(p, batch);
-  if (m_block * kDqTileRows >= seq.seqlen_q) return;  // varlen: past a shorter sequence's end
   bf16* dq = static_cast<bf16*>(p.dq) + seq.q_offset(p.dq_strides) + head * p.dq_strides.head;
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   for (int i = threadIdx.x; i < kDqTileRows * kChunks; i += kPostThreads) {
@@ -126,14 +126,15 @@ cudaError_t launch_bwd_sm90_preprocess(const flashback_bwd_params& p, int m_bloc
                                        float* lse_log2, float* dsum, cudaStream_t stream) {
   const int rows_padded = m_blocks * kDqTileRows;
   const dim3 grid((rows_padded + kRowsPerCta - 1) / kRowsPerCta, p.nheads, p.batch);
-  return launch(bwd_sm90_preprocess_kernel, grid, kPreThreads, stream, p, rows_padded, lse_log2,
-                dsum);
+  return launch(bwd_sm90_preprocess_kernel, grid, kPreThreads, stream, p, rows_padded,
+                dq_tiles_of(p, m_blocks), lse_log2, dsum);
 }
 
 cudaError_t launch_bwd_sm90_postprocess(const flashback_bwd_params& p, int m_blocks,
                                         const float* dq_accum, cudaStream_t stream) {
   const dim3 grid(m_blocks, p.nheads, p.batch);
-  return launch(bwd_sm90_postprocess_kernel, grid, kPostThreads, stream, p, m_blocks, dq_accum);
+  return launch(bwd_sm90_postprocess_kernel, grid, kPostThreads, stream, p, dq_tiles_of(p, m_blocks),
+                dq_accum);
 }
 
 }  // namespace sm90

@@ -4,6 +4,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
+#include "common/sequence.cuh"
 #include "flashback/flashback.h"
 
 namespace flashback {
@@ -12,6 +15,32 @@ namespace sm90 {
 // One dQaccum tile: block_m rows x 256 columns of fp32, stored in accumulator-fragment order.
 constexpr int kDqTileRows = 64;
 constexpr int kDqTileFloats = kDqTileRows * 256;
+
+// Which workspace tile holds Q block m_block of (sequence, head): its dQaccum tile, its turn
+// counters and its 64 rows of LSE * log2(e) and D. Dense batches: (batch, nheads, m_blocks)
+// tiles. Varlen: per head the sequences' tiles packed, sequence b from tile
+// cu_seqlens_q[b] / 64 + b, so a head needs total_q / 64 + batch + 1 tiles however long the
+// longest sequence is (sequence b's ceil(len / 64) tiles end before b + 1's begin).
+struct DqTiles {
+  int nheads;
+  int m_blocks;           // dense: tiles per (batch, head)
+  int64_t varlen_per_head;  // varlen: tiles per head
+};
+__host__ __device__ __forceinline__ int64_t dq_tile(const DqTiles& d, const SeqRows& seq, int head,
+                                                   int m_block) {
+  return seq.varlen
+             ? head * d.varlen_per_head + seq.row_q / kDqTileRows + seq.batch + m_block
+             : (static_cast<int64_t>(seq.batch) * d.nheads + head) * d.m_blocks + m_block;
+}
+inline DqTiles dq_tiles_of(const flashback_bwd_params& p, int m_blocks) {
+  return DqTiles{p.nheads, m_blocks,
+                 p.cu_seqlens_q != nullptr ? int64_t{p.total_q} / kDqTileRows + p.batch + 1 : 0};
+}
+inline int64_t dq_tiles_total(const flashback_bwd_params& p, int m_blocks) {
+  const DqTiles d = dq_tiles_of(p, m_blocks);
+  return p.cu_seqlens_q != nullptr ? d.varlen_per_head * p.nheads
+                                   : int64_t{p.batch} * p.nheads * m_blocks;
+}
 
 cudaError_t launch_bwd_sm90_preprocess(const flashback_bwd_params& p, int m_blocks,
                                        float* lse_log2, float* dsum, cudaStream_t stream);

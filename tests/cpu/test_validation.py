@@ -512,3 +512,27 @@ def test_c_api_backward_path_is_empty_before_any_backward(native):
     assert native.flashback_attention_backward(None) == 1
     assert native.flashback_last_backward_path() == b""
     assert flashback.last_backward_path() == ""
+
+
+def _varlen_bwd_params(batch, max_len, total, h=8, d=256):
+    addr = iter(range(1 << 31, 1 << 34, 1 << 20))
+    st = _lib.Strides(0, h * d, d)
+    return _lib.BwdParams(q=next(addr), k=next(addr), v=next(addr), out=next(addr), dout=next(addr), lse=next(addr),
+                          dq=next(addr), dk=next(addr), dv=next(addr), q_strides=st, k_strides=st, v_strides=st,
+                          out_strides=st, dout_strides=st, dq_strides=st, dk_strides=st, dv_strides=st,
+                          batch=batch, seqlen_q=max_len, seqlen_k=max_len, nheads=h, nheads_k=h, headdim=d,
+                          softmax_scale=0.1, causal=1, deterministic=0, dtype=0, workspace=None,
+                          workspace_bytes=0, stream=None, cu_seqlens_q=next(addr), cu_seqlens_k=next(addr),
+                          total_q=total, total_k=total)
+
+
+def test_c_api_varlen_workspace_follows_the_packed_total(native):
+    """The Hopper backward's workspace (fp32 dQ tiles, 1 KB per row and head) is sized by the
+    packed total plus a tile per sequence, not by batch x the longest sequence: 64 sequences
+    with one of 8192 rows and 65536 rows in all need ~(65536 / 64 + 65) tiles per head."""
+    if os.environ.get("FLASHBACK_FORCE_REFERENCE", "0") not in ("", "0"):
+        pytest.skip("FLASHBACK_FORCE_REFERENCE is set")
+    size = native.flashback_bwd_workspace_size(ctypes.byref(_varlen_bwd_params(64, 8192, 65536)))
+    tiles = 8 * (65536 // 64 + 64 + 1)
+    assert tiles * 64 * 256 * 4 <= size < 1.1 * tiles * 64 * (256 * 4 + 8) + 4096
+    assert size < 64 * 8192 * 8 * 256 * 4 / 4  # far below batch x longest x heads x 1 KB
