@@ -221,13 +221,22 @@ cudaError_t run_bwd_sm90(const flashback_bwd_params& p, cudaStream_t stream) {
       cfg.stream = stream;
       cfg.attrs = attr;
       cfg.numAttrs = 1;
+      bool launched_all = true;
       for (int base = 0; base < ctas; base += kp.det_chunk) {
         kp.block_base = base;
         cfg.gridDim = dim3(std::min(kp.det_chunk, ctas - base));
         err = cudaLaunchKernelEx(&cfg, kernel, map_q, map_k, map_v, map_do, kp);
+        if (err == cudaErrorCooperativeLaunchTooLarge && base == 0) {
+          // Fewer SMs than the device has are available to cooperative launches (MPS, ...):
+          // nothing of the main kernel ran yet, so take the single launch below.
+          (void)cudaGetLastError();
+          kp.block_base = 0;
+          launched_all = false;
+          break;
+        }
         if (err != cudaSuccess) return err;
       }
-      return launch_bwd_sm90_postprocess(p, m_blocks, dq_accum, stream);
+      if (launched_all) return launch_bwd_sm90_postprocess(p, m_blocks, dq_accum, stream);
     }
   }
   kernel<<<dim3(ctas), Traits::kThreads, Traits::kSmemBytes, stream>>>(map_q, map_k, map_v, map_do,

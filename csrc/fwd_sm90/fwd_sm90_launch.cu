@@ -71,6 +71,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       for (int id = first; id < p.num_tiles; id += step) {
         const FwdSm90Work w = fwd_sm90_work<Traits::kBlockM, Traits::kBlockN>(p, id);
         if (w.active) fwd_sm90_producer<Traits>(p, maps, w, smem, q_bar, q_empty, pipe_k, pipe_v, st, q_loads);
+        if (!kPersistent) break;
       }
     }
   } else {
@@ -81,6 +82,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         fwd_sm90_consumer<Traits, kPersistent>(p, w, smem, q_bar, q_empty, pipe_k, pipe_v, wg - 1, st,
                                                q_loads);
       }
+      if (!kPersistent) break;
     }
   }
 }

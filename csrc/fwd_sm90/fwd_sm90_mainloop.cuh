@@ -77,12 +77,7 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
                                                   fh::PipelineState<T::kStages>& st, int& q_loads) {
   if (w.n_count == 0) return;  // nobody would wait for the copies
   const int kv_head = w.head / p.group;
-  if (q_loads > 0) fh::mbar_wait(q_empty, (q_loads - 1) & 1);
-  fh::mbar_arrive_expect_tx(q_bar, T::kQBytes);
-  tma_tile(smem + T::kOffQ, T::kQAtomBytes, m.q, q_bar, p.head_inner & 1,
-           w.row_q + w.m_block * T::kBlockM, w.head, w.map_batch);
-  ++q_loads;
-  for (int j = 0; j < w.n_count; ++j) {
+  auto load_kv = [&](int j) {
     const int n0 = j * T::kBlockN;
     pipe_k->producer_acquire(st);
     pipe_k->producer_expect(st, T::kKvTileBytes);
@@ -93,7 +88,19 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
     tma_tile(smem + T::kOffV + st.stage * T::kKvTileBytes, T::kKvAtomBytes, m.v,
              pipe_v->full_barrier(st), p.head_inner & 4, w.row_k + n0, kv_head, w.map_batch);
     st.advance();
+  };
+  int j = 0;
+  if (q_loads > 0) {
+    // Persistent, a later tile: its first K/V block goes out while the consumers still read
+    // the last tile's Q (the ring has room), then Q once they hand it back.
+    load_kv(j++);
+    fh::mbar_wait(q_empty, (q_loads - 1) & 1);
   }
+  fh::mbar_arrive_expect_tx(q_bar, T::kQBytes);
+  tma_tile(smem + T::kOffQ, T::kQAtomBytes, m.q, q_bar, p.head_inner & 1,
+           w.row_q + w.m_block * T::kBlockM, w.head, w.map_batch);
+  ++q_loads;
+  for (; j < w.n_count; ++j) load_kv(j);
 }
 
 // ------------------------------------------------------------------------------ consumer ---
