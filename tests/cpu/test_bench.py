@@ -41,6 +41,12 @@ def test_unknown_impl_is_an_error():
     assert "unknown implementation(s) nope" in res.stderr
 
 
+def test_unknown_direction_is_an_error():
+    res = _run("--directions", "fwd,sideways")
+    assert res.returncode == 2
+    assert "--directions takes a subset of fwd,bwd,train" in res.stderr
+
+
 def test_flop_convention(bench):
     # FlashAttention's: forward 4*b*s^2*h*d, halved when causal; backward 2.5x forward.
     fwd = 4 * 4 * 4096**2 * 8 * 256
