@@ -80,10 +80,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 constexpr size_t kAlign = 256;
 
 bool det_cooperative() {
-  static const bool on = [] {
-    const char* v = std::getenv("FLASHBACK_DET_COOPERATIVE");
-    return v != nullptr && v[0] != '\0' && v[0] != '0';
-  }();
+  static const bool on = env_switch("FLASHBACK_DET_COOPERATIVE");
   return on;
 }
 
@@ -200,14 +197,8 @@ cudaError_t run_bwd_sm90(const flashback_bwd_params& p, cudaStream_t stream) {
   if (p.deterministic) {
     // Non-causal: chunks of CTAs that fit on the GPU at once (bwd_sm90_scheduler.cuh), so that
     // a CTA waiting for a chunk-mate's add never holds the SM that one needs.
-    int dev = 0, sms = 0, per_sm = 0;
-    err = cudaGetDevice(&dev);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (err == cudaSuccess)
-      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Traits::kThreads,
-                                                          Traits::kSmemBytes);
+    err = resident_ctas(kernel, Traits::kThreads, Traits::kSmemBytes, &kp.det_chunk);
     if (err != cudaSuccess) return err;
-    kp.det_chunk = std::max(1, sms * std::max(1, per_sm));
     if (!p.causal && det_cooperative()) {
       // EXPERIMENTAL (FLASHBACK_DET_COOPERATIVE=1; compile-checked, not yet run on a GPU): one
       // cooperative launch per chunk, so the driver places a chunk only when all of it fits and

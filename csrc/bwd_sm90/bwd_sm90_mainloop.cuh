@@ -124,19 +124,17 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     const int m0 = m_block * T::kBlockM;
     // Q first: with one dO stage the producer waits here for dO_{i-1} to be released (after
     // dV of step i-1), and Q_i is already on its way by then.
-    pipe_q->producer_acquire(sq);
-    pipe_q->producer_expect(sq, T::kQTileBytes);
-    tma_tile(smem + T::kOffQ + sq.stage * T::kQTileBytes, T::kQAtomBytes, m.q,
-             pipe_q->full_barrier(sq), p.head_inner & 1, static_cast<int>(w.seq.row_q) + m0, head,
-             w.map_batch);
-    sq.advance();
+    // Rows m0.. of Q or dO of this q head into the next stage of their ring.
+    auto load_rows = [&](auto* pipe, auto& st, uint32_t off, const CUtensorMap* map, bool inner) {
+      pipe->producer_acquire(st);
+      pipe->producer_expect(st, T::kQTileBytes);
+      tma_tile(smem + off + st.stage * T::kQTileBytes, T::kQAtomBytes, map, pipe->full_barrier(st),
+               inner, static_cast<int>(w.seq.row_q) + m0, head, w.map_batch);
+      st.advance();
+    };
+    load_rows(pipe_q, sq, T::kOffQ, m.q, p.head_inner & 1);
     if (it == 0) load_kv(T::kOffV, m.v, kv_bar + 1, p.head_inner & 4);
-    pipe_do->producer_acquire(sd);
-    pipe_do->producer_expect(sd, T::kQTileBytes);
-    tma_tile(smem + T::kOffDo + sd.stage * T::kQTileBytes, T::kQAtomBytes, m.dout,
-             pipe_do->full_barrier(sd), p.head_inner & 8, static_cast<int>(w.seq.row_q) + m0, head,
-             w.map_batch);
-    sd.advance();
+    load_rows(pipe_do, sd, T::kOffDo, m.dout, p.head_inner & 8);
   }
 }
 

@@ -17,19 +17,24 @@
 namespace flashback {
 namespace sm90 {
 
+// LSE: one fp32 per row (natural log) of this thread's rows `row` and `row` + 8, written by the
+// first lane of the row's quad.
+__device__ __forceinline__ void store_lse(const FwdSm90Params& p, const FwdSm90Work& w, int row,
+                                          int t, const float (&lse)[2]) {
+  if (t % 4 != 0) return;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (row + 8 * h < w.seqlen_q) p.lse[w.lse_offset + row + 8 * h] = lse[h];
+  }
+}
+
 template <int kHeadDim>
 __device__ __forceinline__ void store_out_and_lse(const FwdSm90Params& p, const FwdSm90Work& w,
                                                   uint8_t* stage, uint32_t atom_bytes, int m0,
                                                   int t, int wg, const float (&o)[kHeadDim / 2],
                                                   const float (&inv)[2], const float (&lse)[2]) {
   const int row0 = hopper::acc_row(0, t);
-  if (t % 4 == 0) {
-    float* lse_bh = p.lse + w.lse_offset;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (m0 + row0 + 8 * h < w.seqlen_q) lse_bh[m0 + row0 + 8 * h] = lse[h];
-    }
-  }
+  store_lse(p, w, m0 + row0, t, lse);
 #pragma unroll
   for (int j = 0; j < kHeadDim / 8; ++j) {
 #pragma unroll
@@ -66,13 +71,7 @@ __device__ __forceinline__ void store_out_and_lse_direct(const FwdSm90Params& p,
                                                          const float (&inv)[2],
                                                          const float (&lse)[2]) {
   const int row0 = hopper::acc_row(0, t);
-  if (t % 4 == 0) {
-    float* lse_bh = p.lse + w.lse_offset;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (m0 + row0 + 8 * h < w.seqlen_q) lse_bh[m0 + row0 + 8 * h] = lse[h];
-    }
-  }
+  store_lse(p, w, m0 + row0, t, lse);
   __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + w.out_offset +
                        w.head * p.out_strides.head;
 #pragma unroll

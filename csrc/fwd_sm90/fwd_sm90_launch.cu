@@ -88,10 +88,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 }
 
 bool fwd_persistent() {
-  static const bool on = [] {
-    const char* v = std::getenv("FLASHBACK_FWD_PERSISTENT");
-    return v != nullptr && v[0] != '\0' && v[0] != '0';
-  }();
+  static const bool on = env_switch("FLASHBACK_FWD_PERSISTENT");
   return on;
 }
 
@@ -157,14 +154,10 @@ cudaError_t run_fwd_sm90(const flashback_fwd_params& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   int ctas = kp.num_tiles;
   if (persistent) {
-    int dev = 0, sms = 0, per_sm = 0;
-    err = cudaGetDevice(&dev);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (err == cudaSuccess)
-      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Traits::kThreads,
-                                                          Traits::kSmemBytes);
+    int resident = 1;
+    err = resident_ctas(kernel, Traits::kThreads, Traits::kSmemBytes, &resident);
     if (err != cudaSuccess) return err;
-    ctas = std::min(ctas, std::max(1, sms * per_sm));
+    ctas = std::min(ctas, resident);
   }
   kernel<<<dim3(ctas), Traits::kThreads, Traits::kSmemBytes, stream>>>(map_q, map_k, map_v, kp);
   return cudaGetLastError();

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "flashback/flashback.h"
 #include "hopper/hopper.h"
@@ -40,6 +41,26 @@ inline cudaError_t make_rows_map(CUtensorMap* map, bool* head_inner, const void*
                      : hopper::make_tensor_map(map, ptr, hopper::TmaType::kBf16, 4,
                                                dims_rows_first, strides_rows_first,
                                                box_rows_first, hopper::TmaSwizzle::k128B);
+}
+
+// How many CTAs of `kernel` the GPU holds at once (SMs x CTAs per SM): the persistent forward's
+// grid, the deterministic backward's chunk.
+template <class Kernel>
+inline cudaError_t resident_ctas(Kernel kernel, int threads, size_t smem_bytes, int* ctas) {
+  int dev = 0, sms = 0, per_sm = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err == cudaSuccess)
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes);
+  *ctas = sms * (per_sm > 0 ? per_sm : 1);
+  if (*ctas < 1) *ctas = 1;
+  return err;
+}
+
+// An experimental switch: the environment variable is set and not "0" (callers read it once).
+inline bool env_switch(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] != '\0' && v[0] != '0';
 }
 
 // Varlen batches (cu_seqlens set) are mapped as one batch element of total packed rows; a
