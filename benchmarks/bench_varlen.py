@@ -9,6 +9,9 @@
    overhead in percent.
 
     python benchmarks/bench_varlen.py [--iters 30] [--out DIR]
+
+Results are kept under benchmarks/results/varlen/ (their own schema: the sweep files of
+bench_attention.py sit in benchmarks/results/).
 """
 import argparse
 import json
