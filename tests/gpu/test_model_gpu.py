@@ -2,7 +2,13 @@
 init, built from a config with the `transformers` library), forward + backward with PyTorch's
 flash kernels and with flashback's behind them; both against the same model in fp32 (math
 backend). The bar as in the kernel tests: flashback's error on the loss and on the gradients
-is at most twice PyTorch's bf16 flash error, plus 1e-5."""
+is at most twice PyTorch's bf16 flash error, plus 1e-5.
+
+The second test packs several sequences into one row (restarting position ids, FlashAttention's
+cu_seqlens offsets handed to the model as keyword arguments, the way transformers' flattening
+collator does) and runs attention through `flashback.attention_varlen`, registered as a
+transformers attention function. Its loss and gradients are checked against the same sequences
+run one at a time (fp32 math reference, PyTorch's bf16 flash as the yardstick)."""
 import copy
 import os
 
@@ -55,6 +61,86 @@ def test_llama_head_dim_256_on_the_provider():
             (before, flashback.last_forward_path(), flashback.last_backward_path())
     finally:
         torch.nn.attention.restore_flash_attention_impl()
+    assert torch.isfinite(loss_fb) and bool(torch.isfinite(g_fb).all())
+    err_loss_pt, err_loss_fb = (loss_pt - loss32).abs().item(), (loss_fb - loss32).abs().item()
+    assert err_loss_fb <= 2 * err_loss_pt + 1e-5, f"loss error {err_loss_fb:.3e} vs PyTorch flash {err_loss_pt:.3e}"
+    err_pt, err_fb = (g_pt - g32).abs().max().item(), (g_fb - g32).abs().max().item()
+    assert err_fb <= 2 * err_pt + 1e-5, f"gradient max abs error {err_fb:.3e} vs PyTorch flash {err_pt:.3e}"
+
+
+_PACKED_NAME = "packed_varlen_fb"  # transformers treats any name containing "flash" as a FlashAttention build
+
+
+def _packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers attention function: query (1, heads, tokens, d) holding packed sequences."""
+    assert "cu_seq_lens_q" in kwargs, f"the packed offsets did not reach attention (kwargs: {sorted(kwargs)})"
+    assert query.shape[0] == 1 and dropout == 0.0
+    q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
+    out = flashback.attention_varlen(q, k, v, kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"],
+                                     kwargs["max_length_q"], kwargs["max_length_k"], causal=True,
+                                     softmax_scale=scaling)
+    return out.unsqueeze(0), None
+
+
+def _use_packed_attention(model):
+    transformers.AttentionInterface.register(_PACKED_NAME, _packed_attention)
+    masks = getattr(transformers, "AttentionMaskInterface", None)
+    if masks is not None:  # the offsets carry the masking; no mask tensor is built
+        masks.register(_PACKED_NAME, lambda *args, **kwargs: None)
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(_PACKED_NAME)
+    else:
+        model.config._attn_implementation = _PACKED_NAME
+
+
+def _next_token_loss(logits, ids, bounds):
+    """Sum over sequences of next-token cross entropy inside each sequence (never across a
+    boundary), over the number of predicted tokens."""
+    total = sum(torch.nn.functional.cross_entropy(logits[s:e - 1].float(), ids[s + 1:e], reduction="sum")
+                for s, e in bounds if e - s > 1)
+    return total / sum(e - s - 1 for s, e in bounds if e - s > 1)
+
+
+def _grads(model):
+    return torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
+
+
+def _one_at_a_time(model, ids, bounds, backends):
+    model.zero_grad(set_to_none=True)
+    with torch.nn.attention.sdpa_kernel(backends):
+        logits = torch.cat([model(input_ids=ids[None, s:e]).logits[0] for s, e in bounds])
+    loss = _next_token_loss(logits, ids, bounds)
+    loss.backward()
+    return loss.detach().float(), _grads(model)
+
+
+@pytest.mark.skipif(not hasattr(transformers, "AttentionInterface"),
+                    reason="this transformers has no AttentionInterface (< 4.48)")
+def test_llama_packed_varlen_batch_matches_one_sequence_at_a_time():
+    lengths = [1000, 1, 17, 1030]
+    bounds, start = [], 0
+    for n in lengths:
+        bounds.append((start, start + n))
+        start += n
+    model32 = _model()
+    model_pt = copy.deepcopy(model32).to(torch.bfloat16)
+    model_fb = copy.deepcopy(model_pt)
+    _use_packed_attention(model_fb)
+    ids = torch.randint(0, 1024, (start,), device="cuda")
+    loss32, g32 = _one_at_a_time(model32, ids, bounds, [SDPB.MATH])
+    loss_pt, g_pt = _one_at_a_time(model_pt, ids, bounds, [SDPB.FLASH_ATTENTION])
+
+    cu = torch.tensor([0] + [e for _, e in bounds], dtype=torch.int32, device="cuda")
+    positions = torch.cat([torch.arange(e - s, device="cuda") for s, e in bounds])[None]
+    model_fb.zero_grad(set_to_none=True)
+    logits = model_fb(input_ids=ids[None], position_ids=positions, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                      max_length_q=max(lengths), max_length_k=max(lengths)).logits[0]
+    assert flashback.last_forward_path() == "sm90", flashback.last_forward_path()
+    loss_fb = _next_token_loss(logits, ids, bounds)
+    loss_fb.backward()
+    assert flashback.last_backward_path() == "sm90", flashback.last_backward_path()
+    loss_fb, g_fb = loss_fb.detach().float(), _grads(model_fb)
+
     assert torch.isfinite(loss_fb) and bool(torch.isfinite(g_fb).all())
     err_loss_pt, err_loss_fb = (loss_pt - loss32).abs().item(), (loss_fb - loss32).abs().item()
     assert err_loss_fb <= 2 * err_loss_pt + 1e-5, f"loss error {err_loss_fb:.3e} vs PyTorch flash {err_loss_pt:.3e}"

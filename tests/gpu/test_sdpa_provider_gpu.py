@@ -1,6 +1,7 @@
 """flashback as PyTorch's SDPA flash-attention provider, on an sm_90 GPU: what it serves runs on
 flashback's Hopper kernels and meets the correctness bar, forward and backward, under
 torch.compile too; what it does not serve falls through to PyTorch's own kernel unchanged."""
+import importlib.util
 import os
 
 import pytest
@@ -111,7 +112,8 @@ def test_deterministic_algorithms_run_flashbacks_deterministic_backward(provider
         check_close(name, ours, r32, rlp)
 
 
-@pytest.mark.skipif(not hasattr(torch.nn.attention, "varlen"), reason="this PyTorch has no varlen_attn")
+@pytest.mark.skipif(importlib.util.find_spec("torch.nn.attention.varlen") is None,
+                    reason="this PyTorch has no varlen_attn")
 def test_varlen_attn_runs_on_flashback(provider):
     """torch.nn.attention.varlen.varlen_attn goes through aten::_flash_attention_forward with
     offsets; with the provider active it runs flashback's varlen kernels."""
