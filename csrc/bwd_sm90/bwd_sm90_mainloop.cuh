@@ -319,12 +319,12 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         const int query = m0 + q_row + 8 * ((r >> 1) & 1);
         const float l = (r & 2) ? lse1 : lse0;
         const bool masked = key >= seqlen_k || (p.causal && key > query + diag);
-        s[r] = masked ? 0.f : exp2f(s[r] * p.scale_log2 - l);
+        s[r] = masked ? 0.f : fh::exp2_approx(s[r] * p.scale_log2 - l);
       }
     } else {
 #pragma unroll
       for (int r = 0; r < T::kHalfN / 2; ++r) {
-        s[r] = exp2f(s[r] * p.scale_log2 - ((r & 2) ? lse1 : lse0));
+        s[r] = fh::exp2_approx(s[r] * p.scale_log2 - ((r & 2) ? lse1 : lse0));
       }
     }
     store_hand_t<T>(p_t, s, wg, t);

@@ -198,14 +198,14 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       offset[h] = mx == -INFINITY ? 0.f : mx * p.scale_log2;
       // O and l are still 0 while no key was seen: alpha must then be 0, not exp2(-offset),
       // which overflows to inf (and 0 * inf = NaN) when the first row maximum is very negative.
-      alpha[h] = m_raw[h] == -INFINITY ? 0.f : exp2f(m_raw[h] * p.scale_log2 - offset[h]);
+      alpha[h] = m_raw[h] == -INFINITY ? 0.f : fh::exp2_approx(m_raw[h] * p.scale_log2 - offset[h]);
       m_raw[h] = mx;
     }
     float rowsum[2] = {0.f, 0.f};
 #pragma unroll
     for (int r = 0; r < kS; ++r) {
       const int h = (r >> 1) & 1;
-      acc[r] = exp2f(acc[r] * p.scale_log2 - offset[h]);
+      acc[r] = fh::exp2_approx(acc[r] * p.scale_log2 - offset[h]);
       rowsum[h] += acc[r];
     }
 #pragma unroll
