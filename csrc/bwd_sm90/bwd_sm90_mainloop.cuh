@@ -147,10 +147,11 @@ __device__ __forceinline__ void gemm_q_by_kv(float (&acc)[T::kHalfN / 2], const 
                                              const uint8_t* y) {
   const uint64_t dx = fh::desc_kmajor_sw128(x);
   const uint64_t dy = fh::desc_kmajor_sw128(y);
+  fh::wgmma_ss_set<T::kHalfN>(acc, dx, dy);
 #pragma unroll
-  for (int s = 0; s < T::kHeadDim / 16; ++s) {
+  for (int s = 1; s < T::kHeadDim / 16; ++s) {
     fh::wgmma_ss<T::kHalfN>(acc, fh::desc_advance(dx, fh::kmajor_k_offset(s, T::kBlockM)),
-                            fh::desc_advance(dy, fh::kmajor_k_offset(s, T::kBlockN)), s > 0);
+                            fh::desc_advance(dy, fh::kmajor_k_offset(s, T::kBlockN)), true);
   }
 }
 
@@ -287,14 +288,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
 
     // (1) S = Q_i K_w^T  then  (3) dP = dO_i V_w^T, two commit groups.
     float s[T::kHalfN / 2], dp[T::kHalfN / 2];
-    // Zeroed although the first wgmma ignores them (scale-d false): its asm reads the
-    // accumulators ("+f"), which would otherwise keep the last step's values alive. The operand
-    // fences pin the zeroing before wgmma.fence (else ptxas sees register writes between fence
-    // and wgmma and injects a warpgroup.arrive, C7519).
-    fh::zero_acc(s);
-    fh::zero_acc(dp);
-    fh::wgmma_fence_operand(s);
-    fh::wgmma_fence_operand(dp);
+    // Both start with a write-only wgmma (wgmma_ss_set): no zeroing pass, no old value kept.
     pipe_q->consumer_wait(sq);
     fh::wgmma_fence();
     gemm_q_by_kv<T>(s, q_s, k_half);

@@ -41,6 +41,14 @@ def shape_block(n):
         f"%{nacc}, %{nacc + 1}, p, %{nacc + 3}, %{nacc + 4}, %{nacc + 5}, %{nacc + 6};",
         "}",
     ]
+    ss_set = [
+        "{",
+        ".reg .pred p;",
+        "setp.ne.b32 p, 0, 0;",
+        f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {reg_list(0, nacc)}, "
+        f"%{nacc}, %{nacc + 1}, p, %{nacc + 2}, %{nacc + 3}, %{nacc + 4}, %{nacc + 5};",
+        "}",
+    ]
     rs = [
         "{",
         ".reg .pred p;",
@@ -63,6 +71,16 @@ struct WgmmaBf16<{n}> {{
         : {acc_constraints(nacc).strip()}
         : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(ScaleA), "n"(ScaleB), "n"(TransA),
           "n"(TransB));
+  }}
+
+  // D(64x{n}, fp32) = A(64x16, smem descriptor) * B(16x{n}, smem descriptor), scale-d false:
+  // D is only written ("=f"), so its old registers need no zeroing and are not kept alive.
+  template <int ScaleA, int ScaleB, int TransA, int TransB>
+  __device__ static __forceinline__ void ss_set(float (&d)[{nacc}], uint64_t desc_a, uint64_t desc_b) {{
+    asm volatile(
+{asm_text(ss_set)}
+        : {acc_constraints(nacc).strip().replace('"+f"', '"=f"')}
+        : "l"(desc_a), "l"(desc_b), "n"(ScaleA), "n"(ScaleB), "n"(TransA), "n"(TransB));
   }}
 
   // D(64x{n}, fp32) (+)= A(64x16, four bf16x2 registers) * B(16x{n}, smem descriptor)

@@ -123,6 +123,23 @@ FB_DEVICE void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, boo
 #endif
 }
 
+// SS, first k-step of a fresh accumulator: D = A*B with D's registers only written. Unlike
+// wgmma_ss(..., false) it needs no zeroing pass before it (with "+f" the asm reads D, so the
+// caller must define it: 40 register moves per S tile in the forward's loop) and keeps no old
+// value alive.
+template <int N, int TransA = 0, int TransB = 0, int ScaleA = 1, int ScaleB = 1>
+FB_DEVICE void wgmma_ss_set(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b) {
+  static_assert(TransA == 0 || TransA == 1, "TransA is 0 (K-major) or 1 (M-major)");
+  static_assert(TransB == 0 || TransB == 1, "TransB is 0 (K-major) or 1 (N-major)");
+  static_assert(ScaleA == 1 || ScaleA == -1, "ScaleA is 1 or -1");
+  static_assert(ScaleB == 1 || ScaleB == -1, "ScaleB is 1 or -1");
+#if FLASHBACK_SM90A
+  detail::WgmmaBf16<N>::template ss_set<ScaleA, ScaleB, TransA, TransB>(d, desc_a, desc_b);
+#else
+  __trap();
+#endif
+}
+
 // RS: A from registers (always K-major: PTX has no transpose for a register A), B from shared
 // memory. Fragment layout: see a_frag_row / a_frag_col below.
 template <int N, int TransB = 0, int ScaleA = 1, int ScaleB = 1>

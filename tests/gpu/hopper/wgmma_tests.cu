@@ -127,10 +127,12 @@ __global__ void __launch_bounds__(128) wgmma_chain_kernel(const __grid_constant_
   fh::mbar_wait(&bar, 0);
   float p[32];
   fh::wgmma_fence();
+  // First k-step write-only (wgmma_ss_set: p is never initialized), then accumulate.
+  fh::wgmma_ss_set<64>(p, fh::desc_kmajor_sw128(tile_a), fh::desc_kmajor_sw128(tile_b));
 #pragma unroll
-  for (int s = 0; s < 4; ++s) {
+  for (int s = 1; s < 4; ++s) {
     fh::wgmma_ss<64>(p, fh::desc_kmajor_sw128(tile_a + 32 * s), fh::desc_kmajor_sw128(tile_b + 32 * s),
-                     s > 0);
+                     true);
   }
   fh::wgmma_commit();
   fh::wgmma_wait<0>();
