@@ -36,7 +36,7 @@ def _worker(rank, world, port, args, results):
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    import flashback  # noqa: F401  (registers the provider)
+    import flashback  # registers the provider
 
     torch.cuda.set_device(rank)
     if world > 1:
@@ -88,7 +88,10 @@ def _worker(rank, world, port, args, results):
                     ms = slowest.item()
                 else:
                     ms = timed()
-                rows.append((impl, causal, ms))
+                # Which kernels the last ring step ran (a declined chunk would fall through to
+                # PyTorch's flash kernel without a word).
+                paths = (flashback.last_forward_path(), flashback.last_backward_path())
+                rows.append((impl, causal, ms, paths))
             if impl == "flashback":
                 torch.nn.attention.restore_flash_attention_impl()
     finally:
@@ -107,7 +110,10 @@ def run(world, args):
                                join=False, start_method="spawn")
     rows = results.get(timeout=1200)
     procs.join()
-    return {(impl, causal): ms for impl, causal, ms in rows}
+    for impl, causal, _, paths in rows:
+        if impl == "flashback" and paths != ("sm90", "sm90"):
+            print(f"WARNING: {world} GPU(s), causal={causal}: the flashback row ran {paths}, not sm90")
+    return {(impl, causal): ms for impl, causal, ms, _ in rows}
 
 
 def main():
