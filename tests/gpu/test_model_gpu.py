@@ -1,7 +1,7 @@
 """A real model on the SDPA provider: a small Llama-style transformer with head dim 256 (random
 init, built from a config with the `transformers` library), forward + backward with PyTorch's
 flash kernels and with flashback's behind them; both against the same model in fp32 (math
-backend). The bar as in the kernel tests: flashback's error on the loss and on the gradients
+backend). The bar as in the kernel tests: flashback's error on the per-token losses and on the gradients
 is at most twice PyTorch's bf16 flash error, plus 1e-5.
 
 The second test packs several sequences into one row (restarting position ids, FlashAttention's
