@@ -76,11 +76,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
   } else {
     fh::setmaxnreg_inc<kFwdSm90Hdim256.consumer_regs>();
+    // Shared-memory descriptors of this warpgroup's Q rows and of the first K / V stage, made
+    // once: later stages are fixed offsets from them.
+    const uint64_t desc_q = fh::desc_kmajor_sw128(smem + Traits::kOffQ + 64 * (wg - 1) * 128);
+    const uint64_t desc_k0 = fh::desc_kmajor_sw128(smem + Traits::kOffK);
+    const uint64_t desc_v0 = fh::desc_mnmajor_sw128(smem + Traits::kOffV, Traits::kKvAtomBytes);
     for (int id = first; id < p.num_tiles; id += step) {
       const FwdSm90Work w = fwd_sm90_work<Traits::kBlockM, Traits::kBlockN>(p, id);
       if (w.active) {
         fwd_sm90_consumer<Traits, kPersistent>(p, w, smem, q_bar, q_empty, pipe_k, pipe_v, wg - 1, st,
-                                               q_loads);
+                                               q_loads, desc_q, desc_k0, desc_v0);
       }
       if (!kPersistent) break;
     }

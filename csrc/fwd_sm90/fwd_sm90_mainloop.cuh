@@ -123,7 +123,8 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
                                                   uint8_t* smem, uint64_t* q_bar, uint64_t* q_empty,
                                                   fh::TmaPipeline<T::kStages>* pipe_k,
                                                   fh::TmaPipeline<T::kStages>* pipe_v, int wg,
-                                                  fh::PipelineState<T::kStages>& st, int& q_loads) {
+                                                  fh::PipelineState<T::kStages>& st, int& q_loads,
+                                                  uint64_t desc_q, uint64_t desc_k0, uint64_t desc_v0) {
   constexpr int kS = T::kBlockN / 2;  // S accumulator registers (64 x 80)
   const int t = threadIdx.x % 128;
   const bool warp_leader = (threadIdx.x % 32) == 0;
@@ -147,12 +148,21 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     pipe_k->consumer_wait(at);
     fh::wgmma_fence();
     const uint8_t* k_s = smem + T::kOffK + at.stage * T::kKvTileBytes;
-    const uint64_t da = fh::desc_kmajor_sw128(q_w);
-    const uint64_t db = fh::desc_kmajor_sw128(k_s);
+    // Persistent: the descriptors made once per CTA and the 32-bit offset form; ptxas otherwise
+    // rebuilt them with 64-bit carries per wgmma in that instance (docs/perf-log.md). The
+    // default instance keeps the form its measured SASS came from.
+    const uint64_t da = kPersistent ? desc_q : fh::desc_kmajor_sw128(q_w);
+    const uint64_t db = kPersistent ? fh::desc_advance(desc_k0, at.stage * T::kKvTileBytes)
+                                    : fh::desc_kmajor_sw128(k_s);
 #pragma unroll
     for (int k = 0; k < T::kHeadDim / 16; ++k) {
-      fh::wgmma_ss<T::kBlockN>(acc, fh::desc_advance(da, fh::kmajor_k_offset(k, T::kBlockM)),
-                               fh::desc_advance(db, fh::kmajor_k_offset(k, T::kBlockN)), k > 0);
+      if constexpr (kPersistent) {
+        fh::wgmma_ss<T::kBlockN>(acc, fh::desc_advance_lo(da, fh::kmajor_k_offset(k, T::kBlockM)),
+                                 fh::desc_advance_lo(db, fh::kmajor_k_offset(k, T::kBlockN)), k > 0);
+      } else {
+        fh::wgmma_ss<T::kBlockN>(acc, fh::desc_advance(da, fh::kmajor_k_offset(k, T::kBlockM)),
+                                 fh::desc_advance(db, fh::kmajor_k_offset(k, T::kBlockN)), k > 0);
+      }
     }
     fh::wgmma_commit();
   };
@@ -162,7 +172,8 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     pipe_v->consumer_wait(at);
     fh::wgmma_fence();  // also after the wait loop's branch (C7519)
     const uint8_t* v_s = smem + T::kOffV + at.stage * T::kKvTileBytes;
-    const uint64_t db = fh::desc_mnmajor_sw128(v_s, T::kKvAtomBytes);
+    const uint64_t db = kPersistent ? fh::desc_advance(desc_v0, at.stage * T::kKvTileBytes)
+                                    : fh::desc_mnmajor_sw128(v_s, T::kKvAtomBytes);
 #pragma unroll
     for (int c = 0; c < T::kBlockN / 16; ++c) {
       fh::wgmma_rs<T::kHeadDim, 1>(o, a[c], fh::desc_advance(db, fh::mnmajor_k_offset(c)), true);

@@ -61,6 +61,18 @@ __host__ __device__ constexpr uint32_t mnmajor_k_offset(int s) { return static_c
 // into LBO for addresses below 256 KB, so adding to the whole word is safe and cheapest.
 FB_DEVICE uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
 
+// The same value as desc_advance, built as a 32-bit add on the low word joined to the
+// unchanged high word (SBO, swizzle). Where ptxas cannot tell the 64-bit add never carries it
+// emits add + add-with-carry + register moves per wgmma (8 uniform instructions in the
+// persistent forward's S loop); this form costs 4. Use it where SASS shows that pattern.
+FB_DEVICE uint64_t desc_advance_lo(uint64_t desc, uint32_t bytes) {
+  uint64_t r;
+  const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);
+  const uint32_t hi = static_cast<uint32_t>(desc >> 32);
+  asm("mov.b64 %0, {%1, %2};" : "=l"(r) : "r"(lo), "r"(hi));
+  return r;
+}
+
 // ------------------------------------------------------------------------------- ordering
 
 // Required before the first wgmma of a sequence and whenever ordinary code wrote (or read) the
