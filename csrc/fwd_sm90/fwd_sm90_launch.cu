@@ -29,10 +29,10 @@ namespace {
 
 using Traits = FwdSm90Traits<kFwdSm90Hdim256>;
 
-// kPersistent (EXPERIMENTAL, FLASHBACK_FWD_PERSISTENT=1; compile-checked, not yet run on a
-// GPU): one CTA per SM walks tiles blockIdx.x, + gridDim.x, ... in the grid's order; the K/V
-// ring and the Q barrier phases carry over, so the next tile's loads overlap this one's last
-// P V and epilogue.
+// kPersistent (EXPERIMENTAL, FLASHBACK_FWD_PERSISTENT=1; bitwise the default's results on the
+// GPU tests, but measured slower so far, see docs/perf-log.md): one CTA per SM walks tiles
+// blockIdx.x, + gridDim.x, ... in the grid's order; the K/V ring and the Q barrier phases carry
+// over, so the next tile's loads overlap this one's last P V and epilogue.
 template <bool kPersistent>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q,
