@@ -200,9 +200,10 @@ cudaError_t run_bwd_sm90(const flashback_bwd_params& p, cudaStream_t stream) {
     err = resident_ctas(kernel, Traits::kThreads, Traits::kSmemBytes, &kp.det_chunk);
     if (err != cudaSuccess) return err;
     if (!p.causal && det_cooperative()) {
-      // EXPERIMENTAL (FLASHBACK_DET_COOPERATIVE=1; compile-checked, not yet run on a GPU): one
-      // cooperative launch per chunk, so the driver places a chunk only when all of it fits and
-      // a concurrent kernel holding SMs delays the launch instead of stalling resident CTAs.
+      // EXPERIMENTAL (FLASHBACK_DET_COOPERATIVE=1; bitwise the single launch's gradients on the
+      // GPU tests, 3-7% slower non-causal, see docs/perf-log.md): one cooperative launch per
+      // chunk, so the driver places a chunk only when all of it fits and a concurrent kernel
+      // holding SMs delays the launch instead of stalling resident CTAs.
       cudaLaunchAttribute attr[1];
       attr[0].id = cudaLaunchAttributeCooperative;
       attr[0].val.cooperative = 1;
