@@ -127,12 +127,14 @@ __global__ void __launch_bounds__(128) wgmma_chain_kernel(const __grid_constant_
   fh::mbar_wait(&bar, 0);
   float p[32];
   fh::wgmma_fence();
-  // First k-step write-only (wgmma_ss_set: p is never initialized), then accumulate.
-  fh::wgmma_ss_set<64>(p, fh::desc_kmajor_sw128(tile_a), fh::desc_kmajor_sw128(tile_b));
+  // First k-step write-only (wgmma_ss_set: p is never initialized), then accumulate, the later
+  // k-steps' descriptors made with desc_advance_lo (the persistent forward's form).
+  const uint64_t da = fh::desc_kmajor_sw128(tile_a);
+  const uint64_t db = fh::desc_kmajor_sw128(tile_b);
+  fh::wgmma_ss_set<64>(p, da, db);
 #pragma unroll
   for (int s = 1; s < 4; ++s) {
-    fh::wgmma_ss<64>(p, fh::desc_kmajor_sw128(tile_a + 32 * s), fh::desc_kmajor_sw128(tile_b + 32 * s),
-                     true);
+    fh::wgmma_ss<64>(p, fh::desc_advance_lo(da, 32 * s), fh::desc_advance_lo(db, 32 * s), true);
   }
   fh::wgmma_commit();
   fh::wgmma_wait<0>();
