@@ -19,6 +19,7 @@ Conventions, everywhere in this file:
   zero gradient: +inf is what makes the backward's exp(S - lse) vanish on such rows.
 """
 
+import contextlib
 import math
 
 import numpy as np
@@ -241,3 +242,14 @@ def explicit_attention(q, k, v, scale, causal, dout=None):
     dv = torch.einsum("bhqk,bqhd->bkhd", p, dof)
     dk, dv = (t.reshape(b, sk, hk, group, d).sum(3) for t in (dk, dv))
     return dq, dk, dv
+
+
+@contextlib.contextmanager
+def deterministic_algorithms():
+    """torch.use_deterministic_algorithms(True) inside the block, the previous setting after."""
+    prev = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(prev)

@@ -10,7 +10,7 @@ import torch
 
 import flashback
 from flashback import sdpa
-from reference import causal_mask
+from reference import causal_mask, deterministic_algorithms
 
 FWD = torch.ops.aten._scaled_dot_product_flash_attention
 needs_registry = pytest.mark.skipif(not hasattr(torch.nn.attention, "register_flash_attention_impl"),
@@ -276,14 +276,10 @@ def test_deterministic_mode_serves_the_backward_in_flashbacks_deterministic_mode
     torch_kernel, backend = cpu_provider
     torch.nn.attention.activate_flash_attention_impl("flashback")
     q, k, v = (t.detach().requires_grad_() for t in _qkv())
-    prev = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
+    with deterministic_algorithms():
         out = FWD(q, k, v, 0.0, True, False, scale=0.0625)[0]
         dout = torch.randn_like(out)
         grads = torch.autograd.grad(out, (q, k, v), dout)
-    finally:
-        torch.use_deterministic_algorithms(prev)
     assert (backend.forward_calls, backend.backward_calls, torch_kernel.calls) == (1, 1, 0)
     assert backend.deterministic == [True]
     ref = _reference_grads(q, k, v, dout, 0.0625, True)
@@ -324,13 +320,9 @@ def test_decline_reasons(monkeypatch):
     assert sdpa.decline_reason(q, k[:, :0], v[:, :0]) == "shapes"  # no kv heads
     assert "flashback rejects it" in sdpa.decline_reason(q, k, v, scale=0.0)
     assert "flashback rejects it" in sdpa.decline_reason(q, k, v, scale=float("inf"))
-    prev = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
+    with deterministic_algorithms():
         assert sdpa.decline_reason(q, k, v) is None
         assert sdpa.decline_reason(q, k, v, backward=True) is None
-    finally:
-        torch.use_deterministic_algorithms(prev)
     monkeypatch.setattr(sdpa._backend, "device_ok", lambda x: False)
     assert "sm_90" in sdpa.decline_reason(q, k, v)
 
@@ -460,13 +452,9 @@ def test_deterministic_non_causal_backward_falls_through(cpu_provider):
     torch_kernel, backend = cpu_provider
     torch.nn.attention.activate_flash_attention_impl("flashback")
     q, k, v = (t.detach().requires_grad_() for t in _qkv())
-    prev = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
+    with deterministic_algorithms():
         out = FWD(q, k, v, 0.0, False, False, scale=0.0625)[0]
         torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
-    finally:
-        torch.use_deterministic_algorithms(prev)
     assert (backend.forward_calls, backend.backward_calls, torch_kernel.calls) == (1, 0, 1)
 
 

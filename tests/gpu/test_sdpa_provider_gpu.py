@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import flashback
-from reference import attention_ref, check_close
+from reference import attention_ref, check_close, deterministic_algorithms
 
 pytestmark = [
     pytest.mark.gpu,
@@ -44,6 +44,17 @@ def _ref(q, k, v, dout, causal, upcast):
     return out.detach().transpose(1, 2), [g.transpose(1, 2) for g in grads]
 
 
+def _check_bar(q, k, v, dout, causal, grads, out=None):
+    """The correctness bar on the gradients (and on `out` when given) against attention_ref in
+    fp32 and in the inputs' dtype."""
+    out32, g32 = _ref(q, k, v, dout, causal, upcast=True)
+    outlp, glp = _ref(q, k, v, dout, causal, upcast=False)
+    if out is not None:
+        check_close("out", out, out32, outlp)
+    for name, ours, r32, rlp in zip(("dq", "dk", "dv"), grads, g32, glp):
+        check_close(name, ours, r32, rlp)
+
+
 def _sdpa(q, k, v, causal, gqa):
     with torch.nn.attention.sdpa_kernel(FLASH):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
@@ -58,11 +69,7 @@ def test_sdpa_runs_on_flashback(provider, shape, causal):
     assert flashback.last_forward_path() == "sm90"
     grads = torch.autograd.grad(out, (q, k, v), dout)
     assert flashback.last_backward_path() == "sm90"
-    out32, g32 = _ref(q, k, v, dout, causal, upcast=True)
-    outlp, glp = _ref(q, k, v, dout, causal, upcast=False)
-    check_close("out", out, out32, outlp)
-    for name, ours, r32, rlp in zip(("dq", "dk", "dv"), grads, g32, glp):
-        check_close(name, ours, r32, rlp)
+    _check_bar(q, k, v, dout, causal, grads, out)
 
 
 @pytest.mark.parametrize("case", ["hdim128", "fp16"])
@@ -99,29 +106,19 @@ def test_torch_compile(provider):
     # stale); dK and dV are reproducible bit for bit, dQ (atomics) in its last bits only.
     assert torch.equal(out, out_eager)
     assert torch.equal(grads[1], grads_eager[1]) and torch.equal(grads[2], grads_eager[2])
-    out32, g32 = _ref(q, k, v, dout, True, upcast=True)
-    outlp, glp = _ref(q, k, v, dout, True, upcast=False)
-    for name, ours, r32, rlp in zip(("dq", "dk", "dv"), grads, g32, glp):
-        check_close(name, ours, r32, rlp)
+    _check_bar(q, k, v, dout, True, grads)
 
 
 def test_deterministic_algorithms_run_flashbacks_deterministic_backward(provider):
     (q, k, v), dout = _inputs(1, 8, 2, 3000, 256)
-    prev = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
+    with deterministic_algorithms():
         out = _sdpa(q, k, v, True, gqa=True)
         grads = [torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) for _ in range(3)]
-    finally:
-        torch.use_deterministic_algorithms(prev)
     assert flashback.last_backward_path() == "sm90"
     for again in grads[1:]:
         for name, a, b in zip(("dq", "dk", "dv"), grads[0], again):
             assert torch.equal(a, b), f"{name} differs between deterministic backward calls"
-    out32, g32 = _ref(q, k, v, dout, True, upcast=True)
-    outlp, glp = _ref(q, k, v, dout, True, upcast=False)
-    for name, ours, r32, rlp in zip(("dq", "dk", "dv"), grads[0], g32, glp):
-        check_close(name, ours, r32, rlp)
+    _check_bar(q, k, v, dout, True, grads[0])
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch.nn.attention.varlen") is None,
@@ -181,8 +178,4 @@ def test_context_parallel_ring_step_contract(provider, step):
         dout, q, k, v, out, lse_chunk, None, None, q.shape[2], k.shape[2], 0.0, causal,
         torch.zeros(2, dtype=torch.uint64, device="cuda"), torch.zeros((), dtype=torch.uint64, device="cuda"))
     assert flashback.last_backward_path() == "sm90"
-    out32, g32 = _ref(q, k, v, dout, causal, upcast=True)
-    outlp, glp = _ref(q, k, v, dout, causal, upcast=False)
-    check_close("out", out, out32, outlp)
-    for name, ours, r32, rlp in zip(("dq", "dk", "dv"), grads, g32, glp):
-        check_close(name, ours, r32, rlp)
+    _check_bar(q, k, v, dout, causal, grads, out)
