@@ -154,15 +154,13 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     const uint64_t da = kPersistent ? desc_q : fh::desc_kmajor_sw128(q_w);
     const uint64_t db = kPersistent ? fh::desc_advance(desc_k0, at.stage * T::kKvTileBytes)
                                     : fh::desc_kmajor_sw128(k_s);
+    auto advance = [](uint64_t desc, uint32_t bytes) {
+      return kPersistent ? fh::desc_advance_lo(desc, bytes) : fh::desc_advance(desc, bytes);
+    };
 #pragma unroll
     for (int k = 0; k < T::kHeadDim / 16; ++k) {
-      if constexpr (kPersistent) {
-        fh::wgmma_ss<T::kBlockN>(acc, fh::desc_advance_lo(da, fh::kmajor_k_offset(k, T::kBlockM)),
-                                 fh::desc_advance_lo(db, fh::kmajor_k_offset(k, T::kBlockN)), k > 0);
-      } else {
-        fh::wgmma_ss<T::kBlockN>(acc, fh::desc_advance(da, fh::kmajor_k_offset(k, T::kBlockM)),
-                                 fh::desc_advance(db, fh::kmajor_k_offset(k, T::kBlockN)), k > 0);
-      }
+      fh::wgmma_ss<T::kBlockN>(acc, advance(da, fh::kmajor_k_offset(k, T::kBlockM)),
+                               advance(db, fh::kmajor_k_offset(k, T::kBlockN)), k > 0);
     }
     fh::wgmma_commit();
   };

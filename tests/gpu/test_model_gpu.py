@@ -38,6 +38,10 @@ def _model():
     return transformers.LlamaForCausalLM(config).cuda()
 
 
+def _grads(model):
+    return torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
+
+
 def _check_bar(loss_fb, loss_pt, loss32, g_fb, g_pt, g32):
     """The kernels' bar on per-token losses and on all parameter gradients: flashback's max abs
     error against fp32 at most twice PyTorch's bf16 flash error, plus 1e-5."""
@@ -55,8 +59,7 @@ def _loss_and_grads(model, ids, backends):
     tokens = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(),
                                                reduction="none")
     tokens.mean().backward()
-    grads = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
-    return tokens.detach(), grads
+    return tokens.detach(), _grads(model)
 
 
 def test_llama_head_dim_256_on_the_provider():
@@ -109,10 +112,6 @@ def _next_token_loss(logits, ids, bounds):
     """Per-token next-token cross entropy inside each sequence (never across a boundary)."""
     return torch.cat([torch.nn.functional.cross_entropy(logits[s:e - 1].float(), ids[s + 1:e], reduction="none")
                       for s, e in bounds if e - s > 1])
-
-
-def _grads(model):
-    return torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
 
 
 def _one_at_a_time(model, ids, bounds, backends):
