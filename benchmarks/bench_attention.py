@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Attention benchmark: flashback against PyTorch SDPA (flash, cuDNN, memory-efficient) and FA3.
 
-Sweep (DESIGN.md section 6): head dim 256, bf16, 8 heads, 16384 tokens in total:
+Sweep (docs/design.md section 6): head dim 256, bf16, 8 heads, 16384 tokens in total:
 (batch, seqlen) = (4, 4096), (2, 8192), (1, 16384); causal and not.
 
 Convention (FlashAttention's benchmarks): forward FLOPs = 4 * batch * seqlen^2 * nheads * headdim,
@@ -45,7 +45,7 @@ NHEADS = 8
 SHAPES = ((4, 4096), (2, 8192), (1, 16384))  # (batch, seqlen): 16384 tokens each
 IMPLS = ("flashback", "flashback_det", "sdpa_flash", "cudnn", "sdpa_efficient", "fa3")
 # The default run leaves out SDPA's memory-efficient backend: at ~40 TFLOP/s it alone would take
-# most of the sweep's time, and its numbers are in the committed baselines. "--impls all" adds it,
+# most of the sweep's time, and its numbers are in docs/perf-log.md. "--impls all" adds it,
 # and flashback_det (deterministic=True; on the reference kernels until the deterministic Hopper
 # backward is validated).
 DEFAULT_IMPLS = ("flashback", "sdpa_flash", "cudnn", "fa3")

@@ -14,7 +14,7 @@
 #   FLASHBACK_COMMIT   commit to name the result file by, for a copy of the tree without .git
 #   BENCH_IMPLS        default flashback,sdpa_flash,cudnn,fa3 (fa3 when importable). "all" adds
 #                      sdpa_efficient: at ~40 TFLOP/s it alone takes ~2 minutes of the sweep, and
-#                      its numbers are in the baselines already.
+#                      its numbers are in docs/perf-log.md already.
 #   BENCH_ARGS         more benchmark flags, e.g. --quick
 #   TEST_TIMEOUT       seconds for the GPU tests (default 300)
 #   TIME_BUDGET        seconds for the whole script (default 570). The benchmark gets what the

@@ -1,6 +1,6 @@
 """Reference attention math shared by the CPU and GPU tests.
 
-Two independent implementations of the same definition (DESIGN.md section 1):
+Two independent implementations of the same definition (docs/design.md section 1):
 
 * ``attention_ref``: PyTorch, differentiable through autograd. The GPU tests compare the kernels
   against it twice: once computed in float32 (the truth) and once in the inputs' low precision

@@ -1,4 +1,4 @@
-"""NumPy model of the Hopper kernels, walking the tiles exactly as they do (DESIGN.md section 4).
+"""NumPy model of the Hopper kernels, walking the tiles exactly as they do (docs/design.md section 4).
 
 Everything is float64, so the model agrees with the dense formulas in tests/reference.py to
 rounding: a disagreement is a bug in the tiling (block bounds, causal skipping, masking of partial
@@ -22,7 +22,7 @@ import numpy as np
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 
-# The fast configuration at head dim 256 (DESIGN.md section 5): 64 Q rows x 80 K/V rows per tile.
+# The fast configuration at head dim 256 (docs/design.md section 5): 64 Q rows x 80 K/V rows per tile.
 DEFAULT_BLOCK_M = 64
 DEFAULT_BLOCK_N = 80
 
