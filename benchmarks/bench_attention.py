@@ -40,8 +40,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
 DEVICE = "cuda"
-HEADDIM = 256
+HEADDIM = 256  # the default sweep's head dim
 NHEADS = 8
+HEADDIMS = (64, 128, 192, 256)
+DTYPES = ("bf16", "fp16")
+
+
+def nheads_for(headdim):
+    """FlashAttention's benchmark convention: a model width of 2048 (8 heads at d = 256)."""
+    return 2048 // headdim
 SHAPES = ((4, 4096), (2, 8192), (1, 16384))  # (batch, seqlen): 16384 tokens each
 IMPLS = ("flashback", "flashback_det", "sdpa_flash", "cudnn", "sdpa_efficient", "fa3")
 # The default run leaves out SDPA's memory-efficient backend: at ~40 TFLOP/s it alone would take
@@ -115,10 +122,10 @@ def make_payload(device, commit, date, torch_version, results, **extra):
     return payload
 
 
-def result_row(impl, direction, causal, batch, seqlen, nheads, headdim, ms_runs):
+def result_row(impl, direction, causal, batch, seqlen, nheads, headdim, ms_runs, dtype="bf16"):
     flops = attention_flops(batch, seqlen, nheads, headdim, causal, direction)
     return {"impl": impl, "direction": direction, "causal": bool(causal), "batch": batch, "seqlen": seqlen,
-            "nheads": nheads, "headdim": headdim,
+            "nheads": nheads, "headdim": headdim, "dtype": dtype,
             "tflops": [round(tflops(flops, ms), 2) for ms in ms_runs],
             "ms": [round(ms, 4) for ms in ms_runs]}
 
@@ -141,20 +148,23 @@ def write_results(out_dir, payload):
 def format_table(payload):
     """Median TFLOP/s per implementation; ours/yardstick = flashback / sdpa_flash."""
     rows = payload["results"]
-    med = {(r["impl"], r["direction"], bool(r["causal"]), r["batch"], r["seqlen"]): statistics.median(r["tflops"])
-           for r in rows}
+    def point(r):
+        return (r["headdim"], r.get("dtype", "bf16"), r["direction"], bool(r["causal"]), r["batch"], r["seqlen"])
+
+    med = {(r["impl"],) + point(r): statistics.median(r["tflops"]) for r in rows}
     impls = [c for c in COLUMNS if any(r["impl"] == c for r in rows)]
     impls += sorted({r["impl"] for r in rows} - set(impls))
     order = {"bwd": 0, "fwd": 1, "train": 2}
-    keys = sorted({(r["direction"], bool(r["causal"]), r["batch"], r["seqlen"]) for r in rows},
-                  key=lambda k: (order.get(k[0], 3), not k[1], k[3]))
-    head = ["dir", "causal", "batch", "seqlen"] + impls + ["ours/yardstick"]
+    keys = sorted({point(r) for r in rows},
+                  key=lambda k: (k[0], k[1], order.get(k[2], 3), not k[3], k[5]))
+    head = ["dir", "d", "dtype", "causal", "batch", "seqlen"] + impls + ["ours/yardstick"]
     lines = [head]
-    for direction, causal, batch, seqlen in keys:
-        vals = [med.get((i, direction, causal, batch, seqlen)) for i in impls]
-        ours, yard = med.get(("flashback", direction, causal, batch, seqlen)), med.get((YARDSTICK, direction, causal, batch, seqlen))
+    for d, dtype, direction, causal, batch, seqlen in keys:
+        key = (d, dtype, direction, causal, batch, seqlen)
+        vals = [med.get((i,) + key) for i in impls]
+        ours, yard = med.get(("flashback",) + key), med.get((YARDSTICK,) + key)
         ratio = f"{ours / yard:.3f}" if ours and yard else "-"
-        lines.append([direction, "yes" if causal else "no", str(batch), str(seqlen)]
+        lines.append([direction, str(d), dtype, "yes" if causal else "no", str(batch), str(seqlen)]
                      + [f"{v:.1f}" if v is not None else "-" for v in vals] + [ratio])
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     text = [f"{payload.get('device', '?')}  commit {payload.get('commit', '?')}  {payload.get('date', '?')}  "
@@ -365,7 +375,8 @@ def _short(e):
     return f"{type(e).__name__}: {msg[0][:200] if msg else ''}"
 
 
-def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRECTIONS):
+def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRECTIONS, headdims=(HEADDIM,),
+              dtypes=("bf16",)):
     import torch
     device = torch.cuda.get_device_name()
     payload = make_payload(device, git_commit(), datetime.date.today().isoformat(), torch.__version__, [],
@@ -385,31 +396,37 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
         print("note: " + note)
     path = None
     gen = torch.Generator(device=DEVICE).manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
-    for causal in (True, False):
-        for batch, seqlen in SHAPES:
-            shape = (batch, seqlen, NHEADS, HEADDIM)
-            q, k, v, dout = (torch.randn(shape, generator=gen, device=DEVICE, dtype=torch.bfloat16) for _ in range(4))
+    for headdim, dtype_name, causal, (batch, seqlen) in ((d, t, c, bs) for d in headdims for t in dtypes
+                                                          for c in (True, False) for bs in SHAPES):
+            nheads = nheads_for(headdim)
+            dtype = torch.float16 if dtype_name == "fp16" else torch.bfloat16
+            shape = (batch, seqlen, nheads, headdim)
+            q, k, v, dout = (torch.randn(shape, generator=gen, device=DEVICE, dtype=dtype) for _ in range(4))
             for t in (q, k, v):
                 t.requires_grad_()
             for impl in impls:
+                if impl == "fa3" and dtype_name != "bf16":
+                    continue  # the FlashAttention-3 build compared against is bf16 only
                 paths = {}
                 try:
                     res = measure(impl, q, k, v, dout, causal, iters, warmup, repeats, payload["notes"], paths,
                                   directions)
                 except Exception as e:  # noqa: BLE001 - a backend that rejects the shape is skipped
-                    note = f"{impl} causal={causal} batch={batch} seqlen={seqlen} skipped: {_short(e)}"
+                    note = (f"{impl} d={headdim} {dtype_name} causal={causal} batch={batch} seqlen={seqlen} "
+                            f"skipped: {_short(e)}")
                     payload["notes"].append(note)
                     print("note: " + note, flush=True)
                     torch.cuda.empty_cache()
                     continue
                 for key, ms_runs in res.items():
                     row_impl, direction = (BWD_CALL, "bwd") if key == BWD_CALL else (impl, key)
-                    row = result_row(row_impl, direction, causal, batch, seqlen, NHEADS, HEADDIM, ms_runs)
+                    row = result_row(row_impl, direction, causal, batch, seqlen, nheads, headdim, ms_runs,
+                                     dtype_name)
                     if key in paths:
                         row["path"] = paths[key]
                     payload["results"].append(row)
-                    print(f"{row_impl:>18} {direction} causal={causal!s:5} {batch}x{seqlen:<6} "
-                          f"TFLOP/s {'/'.join(f'{t:.1f}' for t in row['tflops'])}", flush=True)
+                    print(f"{row_impl:>18} {direction} d={headdim} {dtype_name} causal={causal!s:5} "
+                          f"{batch}x{seqlen:<6} TFLOP/s {'/'.join(f'{t:.1f}' for t in row['tflops'])}", flush=True)
                 torch.cuda.empty_cache()
             del q, k, v, dout
             torch.cuda.empty_cache()
@@ -437,6 +454,10 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3, help="runs per measurement (default 3)")
     p.add_argument("--directions", default=",".join(DIRECTIONS),
                    help=f"comma-separated subset of {','.join(DIRECTIONS)} to time (default all)")
+    p.add_argument("--headdims", default=str(HEADDIM),
+                   help=f"comma-separated head dims (default {HEADDIM}; 'all' = {','.join(map(str, HEADDIMS))}); "
+                        f"nheads = 2048 / headdim")
+    p.add_argument("--dtypes", default="bf16", help="comma-separated subset of bf16,fp16 (default bf16)")
     p.add_argument("--summarize", metavar="JSON", help="print the table of a result file (with --plot: its PNG) and exit")
     a = p.parse_args(argv)
 
@@ -458,6 +479,12 @@ def main(argv=None):
     bad = [d for d in directions if d not in DIRECTIONS]
     if bad or not directions:
         p.error(f"--directions takes a subset of {','.join(DIRECTIONS)}, got {a.directions!r}")
+    headdims = HEADDIMS if a.headdims.strip() == "all" else tuple(int(d) for d in a.headdims.split(",") if d.strip())
+    if not headdims or any(d not in HEADDIMS for d in headdims):
+        p.error(f"--headdims takes a subset of {','.join(map(str, HEADDIMS))}, got {a.headdims!r}")
+    dtypes = tuple(t.strip() for t in a.dtypes.split(",") if t.strip())
+    if not dtypes or any(t not in DTYPES for t in dtypes):
+        p.error(f"--dtypes takes a subset of {','.join(DTYPES)}, got {a.dtypes!r}")
     iters = a.iters if a.iters is not None else (10 if a.quick else 100)
     warmup = a.warmup if a.warmup is not None else (2 if a.quick else 10)
 
@@ -466,7 +493,7 @@ def main(argv=None):
     if problem:
         print(f"bench_attention: nothing to benchmark: {problem}.")
         return 0
-    run_sweep(impls, iters, warmup, a.repeats, a.out, a.plot, directions)
+    run_sweep(impls, iters, warmup, a.repeats, a.out, a.plot, directions, headdims, dtypes)
     return 0
 
 

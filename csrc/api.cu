@@ -19,6 +19,7 @@
 #include "common/attention.cuh"
 #include "flashback/flashback.h"
 #include "launch.h"
+#include "sm90/sm90_family.h"
 
 namespace flashback {
 namespace {
@@ -45,21 +46,35 @@ flashback_status ok() {
 }
 
 #define FLASHBACK_HEADDIM_ENTRY(d) d,
-// The head dims this build instantiated (FLASHBACK_HEADDIMS in CMake); 0 ends the list and
-// keeps it non-empty.
-constexpr int kSupportedHeadDims[] = {FLASHBACK_REF_FOR_EACH_HEADDIM(FLASHBACK_HEADDIM_ENTRY) 0};
+// The head dims this build instantiated (FLASHBACK_HEADDIMS in CMake): the reference kernels'
+// (bf16) and the Hopper family's (bf16 and fp16). 0 ends each list and keeps it non-empty.
+constexpr int kReferenceHeadDims[] = {FLASHBACK_REF_FOR_EACH_HEADDIM(FLASHBACK_HEADDIM_ENTRY) 0};
+constexpr int kSm90HeadDims[] = {FLASHBACK_SM90_FOR_EACH_HEADDIM(FLASHBACK_HEADDIM_ENTRY) 0};
 #undef FLASHBACK_HEADDIM_ENTRY
 
-bool headdim_supported(int d) {
-  for (int s : kSupportedHeadDims)
+template <size_t N>
+bool in_list(const int (&list)[N], int d) {
+  for (int s : list)
     if (s != 0 && s == d) return true;
   return false;
 }
 
+// Some kernel of this build serves the head dim.
+bool headdim_supported(int d) { return in_list(kReferenceHeadDims, d) || in_list(kSm90HeadDims, d); }
+
+// The Hopper family has an instance for (d, dtype); the layout test comes later (can_implement).
+bool sm90_serves(int d, flashback_dtype dtype) {
+  return in_list(kSm90HeadDims, d) && (dtype == FLASHBACK_DTYPE_BF16 || dtype == FLASHBACK_DTYPE_FP16);
+}
+// The reference kernels serve (d, dtype): bf16 only.
+bool reference_serves(int d, flashback_dtype dtype) {
+  return in_list(kReferenceHeadDims, d) && dtype == FLASHBACK_DTYPE_BF16;
+}
+
 std::string supported_headdims_text() {
   std::string s;
-  for (int d : kSupportedHeadDims) {
-    if (d == 0) continue;
+  for (int d = 1; d <= 512; ++d) {
+    if (!headdim_supported(d)) continue;
     if (!s.empty()) s += ", ";
     s += std::to_string(d);
   }
@@ -88,9 +103,12 @@ flashback_status check_shape(const Shape& s, flashback_dtype dtype, float scale)
   if (!headdim_supported(s.headdim))
     return fail(FLASHBACK_ERROR_NOT_SUPPORTED, "headdim %d is not supported (supported: %s)",
                 s.headdim, supported_headdims_text().c_str());
-  if (dtype != FLASHBACK_DTYPE_BF16)
-    return fail(FLASHBACK_ERROR_NOT_SUPPORTED, "dtype %d is not supported (supported: bf16 = %d)",
-                static_cast<int>(dtype), static_cast<int>(FLASHBACK_DTYPE_BF16));
+  if (dtype != FLASHBACK_DTYPE_BF16 && dtype != FLASHBACK_DTYPE_FP16)
+    return fail(FLASHBACK_ERROR_NOT_SUPPORTED,
+                "dtype %d is not supported (supported: bf16 = %d, fp16 = %d)", static_cast<int>(dtype),
+                static_cast<int>(FLASHBACK_DTYPE_BF16), static_cast<int>(FLASHBACK_DTYPE_FP16));
+  if (!sm90_serves(s.headdim, dtype) && !reference_serves(s.headdim, dtype))
+    return fail(FLASHBACK_ERROR_NOT_SUPPORTED, "headdim %d in fp16 is not in this build", s.headdim);
   if (!std::isfinite(scale) || scale <= 0.f)
     return fail(FLASHBACK_ERROR_INVALID_VALUE, "softmax_scale must be finite and > 0, got %g",
                 static_cast<double>(scale));
@@ -205,10 +223,12 @@ const char* copy_path(const std::string& last) {
 }
 
 // Launches one direction: the Hopper kernels (csrc/fwd_sm90, csrc/bwd_sm90) when they take the
-// params (head dim 256, bf16, TMA-addressable tensors) and
+// params (a family member for the head dim and dtype, TMA-addressable tensors) and
 // FLASHBACK_FORCE_REFERENCE is not set, else -- or when a tensor map does not encode, in which
-// case the fast path launched nothing -- the reference kernels. Records which ran and why. The
-// device itself is checked before (sm_90 only, check_current_device).
+// case the fast path launched nothing -- the reference kernels, which serve bf16 only: fp16 (and
+// head dims only the family has) then fails with the Hopper path's reason instead of running
+// something else. Records which ran and why. The device itself is checked before (sm_90 only,
+// check_current_device).
 template <typename Params>
 flashback_status launch_direction(const Params& p, bool (*can_implement)(const Params&, const char**),
                                   cudaError_t (*run_sm90)(const Params&, cudaStream_t),
@@ -229,6 +249,11 @@ flashback_status launch_direction(const Params& p, bool (*can_implement)(const P
     }
     why = "the driver did not encode a tensor map of the Hopper path";
   }
+  if (!reference_serves(p.headdim, p.dtype))
+    return fail(FLASHBACK_ERROR_NOT_SUPPORTED,
+                "%s: headdim %d %s runs on the Hopper kernels only, which declined: %s "
+                "(the reference kernels serve bf16 at head dims 64, 128, 256)",
+                direction, p.headdim, p.dtype == FLASHBACK_DTYPE_FP16 ? "fp16" : "bf16", why);
   const flashback_status st = launched(run_reference(p, stream), what.c_str());
   if (st == FLASHBACK_SUCCESS) record_path(last, direction, "reference", why);
   return st;
@@ -239,7 +264,7 @@ flashback_status launch_direction(const Params& p, bool (*can_implement)(const P
 // and for the reference, which it falls back to when a tensor map does not encode.
 size_t bwd_workspace_bytes(const flashback_bwd_params& p) {
   const size_t ref = reference_bwd_workspace_size(p);
-  const bool sm90_possible = !force_reference() && p.headdim == 256 && p.dtype == FLASHBACK_DTYPE_BF16;
+  const bool sm90_possible = !force_reference() && sm90_serves(p.headdim, p.dtype);
   if (!sm90_possible) return ref;
   const size_t fast = sm90::bwd_sm90_workspace_size(p);
   return fast > ref ? fast : ref;
@@ -303,6 +328,15 @@ using namespace flashback;
 extern "C" {
 
 int flashback_headdim_supported(int headdim) { return headdim_supported(headdim) ? 1 : 0; }
+
+int flashback_supports(int headdim, int dtype) {
+  const flashback_dtype t = static_cast<flashback_dtype>(dtype);
+  return sm90_serves(headdim, t) || reference_serves(headdim, t) ? 1 : 0;
+}
+
+int flashback_sm90_supports(int headdim, int dtype) {
+  return sm90_serves(headdim, static_cast<flashback_dtype>(dtype)) ? 1 : 0;
+}
 
 const char* flashback_last_error(void) { return g_last_error.c_str(); }
 

@@ -1,13 +1,16 @@
-// Hopper (sm_90a) backward for head dim 256, bf16: the fast path of flashback_attention_backward.
+// Hopper (sm_90a) backward, one kernel family for head dims 64-256 in bf16 and fp16: the fast
+// path of flashback_attention_backward. docs/design.md describes the algorithm and budgets.
 //
-// Files, one per role (steps numbered as DESIGN.md section 4 everywhere):
+// Files, one per role (steps numbered as docs/design.md section 4 everywhere):
 //   bwd_sm90.h            this: the config, the kernel parameters, the entry points
 //   bwd_sm90_prepost.cu   (0) preprocess: D = rowsum(dO * O), LSE * log2(e), both padded;
-//                         postprocess: dQ = scale * dQaccum (un-permuted) to bf16
+//                         postprocess: dQ = scale * dQaccum (un-permuted) to bf16 / fp16
 //   bwd_sm90_scheduler.cuh  which (K/V block, kv head, batch) a CTA owns; its Q-block walk
 //   bwd_sm90_mainloop.cuh   TMA producer and the two consumer warpgroups, steps (1)-(7)
 //   bwd_sm90_epilogue.cuh   dQ partial -> fp32 dQaccum (coalesced red.v4), dK / dV stores
-//   bwd_sm90_launch.cu      kernel, tensor maps, workspace, can_implement, the launches
+//   bwd_sm90_launch.cuh     kernel, tensor maps, the launches of one config (a template)
+//   bwd_sm90_launch.cu      the table of configs, workspace, can_implement, the dispatch
+//   bwd_sm90_hdim*.cu       the instances of one head dim (one file each: parallel builds)
 //
 // dQ partials of different K/V blocks meet in fp32 atomics: not deterministic, unless
 // p.deterministic, which launches the kernel's kDet instance: the adds into each tile then go
@@ -25,31 +28,41 @@
 namespace flashback {
 namespace sm90 {
 
-// Tile shape and warp roles. A CTA owns block_n rows of K and V (resident in shared memory)
-// and walks the Q blocks of block_m rows that see them.
+// One member of the family: tile shape and warp roles. A CTA owns block_n rows of K and V
+// (resident in shared memory) and walks the Q blocks of block_m rows that see them. Threads,
+// register budget check, barrier counts and the shared-memory plan are derived from it in
+// BwdSm90Traits and checked at compile time.
 struct BwdSm90Config {
-  int head_dim;
-  int block_m;        // Q rows per step
-  int block_n;        // K/V rows per CTA
+  int head_dim;       // 64 x atoms (64-element, 128-byte columns of the swizzled tiles)
+  int block_m;        // Q rows per step (64: one wgmma M per step)
+  int block_n;        // K/V rows per CTA (a multiple of 16)
   int q_stages;       // Q pipeline depth
   int do_stages;      // dO pipeline depth
   int producer_regs;  // setmaxnreg of the TMA warpgroup
   int consumer_regs;  // setmaxnreg of the two MMA warpgroups
 };
 
-// Two consumer warpgroups split the work by data, not by role (DESIGN.md section 5):
-//   (1)-(4) warpgroup w computes S, dP, P, dS for all 64 queries and keys 40w..40w+39
-//           (64 x 40 each) and stores P^T and dS^T in bf16 to shared memory;
+// Two consumer warpgroups split the work by data, not by role (docs/design.md section 5):
+//   (1)-(4) warpgroup w computes S, dP, P, dS for all 64 queries and keys (block_n/2) w ..
+//           (64 x block_n/2 each) and stores P^T and dS^T in 16 bits to shared memory;
 //   one barrier: both halves of P^T and dS^T are there;
-//   (5)-(7) warpgroup w computes dV^T, dK^T and dQ^T for head-dim rows 128w..128w+127 over all
-//           80 keys (dV/dK accumulate across steps, dQ^T goes to dQaccum).
-// Registers per consumer thread: dV^T + dK^T 2 x 128 x 80 / 128 = 160, dQ^T 64, S and dP 40
-// (dead before dQ starts): <= 224 live accumulators under the 240 of setmaxnreg.
-// Shared memory: K, V 40 KB each, Q 2 x 32 KB, dO 1 x 32 KB, P^T and dS^T 2 x 10 KB each
-// (double-buffered: one barrier per step) = 216 KB. A second dO stage would need 228 KB.
-constexpr BwdSm90Config kBwdSm90Hdim256 = {
-    /*head_dim=*/256, /*block_m=*/64, /*block_n=*/80, /*q_stages=*/2, /*do_stages=*/1,
-    /*producer_regs=*/24, /*consumer_regs=*/240};
+//   (5)-(7) warpgroup w computes dV^T, dK^T and dQ^T for its head-dim atom-columns (64 rows
+//           each; warpgroup 0 takes the first ceil(atoms / 2), warpgroup 1 the rest) over all
+//           block_n keys (dV/dK accumulate across steps, dQ^T goes to dQaccum).
+// Registers per consumer thread of warpgroup 0 (the larger share), own = ceil(d / 128):
+// dV^T + dK^T 2 x own x block_n / 2, S and dP 2 x block_n / 4 (dead before dQ starts), one dQ^T
+// atom 32 in flight. Shared memory: K, V block_n x 2d bytes each, Q and dO 64 x 2d bytes per
+// stage, P^T and dS^T double-buffered (step parity: one barrier per step), block_n x 128 B each.
+//   d = 64:  64 x 128, own 1 (warpgroup 1 has none: it does (1)-(4) only): 128 + 64 + 32 = 224
+//            registers; 32 + 2 x 2 x 8 + 4 x 16 = 128 KB.
+//   d = 128: 64 x 128, own 1 each: 224 registers; 64 + 2 x 2 x 16 + 64 = 192 KB.
+//   d = 192: 64 x 80, own 2 / 1: 160 + 40 + 32 = 232; 60 + 2 x 2 x 24 + 40 = 196 KB.
+//   d = 256: 64 x 80, own 2 each: 232; 80 + 2 x 32 + 1 x 32 + 40 = 216 KB (a second dO stage
+//            would need 228 KB).
+constexpr BwdSm90Config kBwdSm90Hdim64 = {64, 64, 128, 2, 2, 24, 240};
+constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240};
+constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 80, 2, 2, 24, 240};
+constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 2, 1, 24, 240};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {
@@ -66,10 +79,11 @@ struct BwdSm90Params {
   // (batch, nheads, m_blocks) tiles):
   const float* lse_log2;  // 64 rows per tile: LSE * log2(e), +inf padding
   const float* dsum;      // same: D = rowsum(dO * O), 0 padding
-  float* dq_accum;        // block_m x 256 fp32 per tile, fragment order
+  float* dq_accum;        // block_m x d fp32 per tile, fragment order
   DqTiles dq_tiles;
   // Deterministic mode (deterministic=True): per dQaccum tile and phase of the adds (the first
-  // or the second quarter each consumer warpgroup adds), how many K/V blocks have added theirs. Each tile takes the adds in one fixed order
+  // or the second atom-column each consumer warpgroup adds), how many K/V blocks have added
+  // theirs. Each tile takes the adds in one fixed order
   // (bwd_sm90_dq_rank in bwd_sm90_scheduler.cuh), so every element is summed the same way
   // every run. Null otherwise.
   int* dq_turn;           // per workspace tile (dq_tile, bwd_sm90_prepost.h): 2 counters
@@ -84,8 +98,8 @@ struct BwdSm90Params {
   flashback_strides dk_strides, dv_strides;
 };
 
-// Does the fast path take these params? Static (no device state): head dim 256, bf16,
-// every tensor TMA-addressable (16-byte aligned base, strides multiples of
+// Does the fast path take these params? Static (no device state): a config for the head dim in
+// the table, bf16 or fp16, every tensor TMA-addressable (16-byte aligned base, strides multiples of
 // 16 bytes -- the API already demands both). `why` (may be null) gets the first reason not.
 bool bwd_sm90_can_implement(const flashback_bwd_params& p, const char** why);
 

@@ -1,20 +1,18 @@
 // Where the gradients leave the Hopper backward's registers.
 //
-// (7) dQ: each consumer warpgroup holds two 64 x 64 fp32 dQ^T partials (head-dim quarters u,
-// rows = head dim, columns = queries) for the current (Q block, K/V block) pair and adds them
-// into the fp32 dQaccum workspace.
-// DESIGN.md section 5 measured the layout of the adds as the deciding factor (2.2 us per 64 KB
+// (7) dQ: each consumer warpgroup holds one 64 x 64 fp32 dQ^T partial per head-dim atom-column u
+// it owns (rows = head dim, columns = queries) for the current (Q block, K/V block) pair and
+// adds them into the fp32 dQaccum workspace.
+// docs/design.md section 5 measured the layout of the adds as the deciding factor (2.2 us per 64 KB
 // tile when a warp covers whole 128-byte lines, 7.6-8 us straight from the fragment layout), so
-// dQaccum is not row-major: tile (batch, head, Q block) stores quarter u, register group g
+// dQaccum is not row-major: tile (batch, head, Q block) stores atom-column u, register group g
 // (accumulator registers 4g..4g+3), thread t at float offset u*4096 + (g*128 + t)*4. One
 // red.global.add.v4.f32 per thread per group then covers 512 contiguous bytes per warp.
 // The postprocess kernel (bwd_sm90_prepost.cu) maps it back to rows and columns.
 //
 // dK, dV: written once per CTA. The accumulators are transposed (dV^T, dK^T: rows = head dim),
-// so they go through shared memory (stmatrix.trans) and leave as whole 512-byte rows.
+// so they go through shared memory (stmatrix.trans) and leave as whole 2d-byte rows.
 #pragma once
-
-#include <cuda_bf16.h>
 
 #include "bwd_sm90/bwd_sm90.h"
 #include "bwd_sm90/bwd_sm90_prepost.h"
@@ -30,10 +28,11 @@ __device__ __forceinline__ void red_add_v4(float* dst, float a, float b, float c
                : "memory");
 }
 
-// (7) dQaccum[tile][quarter u] += dq (32 registers of an m64n64 accumulator).
+// (7) dQaccum[tile][atom-column u] += dq (32 registers of an m64n64 accumulator).
+template <int kHeadDim>
 __device__ __forceinline__ void add_dq_partial(const BwdSm90Params& p, int64_t tile, int u, int t,
                                                const float (&dq)[32]) {
-  float* dst = p.dq_accum + tile * kDqTileFloats + u * (kDqTileFloats / 4) + t * 4;
+  float* dst = p.dq_accum + tile * dq_tile_floats(kHeadDim) + u * kDqAtomFloats + t * 4;
 #pragma unroll
   for (int g = 0; g < 8; ++g) {
     red_add_v4(dst + g * 512, dq[4 * g], dq[4 * g + 1], dq[4 * g + 2], dq[4 * g + 3]);
@@ -68,25 +67,25 @@ __device__ __forceinline__ void dq_turn_release(int* turn) {
   asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(turn) : "memory");
 }
 
-// dV^T or dK^T of one warpgroup (head-dim quarters 2 wg and 2 wg + 1, m64 x kBlockN each),
-// times `scale`, as bf16 into a staging tile [key][d] (rows of `row_bytes`): stmatrix.trans
+// dV^T or dK^T of one warpgroup (kOwn head-dim atom-columns from `first`, m64 x kBlockN each),
+// times `scale`, as 16-bit into a staging tile [key][d] (rows of `row_bytes`): stmatrix.trans
 // turns each 8 x 8 block (8 head-dim rows x 8 keys) into 8 key rows of 16 contiguous bytes.
-template <int kBlockN>
+template <int kBlockN, int kOwn, hopper::Dtype kElem>
 __device__ __forceinline__ void stage_dkv_t(uint8_t* stage, uint32_t row_bytes,
-                                            const float (&acc)[2][kBlockN / 2], float scale,
-                                            int wg, int t) {
+                                            const float (&acc)[kOwn][kBlockN / 2], float scale,
+                                            int first, int t) {
   static_assert(kBlockN % 16 == 0, "key groups are taken two at a time");
   const int lane = t % 32;
   const int mat = lane / 8;
   const int r = lane % 8;
   const uint32_t base = hopper::smem_u32(stage);
 #pragma unroll
-  for (int jj = 0; jj < 2; ++jj) {
-    const int d0 = 64 * (2 * wg + jj) + 16 * (t / 32);
+  for (int jj = 0; jj < kOwn; ++jj) {
+    const int d0 = 64 * (first + jj) + 16 * (t / 32);
     uint32_t pk[kBlockN / 4];  // pk[2c] = key group c, rows d0..; pk[2c + 1] = rows d0 + 8..
 #pragma unroll
     for (int i = 0; i < kBlockN / 4; ++i) {
-      pk[i] = hopper::pack_bf16x2(acc[jj][2 * i] * scale, acc[jj][2 * i + 1] * scale);
+      pk[i] = hopper::pack2<kElem>(acc[jj][2 * i] * scale, acc[jj][2 * i + 1] * scale);
     }
 #pragma unroll
     for (int c = 0; c < kBlockN / 8; c += 2) {
@@ -98,15 +97,16 @@ __device__ __forceinline__ void stage_dkv_t(uint8_t* stage, uint32_t row_bytes,
   }
 }
 
-// Staged rows [n0, n0 + kBlockN) of dK or dV to global memory: a warp writes one whole row of
-// 512 bytes per instruction; rows past seqlen_k are not written. `tid` counts 256 threads.
-template <int kBlockN>
+// Staged rows [n0, n0 + kBlockN) of dK or dV to global memory: a row is 2d bytes of 16-byte
+// chunks, consecutive threads take consecutive chunks; rows past seqlen_k are not written.
+// `tid` counts 256 threads.
+template <int kBlockN, int kHeadDim>
 __device__ __forceinline__ void copy_dkv_out(void* out, const flashback_strides& st,
                                              const uint8_t* stage, uint32_t row_bytes,
                                              int64_t seq_offset, int kv_head, int n0,
                                              int seqlen_k, int tid) {
-  __nv_bfloat16* base = static_cast<__nv_bfloat16*>(out) + seq_offset + kv_head * st.head;
-  constexpr int kChunks = 256 * 2 / 16;  // 16-byte chunks per row
+  uint16_t* base = static_cast<uint16_t*>(out) + seq_offset + kv_head * st.head;
+  constexpr int kChunks = kHeadDim * 2 / 16;  // 16-byte chunks per row
   for (int idx = tid; idx < kBlockN * kChunks; idx += 256) {
     const int row = idx / kChunks;
     const int chunk = idx % kChunks;

@@ -1,29 +1,33 @@
-// Main loop of the Hopper backward (head dim 256): the TMA producer and the two consumer
-// warpgroups. Steps numbered as DESIGN.md section 4:
+// Main loop of the Hopper backward: the TMA producer and the two consumer warpgroups. Steps
+// numbered as docs/design.md section 4:
 //   (1) S = Q_i K_j^T   (2) P = exp2(S * scale * log2e - LSE_i * log2e), masked
 //   (3) dP = dO_i V_j^T (4) dS = P * (dP - D_i)
 //   (5) dV_j += P^T dO_i   (6) dK_j += dS^T Q_i   (7) dQ_i += dS K_j
 //
-// Split by data (bwd_sm90.h): consumer warpgroup w owns keys 40w..40w+39 for (1)-(4) and
-// head-dim rows 128w..128w+127 for (5)-(7). (5)-(7) are computed transposed (M = head dim):
+// Split by data (bwd_sm90.h): consumer warpgroup w owns keys (block_n/2) w .. for (1)-(4) and
+// its head-dim atom-columns (64 rows each) for (5)-(7). (5)-(7) are computed transposed
+// (M = head dim):
 //   (5) dV^T += dO^T P     (6) dK^T += Q^T dS     (7) dQ^T = K^T dS^T
 // so every operand is a tile already in shared memory and no GEMM needs registers from the other
-// warpgroup. P^T and dS^T ([key][query], 80 rows of 128 bytes) are the only hand-off: written
-// with stmatrix.trans from each warpgroup's S / dP accumulators, read by both after one barrier.
+// warpgroup. P^T and dS^T ([key][query], block_n rows of 128 bytes) are the only hand-off:
+// written with stmatrix.trans from each warpgroup's S / dP accumulators, read by both after one
+// barrier.
 //
-// Shared memory (128B-swizzled tiles, 1024-aligned; TMA writes all but P^T / dS^T):
-//   K_j, V_j     4 atom-columns of 80 rows x 128 B each, loaded once          80 KB
-//   Q_i          q_stages x 4 atom-columns of 64 rows                           64 KB
-//   dO_i         do_stages x 4 atom-columns of 64 rows                          32 KB
-//   P^T, dS^T    2 buffers each (step parity), 80 rows x 128 B                  40 KB
+// Shared memory (128B-swizzled tiles, 1024-aligned; TMA writes all but P^T / dS^T; d/64
+// atom-columns per tile):
+//   K_j, V_j     block_n rows x 128 B per atom-column, loaded once
+//   Q_i          q_stages x 64 rows x 128 B per atom-column
+//   dO_i         do_stages x 64 rows x 128 B per atom-column
+//   P^T, dS^T    2 buffers each (step parity), block_n rows x 128 B
+// (sizes per config in bwd_sm90.h).
 //
-// wgmma operands (FACTS section 11; M always 64 per instruction):
-//   (1) S   = Q K_w^T    A = Q_i K-major, B = K rows 40w.. K-major      (SS, m64n40, K 256)
-//   (3) dP  = dO V_w^T   A = dO_i K-major, B = V rows 40w.. K-major     (SS, m64n40, K 256)
-//   (5) dV^T = dO^T P    A = dO_i MN-major (trans-a), B = P^T K-major    (SS, m64n80, K 64)
-//   (6) dK^T = Q^T dS    A = Q_i MN-major (trans-a), B = dS^T K-major    (SS, m64n80, K 64)
-//   (7) dQ^T = K^T dS^T  A = K MN-major (trans-a), B = dS^T MN-major     (SS, m64n64, K 80)
-// (5)-(7) per warpgroup: two m64 tiles (head-dim quarters 2w, 2w+1).
+// wgmma operands (docs/hopper-facts.md section 11; M always 64 per instruction), N = block_n:
+//   (1) S   = Q K_w^T    A = Q_i K-major, B = K rows (N/2) w.. K-major   (SS, m64 n(N/2), K d)
+//   (3) dP  = dO V_w^T   A = dO_i K-major, B = V rows (N/2) w.. K-major  (SS, m64 n(N/2), K d)
+//   (5) dV^T = dO^T P    A = dO_i MN-major (trans-a), B = P^T K-major     (SS, m64 nN, K 64)
+//   (6) dK^T = Q^T dS    A = Q_i MN-major (trans-a), B = dS^T K-major     (SS, m64 nN, K 64)
+//   (7) dQ^T = K^T dS^T  A = K MN-major (trans-a), B = dS^T MN-major      (SS, m64 n64, K N)
+// (5)-(7) per warpgroup: one m64 tile per atom-column it owns.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -41,24 +45,37 @@ namespace sm90 {
 
 namespace fh = flashback::hopper;
 
-template <const BwdSm90Config& kCfg>
+template <const BwdSm90Config& kCfg, Dtype kDtype>
 struct BwdSm90Traits {
+  static constexpr Dtype kElem = kDtype;
   static constexpr int kHeadDim = kCfg.head_dim;
   static constexpr int kBlockM = kCfg.block_m;
   static constexpr int kBlockN = kCfg.block_n;
   static constexpr int kQStages = kCfg.q_stages;
   static constexpr int kDoStages = kCfg.do_stages;
-  static constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
-  static_assert(kHeadDim == 256 && kBlockM == 64 && kBlockN == 80,
-                "the warpgroup split below is written for 64 x 80 tiles at d = 256");
+  static constexpr int kProducerRegs = kCfg.producer_regs;
+  static constexpr int kConsumerRegs = kCfg.consumer_regs;
+  static constexpr int kConsumerWgs = 2;  // the split by data below is written for two
+  static constexpr int kThreads = 128 * (1 + kConsumerWgs);
+  static constexpr int kConsumerWarps = 4 * kConsumerWgs;   // arrivals that free a stage
+  static constexpr int kConsumerThreads = 128 * kConsumerWgs;
+  static_assert(kHeadDim % 64 == 0 && kHeadDim >= 64 && kHeadDim <= 256,
+                "d is a whole number of 64-element atom-columns, at most 256");
+  static_assert(kBlockM == 64, "one wgmma M (64 queries) per step: S, dP and the dQ^T N");
   static_assert(kBlockM == kDqTileRows, "dQaccum tiles are Q blocks");
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "block_n: k16 steps of dQ^T, N of dV^T");
   static constexpr int kHalfN = kBlockN / 2;               // keys per consumer warpgroup
   static constexpr int kAtomCols = kHeadDim / 64;          // 64-element (128-byte) columns
+  // Head-dim atom-columns of (5)-(7) per warpgroup: warpgroup 0 takes the larger share.
+  static constexpr int kOwn0 = (kAtomCols + 1) / 2;
+  static constexpr int kOwn1 = kAtomCols / 2;
+  static constexpr int own(int wg) { return wg == 0 ? kOwn0 : kOwn1; }
+  static constexpr int first_atom(int wg) { return wg == 0 ? 0 : kOwn0; }
   static constexpr uint32_t kQAtomBytes = kBlockM * 128;   // one atom-column of a Q-side tile
   static constexpr uint32_t kKvAtomBytes = kBlockN * 128;  // one atom-column of K or V
-  static constexpr uint32_t kQTileBytes = kAtomCols * kQAtomBytes;   // 32 KB
-  static constexpr uint32_t kKvTileBytes = kAtomCols * kKvAtomBytes;  // 40 KB
-  static constexpr uint32_t kHandBytes = kBlockN * kBlockM * 2;       // P^T or dS^T, 10 KB
+  static constexpr uint32_t kQTileBytes = kAtomCols * kQAtomBytes;
+  static constexpr uint32_t kKvTileBytes = kAtomCols * kKvAtomBytes;
+  static constexpr uint32_t kHandBytes = kBlockN * kBlockM * 2;  // P^T or dS^T
   static constexpr uint32_t kOffK = 0;
   static constexpr uint32_t kOffV = kOffK + kKvTileBytes;
   static constexpr uint32_t kOffQ = kOffV + kKvTileBytes;
@@ -72,23 +89,27 @@ struct BwdSm90Traits {
       1024 /* alignment slack */ + kOffPipeDo + sizeof(fh::TmaPipeline<kDoStages>);
   static_assert(kSmemBytes <= 232448, "over the 227 KB a CTA may have");
   static_assert(kKvAtomBytes % 1024 == 0 && kHalfN * 128 % 1024 == 0 && kHandBytes % 1024 == 0,
-                "swizzled tiles and their 40-row halves must stay 1024-aligned");
-  // Epilogue staging of dV and dK as bf16 [key][d] rows padded by 16 bytes (stmatrix rows of
+                "swizzled tiles and their block_n/2-row halves must stay 1024-aligned");
+  // Epilogue staging of dV and dK as 16-bit [key][d] rows padded by 16 bytes (stmatrix rows of
   // one matrix then fall into 8 different bank groups), over K, V and Q, dead by then.
   static constexpr uint32_t kStageRowBytes = kHeadDim * 2 + 16;
   static constexpr uint32_t kStageBytes = kBlockN * kStageRowBytes;
   static_assert(2 * kStageBytes <= kOffDo, "dK/dV staging must fit over K, V and Q");
   // setmaxnreg budget: __launch_bounds__(384, 1) gives 168 per thread = 64512 in the pool.
-  static_assert(128 * kCfg.producer_regs + 256 * kCfg.consumer_regs <= 168 * kThreads,
+  static_assert(128 * kCfg.producer_regs + kConsumerThreads * kCfg.consumer_regs <= 168 * kThreads,
                 "setmaxnreg budget exceeds the register file: .inc would deadlock");
+  static_assert(2 * kOwn0 * kBlockN / 2 + kBlockN / 2 + 32 <= kCfg.consumer_regs - 8,
+                "dV^T, dK^T, S, dP and one dQ^T atom exceed the consumer register budget");
   // Named barriers between the consumer warpgroups (id 0 is __syncthreads).
   static constexpr uint32_t kBarHandoff = 1;  // both halves of P^T, dS^T of this step written
   static constexpr uint32_t kBarEpilogue = 2;  // K/V/Q reads done, then staging written
-  // Deterministic mode, per phase h of the dQ adds (h = 0: the first quarter each warpgroup
-  // adds, h = 1: the second) and its turn warp (bwd_sm90_turn_warp):
+  // Deterministic mode, per phase h of the dQ adds (h: the h-th atom-column each warpgroup
+  // adds) and its turn warp (bwd_sm90_turn_warp):
+  static constexpr int kDqPhases = kOwn0;
+  static_assert(kDqPhases <= 2, "two turn warps and barrier pairs");
   static constexpr uint32_t kBarTurn0 = 3;   // 3 + h: the tile's turn for phase h has come
   static constexpr uint32_t kBarAdded0 = 5;  // 5 + h: both warpgroups issued their phase-h adds
-  static constexpr uint32_t kTurnThreads = 256 + 32;
+  static constexpr uint32_t kTurnThreads = kConsumerThreads + 32;
 };
 
 struct BwdSm90Maps {
@@ -100,7 +121,7 @@ struct BwdSm90Maps {
 
 // ------------------------------------------------------------------------------ producer ---
 // One thread: K_j and V_j once, then Q_i and dO_i of every step into their rings.
-// Maps (sm90_common.h) give boxes of 64 d x 64 rows (Q, dO) or 64 d x 80 rows (K, V).
+// Maps (sm90_common.h) give boxes of 64 d x 64 rows (Q, dO) or 64 d x block_n rows (K, V).
 template <class T, bool kDet>
 __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const BwdSm90Maps& m,
                                                   const BwdSm90Work& w, uint8_t* smem,
@@ -112,7 +133,7 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
   // K on its own barrier, first: the first S needs K and Q_0 only; V (for dP) follows Q_0.
   auto load_kv = [&](uint32_t off, const CUtensorMap* map, uint64_t* bar, bool head_inner) {
     fh::mbar_arrive_expect_tx(bar, T::kKvTileBytes);
-    tma_tile(smem + off, T::kKvAtomBytes, map, bar, head_inner, static_cast<int>(w.seq.row_k) + n0,
+    tma_tile<T::kAtomCols>(smem + off, T::kKvAtomBytes, map, bar, head_inner, static_cast<int>(w.seq.row_k) + n0,
              w.kv_head, w.map_batch);
   };
   load_kv(T::kOffK, m.k, kv_bar, p.head_inner & 2);
@@ -128,7 +149,7 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     auto load_rows = [&](auto* pipe, auto& st, uint32_t off, const CUtensorMap* map, bool inner) {
       pipe->producer_acquire(st);
       pipe->producer_expect(st, T::kQTileBytes);
-      tma_tile(smem + off + st.stage * T::kQTileBytes, T::kQAtomBytes, map, pipe->full_barrier(st),
+      tma_tile<T::kAtomCols>(smem + off + st.stage * T::kQTileBytes, T::kQAtomBytes, map, pipe->full_barrier(st),
                inner, static_cast<int>(w.seq.row_q) + m0, head, w.map_batch);
       st.advance();
     };
@@ -140,22 +161,23 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
 
 // ------------------------------------------------------------------- consumer helpers ---
 
-// (1) S or (3) dP for this warpgroup's 40 keys: X_i (64 queries, K-major, atom-columns 8 KB
-// apart) times Y rows (40 keys of an 80-row tile, K-major, atom-columns 10 KB apart), K = 256.
+// (1) S or (3) dP for this warpgroup's block_n/2 keys: X_i (64 queries, K-major, atom-columns
+// 8 KB apart) times Y rows (half of a block_n-row tile, K-major), K = d.
 template <class T>
 __device__ __forceinline__ void gemm_q_by_kv(float (&acc)[T::kHalfN / 2], const uint8_t* x,
                                              const uint8_t* y) {
   const uint64_t dx = fh::desc_kmajor_sw128(x);
   const uint64_t dy = fh::desc_kmajor_sw128(y);
-  fh::wgmma_ss_set<T::kHalfN>(acc, dx, dy);
+  fh::wgmma_ss_set<T::kHalfN, 0, 0, T::kElem>(acc, dx, dy);
 #pragma unroll
   for (int s = 1; s < T::kHeadDim / 16; ++s) {
-    fh::wgmma_ss<T::kHalfN>(acc, fh::desc_advance(dx, fh::kmajor_k_offset(s, T::kBlockM)),
-                            fh::desc_advance(dy, fh::kmajor_k_offset(s, T::kBlockN)), true);
+    fh::wgmma_ss<T::kHalfN, 0, 0, T::kElem>(acc, fh::desc_advance(dx, fh::kmajor_k_offset(s, T::kBlockM)),
+                                            fh::desc_advance(dy, fh::kmajor_k_offset(s, T::kBlockN)),
+                                            true);
   }
 }
 
-// (5) dV^T or (6) dK^T quarter += X^T H: A = the Q-side tile's atom-column (64 head-dim rows,
+// (5) dV^T or (6) dK^T atom-column += X^T H: A = the Q-side tile's atom-column (64 head-dim rows,
 // read M-major), B = the hand-off tile H^T [key][query] (K-major, K = 64 queries).
 template <class T>
 __device__ __forceinline__ void gemm_dkv(float (&acc)[T::kBlockN / 2], const uint8_t* x_atom,
@@ -164,14 +186,14 @@ __device__ __forceinline__ void gemm_dkv(float (&acc)[T::kBlockN / 2], const uin
   const uint64_t db = fh::desc_kmajor_sw128(hand);
 #pragma unroll
   for (int s = 0; s < T::kBlockM / 16; ++s) {
-    fh::wgmma_ss<T::kBlockN, 1, 0>(acc, fh::desc_advance(da, fh::mnmajor_k_offset(s)),
+    fh::wgmma_ss<T::kBlockN, 1, 0, T::kElem>(acc, fh::desc_advance(da, fh::mnmajor_k_offset(s)),
                                    fh::desc_advance(db, fh::kmajor_k_offset(s, T::kBlockN)),
                                    true);
   }
 }
 
-// (7) dQ^T quarter = K^T dS^T: A = K's atom-column (64 head-dim rows, M-major over 80 keys),
-// B = dS^T [key][query] read N-major (N = 64 queries), K = 80 keys in 5 steps.
+// (7) dQ^T atom-column = K^T dS^T: A = K's atom-column (64 head-dim rows, M-major over block_n
+// keys), B = dS^T [key][query] read N-major (N = 64 queries), K = block_n keys.
 template <class T>
 __device__ __forceinline__ void gemm_dq(float (&acc)[T::kBlockM / 2], const uint8_t* k_atom,
                                         const uint8_t* ds) {
@@ -180,13 +202,13 @@ __device__ __forceinline__ void gemm_dq(float (&acc)[T::kBlockM / 2], const uint
 #pragma unroll
   for (int s = 0; s < T::kBlockN / 16; ++s) {
     const uint32_t off = fh::mnmajor_k_offset(s);
-    fh::wgmma_ss<T::kBlockM, 1, 1>(acc, fh::desc_advance(da, off), fh::desc_advance(db, off),
+    fh::wgmma_ss<T::kBlockM, 1, 1, T::kElem>(acc, fh::desc_advance(da, off), fh::desc_advance(db, off),
                                    s > 0);
   }
 }
 
-// A 64 x 40 accumulator (queries x this warpgroup's keys) as bf16 into the hand-off tile
-// [key][query] (80 rows x 128 B, 128B-swizzled as a K-major wgmma operand): stmatrix.trans
+// A 64 x block_n/2 accumulator (queries x this warpgroup's keys) as 16-bit into the hand-off
+// tile [key][query] (block_n rows x 128 B, 128B-swizzled as a K-major wgmma operand): stmatrix.trans
 // turns each 8 x 8 block (8 queries x 8 keys) into 8 key rows of 16 contiguous bytes.
 // Block (key group j, query half h) of warp v holds keys 8j.., queries 16v + 8h..; matrices
 // are taken in the order (j, 0), (j, 1), (j + 1, 0), (j + 1, 1).
@@ -198,7 +220,7 @@ __device__ __forceinline__ void store_hand_t(uint8_t* hand, const float (&acc)[T
   const uint32_t base = fh::smem_u32(hand);
   uint32_t pk[T::kHalfN / 4];
 #pragma unroll
-  for (int i = 0; i < T::kHalfN / 4; ++i) pk[i] = fh::pack_bf16x2(acc[2 * i], acc[2 * i + 1]);
+  for (int i = 0; i < T::kHalfN / 4; ++i) pk[i] = fh::pack2<T::kElem>(acc[2 * i], acc[2 * i + 1]);
   // pk[2j] = (j, 0), pk[2j + 1] = (j, 1).
   const int mat = lane / 8;  // x4: matrices 0..3; x2 uses lanes 0..15
   const int r = lane % 8;
@@ -220,7 +242,7 @@ __device__ __forceinline__ void store_hand_t(uint8_t* hand, const float (&acc)[T
 
 // ------------------------------------------------------------ deterministic turn warps ---
 // Deterministic mode: warp 1 + h of the producer warpgroup keeps the dQ turns of phase h (the
-// quarter each consumer warpgroup adds first, h = 0, or second, h = 1), so that neither the poll
+// atom-column each consumer warpgroup adds first, h = 0, or second, h = 1), so that neither the poll
 // nor the release (which waits for the adds to reach L2) stalls the consumers, and each has a
 // whole step to do both. Per step: poll the tile's phase-h counter until this K/V block's rank
 // (bwd_sm90_dq_rank), let the consumers add (kBarTurn0 + h), wait until both warpgroups have
@@ -234,7 +256,7 @@ __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block, pos;
     bwd_sm90_iter<true>(p, w, it, head, m_block, pos);
-    int* turn = p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block) * 2 + h;
+    int* turn = p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block) * kDqTurnsPerTile + h;
     if (leader) dq_turn_acquire(turn, bwd_sm90_dq_rank<T::kBlockM, T::kBlockN>(p, w, m_block, pos));
     __syncwarp();
     fh::named_bar_arrive(T::kBarTurn0 + h, T::kTurnThreads);
@@ -244,12 +266,16 @@ __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const
 }
 
 // ---------------------------------------------------------------- consumer warpgroups ---
-template <class T, bool kDet>
+// kWg: which consumer warpgroup (0 or 1); it fixes the head-dim atom-columns of (5)-(7), so
+// each warpgroup's accumulator arrays have their own compile-time size.
+template <class T, bool kDet, int kWg>
 __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const BwdSm90Work& w,
                                                   uint8_t* smem, uint64_t* kv_bar,
                                                   fh::TmaPipeline<T::kQStages>* pipe_q,
-                                                  fh::TmaPipeline<T::kDoStages>* pipe_do,
-                                                  int wg) {
+                                                  fh::TmaPipeline<T::kDoStages>* pipe_do) {
+  constexpr int kOwn = T::own(kWg);
+  constexpr int kFirst = T::first_atom(kWg);
+  constexpr int kAcc = kOwn > 0 ? kOwn : 1;  // arrays need a size; unused when kOwn = 0
   const int t = threadIdx.x % 128;
   const bool warp_leader = (threadIdx.x % 32) == 0;
   const int n0 = w.n_block * T::kBlockN;
@@ -257,16 +283,17 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   const int diag = seqlen_k - w.seq.seqlen_q;  // causal: query i sees keys <= i + diag
   // This thread's two query rows in S / dP (accumulator rows) and first key column.
   const int q_row = fh::acc_row(0, t);
-  const int key0 = n0 + T::kHalfN * wg + fh::acc_col(0, t);
-  const uint8_t* k_half = smem + T::kOffK + T::kHalfN * wg * 128;
-  const uint8_t* v_half = smem + T::kOffV + T::kHalfN * wg * 128;
+  const int key0 = n0 + T::kHalfN * kWg + fh::acc_col(0, t);
+  const uint8_t* k_half = smem + T::kOffK + T::kHalfN * kWg * 128;
+  const uint8_t* v_half = smem + T::kOffV + T::kHalfN * kWg * 128;
 
-  float acc_dv[2][T::kBlockN / 2];  // dV^T, head-dim quarters 2 wg and 2 wg + 1
-  float acc_dk[2][T::kBlockN / 2];  // dK^T, same quarters
-  fh::zero_acc(acc_dv[0]);
-  fh::zero_acc(acc_dv[1]);
-  fh::zero_acc(acc_dk[0]);
-  fh::zero_acc(acc_dk[1]);
+  float acc_dv[kAcc][T::kBlockN / 2];  // dV^T of atom-columns kFirst ..
+  float acc_dk[kAcc][T::kBlockN / 2];  // dK^T, same atom-columns
+#pragma unroll
+  for (int u = 0; u < kAcc; ++u) {
+    fh::zero_acc(acc_dv[u]);
+    fh::zero_acc(acc_dk[u]);
+  }
   if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);  // K
 
   fh::PipelineState<T::kQStages> sq;
@@ -321,75 +348,103 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         s[r] = fh::exp2_approx(s[r] * p.scale_log2 - ((r & 2) ? lse1 : lse0));
       }
     }
-    store_hand_t<T>(p_t, s, wg, t);
+    store_hand_t<T>(p_t, s, kWg, t);
 
     // (4) dS = P * (dP - D)
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(dp);
 #pragma unroll
     for (int r = 0; r < T::kHalfN / 2; ++r) dp[r] = s[r] * (dp[r] - ((r & 2) ? dsum1 : dsum0));
-    store_hand_t<T>(ds_t, dp, wg, t);
+    store_hand_t<T>(ds_t, dp, kWg, t);
     fh::fence_proxy_async_shared();  // stmatrix (generic proxy) -> wgmma (async proxy) reads
     // Both warpgroups' halves are in place. The buffers alternate with the step's parity: the
     // other warpgroup passed this barrier only after its last wgmma of step i-1 had completed,
     // so step i+1 may overwrite what step i-1 read.
-    fh::named_bar_sync(T::kBarHandoff, 256);
+    fh::named_bar_sync(T::kBarHandoff, T::kConsumerThreads);
 
-    // (7) dQ^T = K^T dS^T, (5) dV^T += dO^T P, (6) dK^T += Q^T dS. One dQ quarter at a time
-    // (32 registers: 160 for dV^T/dK^T + 2 x 32 in flight made ptxas serialize and spill): the
-    // first quarter is added while dV^T / dK^T run, the second after them. Groups retire in
-    // order: dV frees dO_i, dK frees Q_i.
-    float dq[T::kBlockM / 2];
-    fh::zero_acc(dq);
-    fh::wgmma_fence_operand(dq);
-    fh::wgmma_fence();
-    gemm_dq<T>(dq, smem + T::kOffK + (2 * wg) * T::kKvAtomBytes, ds_t);
-    fh::wgmma_commit();
-    gemm_dkv<T>(acc_dv[0], do_s + (2 * wg) * T::kQAtomBytes, p_t);
-    gemm_dkv<T>(acc_dv[1], do_s + (2 * wg + 1) * T::kQAtomBytes, p_t);
-    fh::wgmma_commit();
-    gemm_dkv<T>(acc_dk[0], q_s + (2 * wg) * T::kQAtomBytes, ds_t);
-    gemm_dkv<T>(acc_dk[1], q_s + (2 * wg + 1) * T::kQAtomBytes, ds_t);
-    fh::wgmma_commit();
-    fh::wgmma_wait<2>();
-    fh::wgmma_fence_operand(dq);
-    // Deterministic: wait until the phase-0 turn warp says this block's turn has come.
-    if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0, T::kTurnThreads);
-    add_dq_partial(p, tile, 2 * wg, t, dq);
-    if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0, T::kTurnThreads);
-    fh::wgmma_fence();
-    gemm_dq<T>(dq, smem + T::kOffK + (2 * wg + 1) * T::kKvAtomBytes, ds_t);
-    fh::wgmma_commit();
-    fh::wgmma_wait<2>();
-    if (warp_leader) pipe_do->consumer_release(sd);
-    fh::wgmma_wait<1>();
-    if (warp_leader) pipe_q->consumer_release(sq);
-    fh::wgmma_wait<0>();
-    fh::wgmma_fence_operand(dq);
-    if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + 1, T::kTurnThreads);
-    add_dq_partial(p, tile, 2 * wg + 1, t, dq);
-    if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + 1, T::kTurnThreads);
+    // (7) dQ^T = K^T dS^T, (5) dV^T += dO^T P, (6) dK^T += Q^T dS. One dQ atom-column at a time
+    // (32 registers: dV^T/dK^T + 2 x 32 in flight made ptxas serialize and spill at d = 256):
+    // the first is added while dV^T / dK^T run, the second after them. Groups retire in order:
+    // dV frees dO_i, dK frees Q_i.
+    if constexpr (kOwn > 0) {
+      float dq[T::kBlockM / 2];
+      fh::zero_acc(dq);
+      fh::wgmma_fence_operand(dq);
+      fh::wgmma_fence();
+      gemm_dq<T>(dq, smem + T::kOffK + kFirst * T::kKvAtomBytes, ds_t);
+      fh::wgmma_commit();
+#pragma unroll
+      for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dv[u], do_s + (kFirst + u) * T::kQAtomBytes, p_t);
+      fh::wgmma_commit();
+#pragma unroll
+      for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (kFirst + u) * T::kQAtomBytes, ds_t);
+      fh::wgmma_commit();
+      fh::wgmma_wait<2>();
+      fh::wgmma_fence_operand(dq);
+      // Deterministic: wait until the phase-0 turn warp says this block's turn has come.
+      if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0, T::kTurnThreads);
+      add_dq_partial<T::kHeadDim>(p, tile, kFirst, t, dq);
+      if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0, T::kTurnThreads);
+      if constexpr (kOwn == 2) {
+        fh::wgmma_fence();
+        gemm_dq<T>(dq, smem + T::kOffK + (kFirst + 1) * T::kKvAtomBytes, ds_t);
+        fh::wgmma_commit();
+        fh::wgmma_wait<2>();
+        if (warp_leader) pipe_do->consumer_release(sd);
+        fh::wgmma_wait<1>();
+        if (warp_leader) pipe_q->consumer_release(sq);
+        fh::wgmma_wait<0>();
+        fh::wgmma_fence_operand(dq);
+        if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + 1, T::kTurnThreads);
+        add_dq_partial<T::kHeadDim>(p, tile, kFirst + 1, t, dq);
+        if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + 1, T::kTurnThreads);
+      } else {
+        fh::wgmma_wait<1>();
+        if (warp_leader) pipe_do->consumer_release(sd);
+        fh::wgmma_wait<0>();
+        if (warp_leader) pipe_q->consumer_release(sq);
+      }
+    } else {
+      // No atom-column of (5)-(7) here (d = 64, warpgroup 1): this warpgroup's reads of Q_i and
+      // dO_i ended with (1) and (3).
+      if (warp_leader) {
+        pipe_do->consumer_release(sd);
+        pipe_q->consumer_release(sq);
+      }
+    }
+    if constexpr (kDet) {
+      // Phases this warpgroup has no atom-column for still take part in the turn barriers.
+#pragma unroll
+      for (int h = kOwn; h < T::kDqPhases; ++h) {
+        fh::named_bar_sync(T::kBarTurn0 + h, T::kTurnThreads);
+        fh::named_bar_arrive(T::kBarAdded0 + h, T::kTurnThreads);
+      }
+    }
     sq.advance();
     sd.advance();
   }
-  fh::wgmma_fence_operand(acc_dv[0]);
-  fh::wgmma_fence_operand(acc_dv[1]);
-  fh::wgmma_fence_operand(acc_dk[0]);
-  fh::wgmma_fence_operand(acc_dk[1]);
+#pragma unroll
+  for (int u = 0; u < kAcc; ++u) {
+    fh::wgmma_fence_operand(acc_dv[u]);
+    fh::wgmma_fence_operand(acc_dk[u]);
+  }
 
   // Epilogue: both warpgroups are done reading K, V, Q (their last wgmmas were waited for) once
   // both pass this barrier; then the staging tiles may overwrite them.
-  fh::named_bar_sync(T::kBarEpilogue, 256);
+  fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
   uint8_t* stage_dv = smem;
   uint8_t* stage_dk = smem + T::kStageBytes;
-  stage_dkv_t<T::kBlockN>(stage_dv, T::kStageRowBytes, acc_dv, 1.f, wg, t);
-  stage_dkv_t<T::kBlockN>(stage_dk, T::kStageRowBytes, acc_dk, p.softmax_scale, wg, t);
-  fh::named_bar_sync(T::kBarEpilogue, 256);
+  if constexpr (kOwn > 0) {
+    stage_dkv_t<T::kBlockN, kOwn, T::kElem>(stage_dv, T::kStageRowBytes, acc_dv, 1.f, kFirst, t);
+    stage_dkv_t<T::kBlockN, kOwn, T::kElem>(stage_dk, T::kStageRowBytes, acc_dk, p.softmax_scale,
+                                            kFirst, t);
+  }
+  fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
   const int tid = threadIdx.x - 128;  // 0..255 over both consumer warpgroups
-  copy_dkv_out<T::kBlockN>(p.dv, p.dv_strides, stage_dv, T::kStageRowBytes,
-                           w.seq.k_offset(p.dv_strides), w.kv_head, n0, seqlen_k, tid);
-  copy_dkv_out<T::kBlockN>(p.dk, p.dk_strides, stage_dk, T::kStageRowBytes,
-                           w.seq.k_offset(p.dk_strides), w.kv_head, n0, seqlen_k, tid);
+  copy_dkv_out<T::kBlockN, T::kHeadDim>(p.dv, p.dv_strides, stage_dv, T::kStageRowBytes,
+                                        w.seq.k_offset(p.dv_strides), w.kv_head, n0, seqlen_k, tid);
+  copy_dkv_out<T::kBlockN, T::kHeadDim>(p.dk, p.dk_strides, stage_dk, T::kStageRowBytes,
+                                        w.seq.k_offset(p.dk_strides), w.kv_head, n0, seqlen_k, tid);
 }
 
 }  // namespace sm90

@@ -1,64 +1,91 @@
-// Pre- and postprocess kernels of the Hopper backward (head dim 256).
+// Pre- and postprocess kernels of the Hopper backward, templated on head dim and dtype.
 //
 // (0) preprocess, one warp per Q row: D_i = rowsum(dO_i * O_i) and LSE_i * log2(e), written to
 //     workspace rows padded to whole Q blocks (padding: D = 0, LSE = +inf, so padded rows give
 //     P = exp2(S * scale_log2 - inf) = 0 and the main kernel needs no row bounds for them).
-// postprocess, one CTA per (Q block, head, batch): dQ = scale * dQaccum to bf16. dQaccum holds
-//     each 64 x 256 tile in the order the main kernel's dQ^T accumulators add it (see
+// postprocess, one CTA per (Q block, head, batch): dQ = scale * dQaccum to bf16 / fp16. dQaccum
+//     holds each 64 x d tile in the order the main kernel's dQ^T accumulators add it (see
 //     bwd_sm90_epilogue.cuh), so that its atomics cover whole 128-byte lines; this kernel maps
-//     (quarter, group, thread, element) back to (query row, head-dim column).
+//     (atom-column, group, thread, element) back to (query row, head-dim column).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstring>
 
 #include <cmath>
 
 #include "bwd_sm90/bwd_sm90.h"
 #include "bwd_sm90/bwd_sm90_prepost.h"
 #include "common/sequence.cuh"
+#include "hopper/dtype.h"
+#include "sm90/sm90_family.h"
 
 namespace flashback {
 namespace sm90 {
 namespace {
 
-using bf16 = __nv_bfloat16;
+using hopper::Dtype;
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kHeadDim = 256;
 constexpr int kPreThreads = 256;
-constexpr int kLanesPerRow = kHeadDim / 8;  // 16 bytes per lane
-constexpr int kRowsPerCta = kPreThreads / kLanesPerRow;
+constexpr int kRowsPerCta = kPreThreads / 32;  // a warp per row
 
+// Two 16-bit elements (one 32-bit word) to floats.
+template <Dtype E>
+__device__ __forceinline__ float2 to_float2(uint32_t bits) {
+  if constexpr (E == Dtype::kF16) {
+    __half2 h;
+    memcpy(&h, &bits, 4);
+    return __half22float2(h);
+  } else {
+    __nv_bfloat162 h;
+    memcpy(&h, &bits, 4);
+    return __bfloat1622float2(h);
+  }
+}
+
+template <Dtype E>
+__device__ __forceinline__ uint16_t from_float(float x) {
+  if constexpr (E == Dtype::kF16) {
+    return __half_as_ushort(__float2half_rn(x));
+  } else {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  }
+}
+
+// Lane l of a row's warp reads elements 2 (l + 32 i), +1 for i < d / 64: coalesced 128-byte
+// words for every head dim (192 included, which 16-byte lanes would not divide).
+template <int kHeadDim, Dtype E>
 __global__ void __launch_bounds__(kPreThreads)
     bwd_sm90_preprocess_kernel(const flashback_bwd_params p, int rows_padded, DqTiles tiles,
                                float* lse_log2, float* dsum) {
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
-  const int row = blockIdx.x * kRowsPerCta + static_cast<int>(threadIdx.x) / kLanesPerRow;
-  const int col = (static_cast<int>(threadIdx.x) % kLanesPerRow) * 8;
+  const int row = blockIdx.x * kRowsPerCta + static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
   if (row >= rows_padded) return;  // whole rows leave together: a row is one warp
   const SeqRows seq = seq_rows(p, batch);
   // Only this sequence's own tiles (varlen: the next tiles are the next sequence's).
   if (row >= (seq.seqlen_q + kDqTileRows - 1) / kDqTileRows * kDqTileRows) return;
   float acc = 0.f;
   if (row < seq.seqlen_q) {
-    const bf16* o = static_cast<const bf16*>(p.out) + seq.q_offset(p.out_strides) +
-                    head * p.out_strides.head + row * p.out_strides.row + col;
-    const bf16* dout = static_cast<const bf16*>(p.dout) + seq.q_offset(p.dout_strides) +
-                       head * p.dout_strides.head + row * p.dout_strides.row + col;
-    const uint4 o_raw = *reinterpret_cast<const uint4*>(o);
-    const uint4 do_raw = *reinterpret_cast<const uint4*>(dout);
-    const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&o_raw);
-    const __nv_bfloat162* do2 = reinterpret_cast<const __nv_bfloat162*>(&do_raw);
+    const uint32_t* o = reinterpret_cast<const uint32_t*>(
+        static_cast<const uint16_t*>(p.out) + seq.q_offset(p.out_strides) +
+        head * p.out_strides.head + row * p.out_strides.row);
+    const uint32_t* dout = reinterpret_cast<const uint32_t*>(
+        static_cast<const uint16_t*>(p.dout) + seq.q_offset(p.dout_strides) +
+        head * p.dout_strides.head + row * p.dout_strides.row);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 a = __bfloat1622float2(o2[i]);
-      const float2 b = __bfloat1622float2(do2[i]);
+    for (int i = 0; i < kHeadDim / 64; ++i) {
+      const float2 a = to_float2<E>(o[lane + 32 * i]);
+      const float2 b = to_float2<E>(dout[lane + 32 * i]);
       acc += a.x * b.x + a.y * b.y;
     }
   }
 #pragma unroll
-  for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) {
+  for (int offset = 16; offset > 0; offset /= 2) {
     acc += __shfl_xor_sync(0xffffffffu, acc, offset);
   }
-  if (col == 0) {
+  if (lane == 0) {
     const int64_t idx = dq_tile(tiles, seq, head, row / kDqTileRows) * kDqTileRows + row % kDqTileRows;
     dsum[idx] = acc;
     lse_log2[idx] = row < seq.seqlen_q ? p.lse[lse_index(p, seq, head, row)] * kLog2e : INFINITY;
@@ -67,40 +94,43 @@ __global__ void __launch_bounds__(kPreThreads)
 
 // dQaccum tile layout (bwd_sm90_epilogue.cuh): float4 number i = (u * 8 + g) * 128 + t holds
 // what thread t of a consumer warpgroup added from its dQ^T accumulator registers 4g..4g+3 of
-// head-dim quarter u: with the m64n64 accumulator layout (FACTS section 3, rows = head dim,
+// head-dim atom-column u: with the m64n64 accumulator layout (docs/hopper-facts.md section 3,
+// rows = head dim,
 // columns = queries), d0 = 64 u + 16 (t / 32) + (t % 32) / 4 and q0 = 8 g + 2 (t % 4), its four
 // floats are (q0, d0), (q0 + 1, d0), (q0, d0 + 8), (q0 + 1, d0 + 8). The kernel reads the tile
 // in that order (coalesced), transposes it through shared memory as scaled bf16 and writes
-// whole 512-byte rows.
+// whole 2d-byte rows.
 constexpr int kPostThreads = 256;
-constexpr int kPostRowElems = kHeadDim + 8;  // 16 bytes of padding per row
 
+template <int kHeadDim, Dtype E>
 __global__ void __launch_bounds__(kPostThreads)
     bwd_sm90_postprocess_kernel(const flashback_bwd_params p, DqTiles tiles, const float* dq_accum) {
-  __shared__ __align__(16) bf16 tile_s[kDqTileRows * kPostRowElems];
+  constexpr int kPostRowElems = kHeadDim + 8;  // 16 bytes of padding per row
+  constexpr int kTileFloats = static_cast<int>(dq_tile_floats(kHeadDim));
+  __shared__ __align__(16) uint16_t tile_s[kDqTileRows * kPostRowElems];
   const int m_block = blockIdx.x;
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
   const SeqRows seq = seq_rows(p, batch);
   if (m_block * kDqTileRows >= seq.seqlen_q) return;  // varlen: past a shorter sequence's end
   const int64_t tile = dq_tile(tiles, seq, head, m_block);
-  const float4* src = reinterpret_cast<const float4*>(dq_accum + tile * kDqTileFloats);
+  const float4* src = reinterpret_cast<const float4*>(dq_accum + tile * kTileFloats);
   const float s = p.softmax_scale;
 #pragma unroll 4
-  for (int i = threadIdx.x; i < kDqTileFloats / 4; i += kPostThreads) {
+  for (int i = threadIdx.x; i < kTileFloats / 4; i += kPostThreads) {
     const float4 v = src[i];
     const int t = i % 128;
     const int g = (i / 128) % 8;
     const int u = i / 1024;
     const int d0 = 64 * u + 16 * (t / 32) + (t % 32) / 4;
     const int q0 = 8 * g + 2 * (t % 4);
-    tile_s[q0 * kPostRowElems + d0] = __float2bfloat16_rn(v.x * s);
-    tile_s[(q0 + 1) * kPostRowElems + d0] = __float2bfloat16_rn(v.y * s);
-    tile_s[q0 * kPostRowElems + d0 + 8] = __float2bfloat16_rn(v.z * s);
-    tile_s[(q0 + 1) * kPostRowElems + d0 + 8] = __float2bfloat16_rn(v.w * s);
+    tile_s[q0 * kPostRowElems + d0] = from_float<E>(v.x * s);
+    tile_s[(q0 + 1) * kPostRowElems + d0] = from_float<E>(v.y * s);
+    tile_s[q0 * kPostRowElems + d0 + 8] = from_float<E>(v.z * s);
+    tile_s[(q0 + 1) * kPostRowElems + d0 + 8] = from_float<E>(v.w * s);
   }
   __syncthreads();
-  bf16* dq = static_cast<bf16*>(p.dq) + seq.q_offset(p.dq_strides) + head * p.dq_strides.head;
+  uint16_t* dq = static_cast<uint16_t*>(p.dq) + seq.q_offset(p.dq_strides) + head * p.dq_strides.head;
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   for (int i = threadIdx.x; i < kDqTileRows * kChunks; i += kPostThreads) {
     const int row = i / kChunks;
@@ -120,21 +150,49 @@ cudaError_t launch(void (*kernel)(KernelArgs...), dim3 grid, int threads, cudaSt
   return cudaGetLastError();
 }
 
+// The instance for the call's head dim and dtype (the family's head dims, sm90_family.h).
+template <template <int, Dtype> class Pick, class Fn>
+Fn pick_kernel(const flashback_bwd_params& p) {
+  const bool f16 = p.dtype == FLASHBACK_DTYPE_FP16;
+  switch (p.headdim) {
+#define FLASHBACK_PREPOST_CASE(D) \
+  case D:                         \
+    return f16 ? Pick<D, Dtype::kF16>::kernel : Pick<D, Dtype::kBf16>::kernel;
+    FLASHBACK_SM90_FOR_EACH_HEADDIM(FLASHBACK_PREPOST_CASE)
+#undef FLASHBACK_PREPOST_CASE
+    default:
+      return nullptr;
+  }
+}
+template <int D, Dtype E>
+struct PickPre {
+  static constexpr auto kernel = bwd_sm90_preprocess_kernel<D, E>;
+};
+template <int D, Dtype E>
+struct PickPost {
+  static constexpr auto kernel = bwd_sm90_postprocess_kernel<D, E>;
+};
+using PreKernel = void (*)(const flashback_bwd_params, int, DqTiles, float*, float*);
+using PostKernel = void (*)(const flashback_bwd_params, DqTiles, const float*);
+
 }  // namespace
 
 cudaError_t launch_bwd_sm90_preprocess(const flashback_bwd_params& p, int m_blocks,
                                        float* lse_log2, float* dsum, cudaStream_t stream) {
+  const PreKernel kernel = pick_kernel<PickPre, PreKernel>(p);
+  if (kernel == nullptr) return cudaErrorNotSupported;
   const int rows_padded = m_blocks * kDqTileRows;
   const dim3 grid((rows_padded + kRowsPerCta - 1) / kRowsPerCta, p.nheads, p.batch);
-  return launch(bwd_sm90_preprocess_kernel, grid, kPreThreads, stream, p, rows_padded,
-                dq_tiles_of(p, m_blocks), lse_log2, dsum);
+  return launch(kernel, grid, kPreThreads, stream, p, rows_padded, dq_tiles_of(p, m_blocks),
+                lse_log2, dsum);
 }
 
 cudaError_t launch_bwd_sm90_postprocess(const flashback_bwd_params& p, int m_blocks,
                                         const float* dq_accum, cudaStream_t stream) {
+  const PostKernel kernel = pick_kernel<PickPost, PostKernel>(p);
+  if (kernel == nullptr) return cudaErrorNotSupported;
   const dim3 grid(m_blocks, p.nheads, p.batch);
-  return launch(bwd_sm90_postprocess_kernel, grid, kPostThreads, stream, p, dq_tiles_of(p, m_blocks),
-                dq_accum);
+  return launch(kernel, grid, kPostThreads, stream, p, dq_tiles_of(p, m_blocks), dq_accum);
 }
 
 }  // namespace sm90

@@ -12,9 +12,15 @@
 namespace flashback {
 namespace sm90 {
 
-// One dQaccum tile: block_m rows x 256 columns of fp32, stored in accumulator-fragment order.
+// One dQaccum tile: block_m rows x d columns of fp32, stored in accumulator-fragment order, one
+// 64 x 64 part per head-dim atom-column (bwd_sm90_epilogue.cuh).
 constexpr int kDqTileRows = 64;
-constexpr int kDqTileFloats = kDqTileRows * 256;
+constexpr int kDqAtomFloats = kDqTileRows * 64;
+__host__ __device__ constexpr int64_t dq_tile_floats(int head_dim) {
+  return int64_t{kDqTileRows} * head_dim;
+}
+// Deterministic mode's turn counters per tile: one per phase of the adds (at most 2).
+constexpr int kDqTurnsPerTile = 2;
 
 // Which workspace tile holds Q block m_block of (sequence, head): its dQaccum tile, its turn
 // counters and its 64 rows of LSE * log2(e) and D. Dense batches: (batch, nheads, m_blocks)

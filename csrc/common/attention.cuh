@@ -64,7 +64,7 @@ cudaError_t launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, int threads,
 
 // Head dims to instantiate: the build passes FLASHBACK_HEADDIM_<d> for each one it wants;
 // a translation unit compiled on its own (no such macro) gets all of them.
-#if !defined(FLASHBACK_HEADDIM_64) && !defined(FLASHBACK_HEADDIM_128) && \
+#if !defined(FLASHBACK_HEADDIM_64) && !defined(FLASHBACK_HEADDIM_128) && !defined(FLASHBACK_HEADDIM_192) && \
     !defined(FLASHBACK_HEADDIM_256)
 #define FLASHBACK_REF_HEADDIM_64(X) X(64)
 #define FLASHBACK_REF_HEADDIM_128(X) X(128)

@@ -1,4 +1,5 @@
-// Hopper (sm_90a) forward for head dim 256, bf16: the fast path of flashback_attention_forward.
+// Hopper (sm_90a) forward, one kernel family for head dims 64-256 in bf16 and fp16: the fast
+// path of flashback_attention_forward. docs/design.md describes the algorithm and budgets.
 //
 // Files, one per role:
 //   fwd_sm90.h             this: the config, the kernel parameters, the entry points
@@ -6,7 +7,9 @@
 //   fwd_sm90_mainloop.cuh  TMA producer and the two consumer warpgroups (S = Q K^T, online
 //                          softmax, O += P V)
 //   fwd_sm90_epilogue.cuh  O / l to bf16 through shared memory, LSE
-//   fwd_sm90_launch.cu     kernel, tensor maps, can_implement, the launch
+//   fwd_sm90_launch.cuh    kernel, tensor maps, the launch of one config (a template)
+//   fwd_sm90_launch.cu     the table of configs, can_implement, the dispatch
+//   fwd_sm90_hdim*.cu      the instances of one head dim (one file each: parallel builds)
 // Shared with the backward: csrc/sm90/sm90_common.h (tensor maps, layout test, causal ranges).
 #pragma once
 
@@ -17,28 +20,38 @@
 namespace flashback {
 namespace sm90 {
 
+// One member of the family. Everything else (threads, register budget check, barrier arrival
+// counts, the shared-memory plan) is derived from it in FwdSm90Traits and checked at compile time.
 struct FwdSm90Config {
-  int head_dim;
-  int block_m;        // Q rows per CTA: 64 per consumer warpgroup
-  int block_n;        // K/V rows per step
+  int head_dim;       // 64 x atoms (64-element, 128-byte columns of the swizzled tiles)
+  int block_n;        // K/V rows per step (a multiple of 16; the S wgmma's N)
+  int consumer_wgs;   // MMA warpgroups, 64 query rows each: block_m = 64 x consumer_wgs
   int kv_stages;      // K and V pipeline depth
   int producer_regs;  // setmaxnreg of the TMA warpgroup
-  int consumer_regs;  // setmaxnreg of the two MMA warpgroups
+  int consumer_regs;  // setmaxnreg of the MMA warpgroups
 };
 
-// 128 x 80 (FA3's hdim-256 forward tile): per consumer thread O is 64 x 256 / 128 = 128 fp32
-// registers, S 40, P as bf16 A fragments 20. Shared memory: Q 64 KB + 2 stages of K and V
-// (40 KB each) = 224 KB.
-constexpr FwdSm90Config kFwdSm90Hdim256 = {
-    /*head_dim=*/256, /*block_m=*/128, /*block_n=*/80, /*kv_stages=*/2,
-    /*producer_regs=*/24, /*consumer_regs=*/240};
+// The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
+// d / 2 fp32 registers, S block_n / 2, P as 16-bit A fragments block_n / 4 (S of the next block
+// and P of this one are live together: the softmax of block j + 1 overlaps P_j V_j).
+// Shared memory: Q block_m x 2d bytes + kv_stages x 2 x block_n x 2d bytes.
+//   d = 64:  192 x 128, 3 consumer warpgroups: O 32 + S 64 + P 32 under 160 registers;
+//            24 KB + 2 x 2 x 16 KB = 88 KB. The exponentials cost as much as the GEMMs at
+//            this width, so a third warpgroup keeps the tensor cores fed during softmaxes.
+//   d = 128: 128 x 128: O 64 + S 64 + P 32; 32 KB + 2 x 2 x 32 KB = 160 KB.
+//   d = 192: 128 x 112: O 96 + S 56 + P 28; 48 KB + 2 x 2 x 42 KB = 216 KB.
+//   d = 256: 128 x 80: O 128 + S 40 + P 20; 64 KB + 2 x 2 x 40 KB = 224 KB.
+constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160};
+constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240};
+constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240};
+constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240};
 
 struct FwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k
   int m_blocks;  // ceil(seqlen_q / block_m)
   int n_blocks;  // ceil(seqlen_k / block_n)
   int l2_group;  // (batch, head) pairs scheduled together (fwd_sm90_scheduler.cuh)
-  int num_tiles;  // m_blocks * nheads * batch: the grid, or the persistent kernel's tile count
+  int num_tiles;  // m_blocks * nheads * batch: the grid
   int causal;
   int head_inner;       // bit 0 Q, 1 K, 2 V: that map's dims are {d, head, seq, batch}
   float scale_log2;     // softmax_scale * log2(e)
@@ -53,8 +66,9 @@ struct FwdSm90Params {
   int total_q;
 };
 
-// Does the fast path take these params? Head dim 256, bf16, q/k/v TMA-addressable
-// (sm90_common.h), dense or varlen. `why` (may be null) gets the first reason not.
+// Does the fast path take these params? A config for the head dim in the table, bf16 or fp16,
+// q/k/v TMA-addressable (sm90_common.h), dense or varlen. `why` (may be null) gets the first
+// reason not.
 bool fwd_sm90_can_implement(const flashback_fwd_params& p, const char** why);
 
 // Runs the forward on `stream`. Returns cudaErrorNotSupported without launching anything when

@@ -1,14 +1,12 @@
 // Where the forward's results leave the registers.
 //
-// O: each consumer warpgroup holds a 64 x 256 fp32 accumulator (rows 16 w + l/4 and + 8 of
-// thread t, columns 8 j + 2 (l % 4) + {0, 1}). It is scaled by 1 / l, packed to bf16 and staged
-// in the warpgroup's own part of the Q tile (4 atom-columns of 64 rows x 128 B, 16-byte chunks
-// XOR-swizzled by row so the stores of a warp hit 8 different bank groups), then copied out as
-// whole 512-byte rows. Rows past seqlen_q are not written.
+// O: each consumer warpgroup holds a 64 x d fp32 accumulator (rows 16 w + l/4 and + 8 of
+// thread t, columns 8 j + 2 (l % 4) + {0, 1}). It is scaled by 1 / l, packed to bf16 or fp16 and
+// staged in the warpgroup's own part of the Q tile (d/64 atom-columns of 64 rows x 128 B, 16-byte
+// chunks XOR-swizzled by row so the stores of a warp hit 8 different bank groups), then copied
+// out as whole 2d-byte rows. Rows past seqlen_q are not written.
 // LSE: one fp32 per row (natural log), written by the first lane of the row's quad.
 #pragma once
-
-#include <cuda_bf16.h>
 
 #include "fwd_sm90/fwd_sm90.h"
 #include "fwd_sm90/fwd_sm90_scheduler.cuh"
@@ -28,7 +26,7 @@ __device__ __forceinline__ void store_lse(const FwdSm90Params& p, const FwdSm90W
   }
 }
 
-template <int kHeadDim>
+template <int kHeadDim, hopper::Dtype kElem>
 __device__ __forceinline__ void store_out_and_lse(const FwdSm90Params& p, const FwdSm90Work& w,
                                                   uint8_t* stage, uint32_t atom_bytes, int m0,
                                                   int t, int wg, const float (&o)[kHeadDim / 2],
@@ -42,11 +40,11 @@ __device__ __forceinline__ void store_out_and_lse(const FwdSm90Params& p, const 
       const int r = row0 + 8 * h;
       const uint32_t off = (j / 8) * atom_bytes + r * 128 + (((j % 8) ^ (r & 7)) << 4) + (t % 4) * 4;
       *reinterpret_cast<uint32_t*>(stage + off) =
-          hopper::pack_bf16x2(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
+          hopper::pack2<kElem>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
     }
   }
   hopper::named_bar_sync(1 + wg, 128);  // this warpgroup's staged rows are complete
-  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + w.out_offset +
+  uint16_t* out = static_cast<uint16_t*>(p.out) + w.out_offset +
                        w.head * p.out_strides.head;
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   for (int idx = t; idx < 64 * kChunks; idx += 128) {
@@ -56,33 +54,6 @@ __device__ __forceinline__ void store_out_and_lse(const FwdSm90Params& p, const 
       const uint4 v = *reinterpret_cast<const uint4*>(stage + (c / 8) * atom_bytes + row * 128 +
                                                       (((c % 8) ^ (row & 7)) << 4));
       *reinterpret_cast<uint4*>(out + static_cast<int64_t>(m0 + row) * p.out_strides.row + c * 8) = v;
-    }
-  }
-}
-
-// The persistent kernel's epilogue: O straight from the accumulator registers (rows row0 and
-// row0 + 8 of the thread, 2 adjacent columns per 8-column chunk: 4-byte stores, a quad covering
-// 16 contiguous bytes), so that shared memory (Q) is free for the next tile already. LSE as
-// above.
-template <int kHeadDim>
-__device__ __forceinline__ void store_out_and_lse_direct(const FwdSm90Params& p,
-                                                         const FwdSm90Work& w, int m0, int t,
-                                                         const float (&o)[kHeadDim / 2],
-                                                         const float (&inv)[2],
-                                                         const float (&lse)[2]) {
-  const int row0 = hopper::acc_row(0, t);
-  store_lse(p, w, m0 + row0, t, lse);
-  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + w.out_offset +
-                       w.head * p.out_strides.head;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = m0 + row0 + 8 * h;
-    if (row >= w.seqlen_q) continue;
-    uint32_t* dst = reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(row) * p.out_strides.row +
-                                                2 * (t % 4));
-#pragma unroll
-    for (int j = 0; j < kHeadDim / 8; ++j) {
-      dst[4 * j] = hopper::pack_bf16x2(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
     }
   }
 }

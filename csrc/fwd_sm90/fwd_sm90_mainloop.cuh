@@ -1,16 +1,18 @@
-// Main loop of the Hopper forward (head dim 256): the TMA producer and the two consumer
-// warpgroups. Consumer warpgroup w owns query rows 64w..64w+63 of the CTA's 128 and walks the
-// K/V blocks of 80 keys:
-//   S = Q_w K_j^T          SS, m64n80, K = 256 (16 k-steps); A = Q rows, B = K_j, both K-major
+// Main loop of the Hopper forward: the TMA producer and the consumer warpgroups. Consumer
+// warpgroup w owns query rows 64w..64w+63 of the CTA's block_m and walks the K/V blocks of
+// block_n keys:
+//   S = Q_w K_j^T          SS, m64 n(block_n), K = d (d/16 k-steps); A = Q rows, B = K_j,
+//                          both K-major
 //   online softmax          row max / sum in registers (a row lives in the 4 lanes of a quad)
-//   O = alpha O + P V_j     RS, m64n256, K = 80 (5 k-steps); A = P as bf16 fragments converted in
+//   O = alpha O + P V_j     RS, m64 n(d), K = block_n; A = P as 16-bit fragments converted in
 //                           place from the S accumulator, B = V_j read N-major (trans-b)
-// The two warpgroups share nothing but the K/V stages, so while one does its softmax the
-// other's GEMMs keep the tensor cores busy.
+// The warpgroups share nothing but the K/V stages, so while one does its softmax the others'
+// GEMMs keep the tensor cores busy.
 //
-// Shared memory (128B-swizzled, 1024-aligned, all written by TMA):
-//   Q            4 atom-columns of 128 rows x 128 B (warpgroup w: rows 64w.., +8 KB)    64 KB
-//   K_j, V_j     kv_stages x 4 atom-columns of 80 rows x 128 B each                   2 x 80 KB
+// Shared memory (128B-swizzled, 1024-aligned, all written by TMA; d/64 atom-columns each):
+//   Q            block_m rows x 128 B per atom-column (warpgroup w: rows 64w.., +8 KB)
+//   K_j, V_j     kv_stages x block_n rows x 128 B per atom-column
+// (sizes per config in fwd_sm90.h).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -28,33 +30,45 @@ namespace sm90 {
 
 namespace fh = flashback::hopper;
 
-template <const FwdSm90Config& kCfg>
+template <const FwdSm90Config& kCfg, Dtype kDtype>
 struct FwdSm90Traits {
+  static constexpr Dtype kElem = kDtype;
   static constexpr int kHeadDim = kCfg.head_dim;
-  static constexpr int kBlockM = kCfg.block_m;
+  static constexpr int kConsumerWgs = kCfg.consumer_wgs;
+  static constexpr int kBlockM = 64 * kConsumerWgs;
   static constexpr int kBlockN = kCfg.block_n;
   static constexpr int kStages = kCfg.kv_stages;
-  static constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
-  static_assert(kHeadDim == 256 && kBlockM == 128 && kBlockN % 16 == 0,
-                "written for d = 256, 64 query rows per consumer warpgroup");
+  static constexpr int kThreads = 128 * (1 + kConsumerWgs);  // producer + consumers
+  static constexpr int kConsumerWarps = 4 * kConsumerWgs;    // arrivals that free a stage
+  static_assert(kHeadDim % 64 == 0 && kHeadDim >= 64 && kHeadDim <= 256,
+                "d is a whole number of 64-element atom-columns, at most 256 (the O wgmma's N)");
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "block_n: k16 steps of P V, N of S");
+  static_assert(kConsumerWgs >= 1 && kConsumerWgs <= 3, "TMA boxes hold at most 256 rows");
   static constexpr int kAtomCols = kHeadDim / 64;
-  static constexpr uint32_t kQAtomBytes = kBlockM * 128;   // 16 KB
-  static constexpr uint32_t kKvAtomBytes = kBlockN * 128;  // 10 KB
+  static constexpr uint32_t kQAtomBytes = kBlockM * 128;
+  static constexpr uint32_t kKvAtomBytes = kBlockN * 128;
   static constexpr uint32_t kQBytes = kAtomCols * kQAtomBytes;
   static constexpr uint32_t kKvTileBytes = kAtomCols * kKvAtomBytes;
   static constexpr uint32_t kOffQ = 0;
   static constexpr uint32_t kOffK = kOffQ + kQBytes;
   static constexpr uint32_t kOffV = kOffK + kStages * kKvTileBytes;
   static constexpr uint32_t kOffBar = kOffV + kStages * kKvTileBytes;  // the Q barrier
-  static constexpr uint32_t kOffQEmpty = kOffBar + 8;  // persistent: Q may be overwritten
   static constexpr uint32_t kOffPipeK = kOffBar + 16;
   static constexpr uint32_t kOffPipeV = kOffPipeK + sizeof(fh::TmaPipeline<kStages>);
   static constexpr size_t kSmemBytes =
       1024 /* alignment slack */ + kOffPipeV + sizeof(fh::TmaPipeline<kStages>);
   static_assert(kSmemBytes <= 232448, "over the 227 KB a CTA may have");
   static_assert(kKvAtomBytes % 1024 == 0, "K/V atom-columns must stay 1024-aligned");
-  static_assert(128 * kCfg.producer_regs + 256 * kCfg.consumer_regs <= 168 * kThreads,
+  // __launch_bounds__(kThreads, 1) gives each thread 65536 / kThreads registers at entry (at
+  // most 255); setmaxnreg moves them between warpgroups within that pool.
+  static constexpr int kProducerRegs = kCfg.producer_regs;
+  static constexpr int kConsumerRegs = kCfg.consumer_regs;
+  static constexpr int kEntryRegs = 65536 / kThreads > 255 ? 255 : 65536 / kThreads;
+  static_assert(128 * kCfg.producer_regs + 128 * kConsumerWgs * kCfg.consumer_regs <=
+                    kEntryRegs / 8 * 8 * kThreads,
                 "setmaxnreg budget exceeds the register file: .inc would deadlock");
+  static_assert(kHeadDim / 2 + kBlockN / 2 + kBlockN / 4 + 24 <= kCfg.consumer_regs,
+                "O, S and P fragments (plus ~24 for addresses and statistics) exceed the budget");
 };
 
 struct FwdSm90Maps {
@@ -64,43 +78,34 @@ struct FwdSm90Maps {
 };
 
 // ------------------------------------------------------------------------------ producer ---
-// One thread: Q once (boxes of 64 d x 128 rows), then K_j and V_j (64 d x 80 rows) of every
-// step into their rings; K first, so S can start while V is still on its way. `st` (the ring
-// position) and `q_loads` (Qs loaded so far) carry over from tile to tile in the persistent
-// kernel: the k-th Q load (k >= 1) first waits until the consumers are done with Q k - 1.
+// One thread: Q once (boxes of 64 d x block_m rows), then K_j and V_j (64 d x block_n rows) of
+// every step into their rings; K first, so S can start while V is still on its way.
 template <class T>
 __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const FwdSm90Maps& m,
                                                   const FwdSm90Work& w, uint8_t* smem,
-                                                  uint64_t* q_bar, uint64_t* q_empty,
+                                                  uint64_t* q_bar,
                                                   fh::TmaPipeline<T::kStages>* pipe_k,
-                                                  fh::TmaPipeline<T::kStages>* pipe_v,
-                                                  fh::PipelineState<T::kStages>& st, int& q_loads) {
+                                                  fh::TmaPipeline<T::kStages>* pipe_v) {
   if (w.n_count == 0) return;  // nobody would wait for the copies
   const int kv_head = w.head / p.group;
-  auto load_kv = [&](int j) {
+  fh::mbar_arrive_expect_tx(q_bar, T::kQBytes);
+  tma_tile<T::kAtomCols>(smem + T::kOffQ, T::kQAtomBytes, m.q, q_bar, p.head_inner & 1,
+                         w.row_q + w.m_block * T::kBlockM, w.head, w.map_batch);
+  fh::PipelineState<T::kStages> st;
+  for (int j = 0; j < w.n_count; ++j) {
     const int n0 = j * T::kBlockN;
     pipe_k->producer_acquire(st);
     pipe_k->producer_expect(st, T::kKvTileBytes);
-    tma_tile(smem + T::kOffK + st.stage * T::kKvTileBytes, T::kKvAtomBytes, m.k,
-             pipe_k->full_barrier(st), p.head_inner & 2, w.row_k + n0, kv_head, w.map_batch);
+    tma_tile<T::kAtomCols>(smem + T::kOffK + st.stage * T::kKvTileBytes, T::kKvAtomBytes, m.k,
+                           pipe_k->full_barrier(st), p.head_inner & 2, w.row_k + n0, kv_head,
+                           w.map_batch);
     pipe_v->producer_acquire(st);
     pipe_v->producer_expect(st, T::kKvTileBytes);
-    tma_tile(smem + T::kOffV + st.stage * T::kKvTileBytes, T::kKvAtomBytes, m.v,
-             pipe_v->full_barrier(st), p.head_inner & 4, w.row_k + n0, kv_head, w.map_batch);
+    tma_tile<T::kAtomCols>(smem + T::kOffV + st.stage * T::kKvTileBytes, T::kKvAtomBytes, m.v,
+                           pipe_v->full_barrier(st), p.head_inner & 4, w.row_k + n0, kv_head,
+                           w.map_batch);
     st.advance();
-  };
-  int j = 0;
-  if (q_loads > 0) {
-    // Persistent, a later tile: its first K/V block goes out while the consumers still read
-    // the last tile's Q (the ring has room), then Q once they hand it back.
-    load_kv(j++);
-    fh::mbar_wait(q_empty, (q_loads - 1) & 1);
   }
-  fh::mbar_arrive_expect_tx(q_bar, T::kQBytes);
-  tma_tile(smem + T::kOffQ, T::kQAtomBytes, m.q, q_bar, p.head_inner & 1,
-           w.row_q + w.m_block * T::kBlockM, w.head, w.map_batch);
-  ++q_loads;
-  for (; j < w.n_count; ++j) load_kv(j);
 }
 
 // ------------------------------------------------------------------------------ consumer ---
@@ -114,18 +119,13 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// One tile. kPersistent: `st` and `q_loads` carry over between tiles (as in the producer); Q
-// is handed back (q_empty) as soon as the tile's last S has finished, so the next tile's Q
-// loads during the last P V and the epilogue, which therefore writes O straight from the
-// registers instead of staging it over Q.
-template <class T, bool kPersistent>
+// One tile: this warpgroup's 64 query rows against K/V blocks 0 .. n_count - 1.
+template <class T>
 __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const FwdSm90Work& w,
-                                                  uint8_t* smem, uint64_t* q_bar, uint64_t* q_empty,
+                                                  uint8_t* smem, uint64_t* q_bar,
                                                   fh::TmaPipeline<T::kStages>* pipe_k,
-                                                  fh::TmaPipeline<T::kStages>* pipe_v, int wg,
-                                                  fh::PipelineState<T::kStages>& st, int& q_loads,
-                                                  uint64_t desc_q, uint64_t desc_k0, uint64_t desc_v0) {
-  constexpr int kS = T::kBlockN / 2;  // S accumulator registers (64 x 80)
+                                                  fh::TmaPipeline<T::kStages>* pipe_v, int wg) {
+  constexpr int kS = T::kBlockN / 2;  // S accumulator registers (64 x block_n)
   const int t = threadIdx.x % 128;
   const bool warp_leader = (threadIdx.x % 32) == 0;
   const int m0 = w.m_block * T::kBlockM + 64 * wg;  // this warpgroup's first query row
@@ -137,7 +137,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   fh::zero_acc(o);
   float m_raw[2] = {-INFINITY, -INFINITY};  // running row max of S (unscaled)
   float l_part[2] = {0.f, 0.f};             // this thread's part of the row sums
-  if (w.n_count > 0) fh::mbar_wait(q_bar, q_loads & 1);
+  if (w.n_count > 0) fh::mbar_wait(q_bar, 0);
 
   // S = Q_w K_j^T into `acc` (one commit group). Zeroed first although the first wgmma ignores
   // it: its asm reads the accumulators; the operand fence keeps the zeroing before
@@ -148,33 +148,27 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     pipe_k->consumer_wait(at);
     fh::wgmma_fence();
     const uint8_t* k_s = smem + T::kOffK + at.stage * T::kKvTileBytes;
-    // Persistent: the descriptors made once per CTA and the 32-bit offset form; ptxas otherwise
-    // rebuilt them with 64-bit carries per wgmma in that instance (docs/perf-log.md). The
-    // default instance keeps the form its measured SASS came from.
-    const uint64_t da = kPersistent ? desc_q : fh::desc_kmajor_sw128(q_w);
-    const uint64_t db = kPersistent ? fh::desc_advance(desc_k0, at.stage * T::kKvTileBytes)
-                                    : fh::desc_kmajor_sw128(k_s);
-    auto advance = [](uint64_t desc, uint32_t bytes) {
-      return kPersistent ? fh::desc_advance_lo(desc, bytes) : fh::desc_advance(desc, bytes);
-    };
+    const uint64_t da = fh::desc_kmajor_sw128(q_w);
+    const uint64_t db = fh::desc_kmajor_sw128(k_s);
 #pragma unroll
     for (int k = 0; k < T::kHeadDim / 16; ++k) {
-      fh::wgmma_ss<T::kBlockN>(acc, advance(da, fh::kmajor_k_offset(k, T::kBlockM)),
-                               advance(db, fh::kmajor_k_offset(k, T::kBlockN)), k > 0);
+      fh::wgmma_ss<T::kBlockN, 0, 0, T::kElem>(acc, fh::desc_advance(da, fh::kmajor_k_offset(k, T::kBlockM)),
+                                               fh::desc_advance(db, fh::kmajor_k_offset(k, T::kBlockN)),
+                                               k > 0);
     }
     fh::wgmma_commit();
   };
-  // O += P V_j (one commit group): B = V_j [key][d] read N-major; N = 256 spans its 4
+  // O += P V_j (one commit group): B = V_j [key][d] read N-major; N = d spans its
   // atom-columns.
   auto issue_pv = [&](const uint32_t (&a)[T::kBlockN / 16][4], const fh::PipelineState<T::kStages>& at) {
     pipe_v->consumer_wait(at);
     fh::wgmma_fence();  // also after the wait loop's branch (C7519)
     const uint8_t* v_s = smem + T::kOffV + at.stage * T::kKvTileBytes;
-    const uint64_t db = kPersistent ? fh::desc_advance(desc_v0, at.stage * T::kKvTileBytes)
-                                    : fh::desc_mnmajor_sw128(v_s, T::kKvAtomBytes);
+    const uint64_t db = fh::desc_mnmajor_sw128(v_s, T::kKvAtomBytes);
 #pragma unroll
     for (int c = 0; c < T::kBlockN / 16; ++c) {
-      fh::wgmma_rs<T::kHeadDim, 1>(o, a[c], fh::desc_advance(db, fh::mnmajor_k_offset(c)), true);
+      fh::wgmma_rs<T::kHeadDim, 1, T::kElem>(o, a[c], fh::desc_advance(db, fh::mnmajor_k_offset(c)),
+                                             true);
     }
     fh::wgmma_commit();
   };
@@ -232,15 +226,9 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   };
   auto to_frags = [&](const float (&acc)[kS], uint32_t (&a)[T::kBlockN / 16][4]) {
 #pragma unroll
-    for (int c = 0; c < T::kBlockN / 16; ++c) fh::acc_to_a_frag(acc, c, a[c]);
+    for (int c = 0; c < T::kBlockN / 16; ++c) fh::acc_to_a_frag<T::kElem>(acc, c, a[c]);
   };
 
-  // kPersistent: Q is read by no wgmma any more (the tile's last S was waited for).
-  auto release_q = [&]() {
-    if constexpr (kPersistent) {
-      if (warp_leader) fh::mbar_arrive(q_empty);
-    }
-  };
   float s[kS];
   uint32_t a[T::kBlockN / 16][4];
   float alpha[2];
@@ -248,12 +236,12 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   // while `a` (P_j) is still read by the wgmma in flight. Every wgmma group is waited for
   // inside its iteration: ptxas serialized all wgmmas when a group stayed in flight across the
   // back edge (docs/perf-log.md, backward v5), so the last block's P V is issued after the loop.
+  fh::PipelineState<T::kStages> st;
   if (w.n_count > 0) {
     issue_s(s, st);
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(s);
     if (warp_leader) pipe_k->consumer_release(st);
-    if (w.n_count == 1) release_q();
     softmax(s, 0, alpha);
     to_frags(s, a);  // O is 0: no rescale
     for (int j = 0; j + 1 < w.n_count; ++j) {
@@ -264,7 +252,6 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       fh::wgmma_wait<1>();  // S_{j+1}; P_j V_j may still run
       fh::wgmma_fence_operand(s);
       if (warp_leader) pipe_k->consumer_release(next);
-      if (j + 2 == w.n_count) release_q();
       softmax(s, j + 1, alpha);
       fh::wgmma_wait<0>();  // P_j V_j
       fh::wgmma_fence_operand(o);
@@ -278,8 +265,6 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(o);
     if (warp_leader) pipe_v->consumer_release(st);
-    st.advance();  // the next tile's first K/V block
-    ++q_loads;
   }
 
   // Row sums over the quad; O / l and LSE = (m * scale_log2 + log2 l) * ln 2. A row that saw no
@@ -291,14 +276,10 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     inv[h] = l > 0.f ? 1.f / l : 0.f;
     lse[h] = l > 0.f ? (m_raw[h] * p.scale_log2 + log2f(l)) * 0.6931471805599453f : INFINITY;
   }
-  if constexpr (kPersistent) {
-    store_out_and_lse_direct<T::kHeadDim>(p, w, m0, t, o, inv, lse);
-  } else {
-    // Q of this warpgroup is read by no wgmma any more (its last S was waited for): the O tile
-    // is staged over it.
-    store_out_and_lse<T::kHeadDim>(p, w, smem + T::kOffQ + 64 * wg * 128, T::kQAtomBytes, m0, t,
-                                   wg, o, inv, lse);
-  }
+  // Q of this warpgroup is read by no wgmma any more (its last S was waited for): the O tile
+  // is staged over it.
+  store_out_and_lse<T::kHeadDim, T::kElem>(p, w, smem + T::kOffQ + 64 * wg * 128, T::kQAtomBytes,
+                                           m0, t, wg, o, inv, lse);
 }
 
 }  // namespace sm90

@@ -21,7 +21,7 @@ namespace hopper {
 
 // ------------------------------------------------------------------------------------ host ---
 
-enum class TmaType { kBf16, kF32 };
+enum class TmaType { kBf16, kF16, kF32 };
 enum class TmaSwizzle { kNone, k128B };
 
 // cuTensorMapEncodeTiled from the driver, looked up once. nullptr if the driver lacks it.
@@ -63,8 +63,11 @@ inline cudaError_t make_tensor_map(CUtensorMap* map, const void* global, TmaType
     estride[i] = 1;
     if (i + 1 < rank) gstride[i] = byte_strides[i];
   }
+  const CUtensorMapDataType dtype = type == TmaType::kBf16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                   : type == TmaType::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                           : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
   CUresult r = encode(
-      map, type == TmaType::kBf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+      map, dtype,
       static_cast<cuuint32_t>(rank), const_cast<void*>(global), gdim, gstride, bdim, estride,
       CU_TENSOR_MAP_INTERLEAVE_NONE,
       swizzle == TmaSwizzle::k128B ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
@@ -77,7 +80,7 @@ inline cudaError_t make_tensor_map(CUtensorMap* map, const void* global, TmaType
 inline cudaError_t make_tensor_map_2d(CUtensorMap* map, const void* global, TmaType type,
                                       uint64_t rows, uint64_t cols, uint64_t ld,
                                       uint32_t box_rows, uint32_t box_cols, TmaSwizzle swizzle) {
-  const uint64_t elem = type == TmaType::kBf16 ? 2 : 4;
+  const uint64_t elem = type == TmaType::kF32 ? 4 : 2;
   const uint64_t dims[2] = {cols, rows};
   const uint64_t strides[1] = {ld * elem};
   const uint32_t box[2] = {box_cols, box_rows};

@@ -1,4 +1,4 @@
-// wgmma (warpgroup matrix multiply-accumulate), bf16 inputs, fp32 accumulators.
+// wgmma (warpgroup matrix multiply-accumulate), bf16 or fp16 inputs (Dtype), fp32 accumulators.
 // PTX ISA §9.7.15; FACTS §1-§3.
 //
 //   D(64 x N) (+)= A(64 x 16) * B(16 x N)   per instruction, per warpgroup (128 threads)
@@ -10,7 +10,8 @@
 #pragma once
 
 #include "hopper/common.h"
-#include "hopper/wgmma_bf16_gen.h"
+#include "hopper/dtype.h"
+#include "hopper/wgmma_gen.h"
 
 namespace flashback {
 namespace hopper {
@@ -117,18 +118,20 @@ FB_DEVICE void zero_acc(float (&d)[R]) {
 //
 // TransA / TransB = 0: operand K-major (A stored M x K row-major; B stored N x K row-major).
 //                 = 1: operand MN-major (A stored K x M; B stored K x N), descriptor operands only.
-// ScaleA / ScaleB = 1 or -1 (negate the operand). accumulate = false: D = A*B (D's old value is
-// ignored, so no zeroing pass is needed for the first k-step).
+// E = the input type of A and B (bf16 by default). ScaleA / ScaleB = 1 or -1 (negate the
+// operand). accumulate = false: D = A*B (D's old value is ignored, so no zeroing pass is needed
+// for the first k-step).
 
 // SS: A and B from shared memory.
-template <int N, int TransA = 0, int TransB = 0, int ScaleA = 1, int ScaleB = 1>
+template <int N, int TransA = 0, int TransB = 0, Dtype E = Dtype::kBf16, int ScaleA = 1,
+          int ScaleB = 1>
 FB_DEVICE void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
   static_assert(TransA == 0 || TransA == 1, "TransA is 0 (K-major) or 1 (M-major)");
   static_assert(TransB == 0 || TransB == 1, "TransB is 0 (K-major) or 1 (N-major)");
   static_assert(ScaleA == 1 || ScaleA == -1, "ScaleA is 1 or -1");
   static_assert(ScaleB == 1 || ScaleB == -1, "ScaleB is 1 or -1");
 #if FLASHBACK_SM90A
-  detail::WgmmaBf16<N>::template ss<ScaleA, ScaleB, TransA, TransB>(d, desc_a, desc_b,
+  detail::Wgmma<N, E>::template ss<ScaleA, ScaleB, TransA, TransB>(d, desc_a, desc_b,
                                                                     accumulate ? 1u : 0u);
 #else
   __trap();
@@ -139,14 +142,15 @@ FB_DEVICE void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, boo
 // wgmma_ss(..., false) it needs no zeroing pass before it (with "+f" the asm reads D, so the
 // caller must define it: 40 register moves per S tile in the forward's loop) and keeps no old
 // value alive.
-template <int N, int TransA = 0, int TransB = 0, int ScaleA = 1, int ScaleB = 1>
+template <int N, int TransA = 0, int TransB = 0, Dtype E = Dtype::kBf16, int ScaleA = 1,
+          int ScaleB = 1>
 FB_DEVICE void wgmma_ss_set(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b) {
   static_assert(TransA == 0 || TransA == 1, "TransA is 0 (K-major) or 1 (M-major)");
   static_assert(TransB == 0 || TransB == 1, "TransB is 0 (K-major) or 1 (N-major)");
   static_assert(ScaleA == 1 || ScaleA == -1, "ScaleA is 1 or -1");
   static_assert(ScaleB == 1 || ScaleB == -1, "ScaleB is 1 or -1");
 #if FLASHBACK_SM90A
-  detail::WgmmaBf16<N>::template ss_set<ScaleA, ScaleB, TransA, TransB>(d, desc_a, desc_b);
+  detail::Wgmma<N, E>::template ss_set<ScaleA, ScaleB, TransA, TransB>(d, desc_a, desc_b);
 #else
   __trap();
 #endif
@@ -154,14 +158,14 @@ FB_DEVICE void wgmma_ss_set(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b)
 
 // RS: A from registers (always K-major: PTX has no transpose for a register A), B from shared
 // memory. Fragment layout: see a_frag_row / a_frag_col below.
-template <int N, int TransB = 0, int ScaleA = 1, int ScaleB = 1>
+template <int N, int TransB = 0, Dtype E = Dtype::kBf16, int ScaleA = 1, int ScaleB = 1>
 FB_DEVICE void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
                         bool accumulate) {
   static_assert(TransB == 0 || TransB == 1, "TransB is 0 (K-major) or 1 (N-major)");
   static_assert(ScaleA == 1 || ScaleA == -1, "ScaleA is 1 or -1");
   static_assert(ScaleB == 1 || ScaleB == -1, "ScaleB is 1 or -1");
 #if FLASHBACK_SM90A
-  detail::WgmmaBf16<N>::template rs<ScaleA, ScaleB, TransB>(d, a, desc_b, accumulate ? 1u : 0u);
+  detail::Wgmma<N, E>::template rs<ScaleA, ScaleB, TransB>(d, a, desc_b, accumulate ? 1u : 0u);
 #else
   __trap();
 #endif
@@ -180,7 +184,7 @@ __host__ __device__ constexpr int acc_row(int r, int t) {
 }
 __host__ __device__ constexpr int acc_col(int r, int t) { return 8 * (r >> 2) + 2 * (t % 4) + (r & 1); }
 
-// Register A of the RS form (64 x 16 bf16, four .b32 registers of two bf16 each; the low half is
+// Register A of the RS form (64 x 16, four .b32 registers of two 16-bit elements each; the low half is
 // the lower column): a[j] holds A[row][col], A[row][col+1] with
 //   row = 16*w + l/4 + 8*(j & 1)                col = 2*(l % 4) + 8*(j >> 1)
 // This equals the accumulator layout of columns 16c..16c+15, so an fp32 accumulator converts in
@@ -197,11 +201,28 @@ FB_DEVICE uint32_t pack_bf16x2(float lo, float hi) {
   return r;
 }
 
+// Two floats -> one fp16x2 register (round to nearest even), low half = `lo`.
+FB_DEVICE uint32_t pack_f16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Two floats -> one register of two E elements (the kernels' one conversion point).
+template <Dtype E>
+FB_DEVICE uint32_t pack2(float lo, float hi) {
+  if constexpr (E == Dtype::kF16) {
+    return pack_f16x2(lo, hi);
+  } else {
+    return pack_bf16x2(lo, hi);
+  }
+}
+
 // k-block c (columns 16c..16c+15) of an fp32 accumulator as the A operand of an RS wgmma.
-template <int R>
+template <Dtype E = Dtype::kBf16, int R>
 FB_DEVICE void acc_to_a_frag(const float (&d)[R], int c, uint32_t (&a)[4]) {
 #pragma unroll
-  for (int j = 0; j < 4; ++j) a[j] = pack_bf16x2(d[8 * c + 2 * j], d[8 * c + 2 * j + 1]);
+  for (int j = 0; j < 4; ++j) a[j] = pack2<E>(d[8 * c + 2 * j], d[8 * c + 2 * j + 1]);
 }
 
 }  // namespace hopper

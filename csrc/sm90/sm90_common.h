@@ -1,5 +1,5 @@
 // What the Hopper attention kernels (csrc/fwd_sm90, csrc/bwd_sm90) share: the tensor maps of the
-// (batch, seqlen, heads, 256) bf16 tensors, the TMA load of one atom-column box, the layout test
+// (batch, seqlen, heads, d) 16-bit tensors, the TMA load of a tile of rows, the layout test
 // both fast paths apply, and the causal key range of a query block.
 #pragma once
 
@@ -15,32 +15,41 @@
 namespace flashback {
 namespace sm90 {
 
-// 4-D map over a (batch, seqlen, heads, d = 256) bf16 tensor, boxes of 64 d x box_rows rows with
-// the 128-byte swizzle wgmma reads (FACTS section 2). The two middle dims go in ascending stride
-// order ({d, heads, seqlen, batch} for the usual contiguous layout, where a head is 512 bytes
-// and a row nheads * 512): the driver documents strides as growing with the dimension, and a
-// box of {64, 1, rows, 1} lands in shared memory exactly as {64, rows, 1, 1} would.
-// *head_inner tells the kernel which coordinate order to use (tma_rows).
+using hopper::Dtype;
+
+// The API's dtype as the kernels' template argument.
+inline constexpr Dtype dtype_of(flashback_dtype t) {
+  return t == FLASHBACK_DTYPE_FP16 ? Dtype::kF16 : Dtype::kBf16;
+}
+
+// 4-D map over a (batch, seqlen, heads, head_dim) tensor of 16-bit elements, boxes of 64 d x
+// box_rows rows with the 128-byte swizzle wgmma reads (docs/hopper-facts.md section 2). The two
+// middle dims go in ascending stride order ({d, heads, seqlen, batch} for the usual contiguous
+// layout, where a head is 2 d bytes and a row nheads * 2 d): the driver documents strides as
+// growing with the dimension, and a box of {64, 1, rows, 1} lands in shared memory exactly as
+// {64, rows, 1, 1} would. *head_inner tells the kernel which coordinate order to use (tma_rows).
 inline cudaError_t make_rows_map(CUtensorMap* map, bool* head_inner, const void* ptr,
                                  const flashback_strides& st, int batch, int seqlen, int heads,
-                                 uint32_t box_rows) {
+                                 int head_dim, Dtype dtype, uint32_t box_rows) {
   *head_inner = st.head < st.row;
   const uint64_t s_rows = static_cast<uint64_t>(st.row) * 2;
   const uint64_t s_head = static_cast<uint64_t>(st.head) * 2;
-  const uint64_t dims_rows_first[4] = {256, static_cast<uint64_t>(seqlen),
+  const uint64_t d = static_cast<uint64_t>(head_dim);
+  const uint64_t dims_rows_first[4] = {d, static_cast<uint64_t>(seqlen),
                                        static_cast<uint64_t>(heads), static_cast<uint64_t>(batch)};
-  const uint64_t dims_head_first[4] = {256, static_cast<uint64_t>(heads),
+  const uint64_t dims_head_first[4] = {d, static_cast<uint64_t>(heads),
                                        static_cast<uint64_t>(seqlen), static_cast<uint64_t>(batch)};
   const uint64_t strides_rows_first[3] = {s_rows, s_head, static_cast<uint64_t>(st.batch) * 2};
   const uint64_t strides_head_first[3] = {s_head, s_rows, static_cast<uint64_t>(st.batch) * 2};
   const uint32_t box_rows_first[4] = {64, box_rows, 1, 1};
   const uint32_t box_head_first[4] = {64, 1, box_rows, 1};
-  return *head_inner ? hopper::make_tensor_map(map, ptr, hopper::TmaType::kBf16, 4,
-                                               dims_head_first, strides_head_first,
-                                               box_head_first, hopper::TmaSwizzle::k128B)
-                     : hopper::make_tensor_map(map, ptr, hopper::TmaType::kBf16, 4,
-                                               dims_rows_first, strides_rows_first,
-                                               box_rows_first, hopper::TmaSwizzle::k128B);
+  const hopper::TmaType type = dtype == Dtype::kF16 ? hopper::TmaType::kF16 : hopper::TmaType::kBf16;
+  return *head_inner ? hopper::make_tensor_map(map, ptr, type, 4, dims_head_first,
+                                               strides_head_first, box_head_first,
+                                               hopper::TmaSwizzle::k128B)
+                     : hopper::make_tensor_map(map, ptr, type, 4, dims_rows_first,
+                                               strides_rows_first, box_rows_first,
+                                               hopper::TmaSwizzle::k128B);
 }
 
 // How many CTAs of `kernel` the GPU holds at once (SMs x CTAs per SM): the persistent forward's
@@ -93,11 +102,12 @@ inline cudaError_t make_call_map(CUtensorMap* map, bool* head_inner, const void*
                                  uint32_t box_rows) {
   const MapRows r = map_rows(p, query_side);
   return make_rows_map(map, head_inner, ptr, map_strides(st, p, query_side), r.batch, r.rows,
-                       query_side ? p.nheads : p.nheads_k, box_rows);
+                       query_side ? p.nheads : p.nheads_k, p.headdim, dtype_of(p.dtype), box_rows);
 }
 
 // One box (64 d x the map's rows) at (d0, row) of (head, batch) into `dst`, completing on `bar`.
-// Rows past seqlen arrive as zeros and still count in the transaction bytes (FACTS section 4.2).
+// Rows past seqlen arrive as zeros and still count in the transaction bytes
+// (docs/hopper-facts.md section 4.2).
 __device__ __forceinline__ void tma_rows(void* dst, const CUtensorMap* map, uint64_t* bar,
                                          bool head_inner, int d0, int row, int head, int batch) {
   if (head_inner) {
@@ -109,13 +119,15 @@ __device__ __forceinline__ void tma_rows(void* dst, const CUtensorMap* map, uint
   }
 }
 
-// A whole tile of rows [row, row + the map's box rows) x d = 256: its 4 boxes of 64 d into the
-// atom-columns of `dst`, `atom_bytes` apart, all completing on `bar` (expect 4 boxes of bytes).
+// A whole tile of rows [row, row + the map's box rows) x d = 64 kAtoms: its kAtoms boxes of 64 d
+// into the atom-columns of `dst`, `atom_bytes` apart, all completing on `bar` (expect kAtoms
+// boxes of bytes).
+template <int kAtoms>
 __device__ __forceinline__ void tma_tile(uint8_t* dst, uint32_t atom_bytes, const CUtensorMap* map,
                                          uint64_t* bar, bool head_inner, int row, int head,
                                          int batch) {
 #pragma unroll
-  for (int a = 0; a < 4; ++a) {
+  for (int a = 0; a < kAtoms; ++a) {
     tma_rows(dst + a * atom_bytes, map, bar, head_inner, 64 * a, row, head, batch);
   }
 }
@@ -123,9 +135,9 @@ __device__ __forceinline__ void tma_tile(uint8_t* dst, uint32_t atom_bytes, cons
 // Whether `n` tensors can be read through make_rows_map by the fast kernels. TMA with 128-byte
 // swizzle: the driver accepts 16-byte aligned bases and byte strides that are multiples of 16,
 // but whether the swizzle pattern then still matches what the wgmma descriptors assume is
-// unconfirmed on hardware (HOPPER-FACTS section 13), and the GPU suite only ran 128-byte aligned
+// unconfirmed on hardware (docs/hopper-facts.md section 13), and the GPU suite only ran 128-byte aligned
 // layouts. So the fast paths take 128-byte aligned bases and strides in multiples of 64
-// elements (what every dense or packed PyTorch layout at head dim 256 has). Strides below 2^39
+// elements (what every dense or packed PyTorch layout at head dims 64-256 has). Strides below 2^39
 // elements keep byte strides below TMA's 2^40. `why` gets the first reason not.
 inline bool tma_layout_ok(const void* const* ptrs, const flashback_strides* strides, int n,
                           const char** why) {

@@ -55,7 +55,7 @@ typedef enum {
 
 typedef enum {
   FLASHBACK_DTYPE_BF16 = 0,
-  FLASHBACK_DTYPE_FP16 = 1, /* reserved: not supported yet */
+  FLASHBACK_DTYPE_FP16 = 1, /* Hopper kernels only (no reference fallback) */
 } flashback_dtype;
 
 /* Element strides of a (batch, seqlen, heads, headdim) tensor whose last dim is contiguous. */
@@ -104,8 +104,17 @@ FLASHBACK_API size_t flashback_bwd_workspace_size(const flashback_bwd_params *pa
 FLASHBACK_API flashback_status flashback_attention_forward(const flashback_fwd_params *params);
 FLASHBACK_API flashback_status flashback_attention_backward(const flashback_bwd_params *params);
 
-/* 1 if headdim is supported by this build, else 0. */
+/* 1 if headdim is supported by this build (in some dtype), else 0. */
 FLASHBACK_API int flashback_headdim_supported(int headdim);
+
+/* 1 if this build serves (headdim, dtype) on some path, else 0. */
+FLASHBACK_API int flashback_supports(int headdim, int dtype);
+
+/* 1 if the Hopper kernel family has an instance for (headdim, dtype): such calls run there
+ * whenever their tensors are TMA-addressable (128-byte aligned, strides multiples of 64
+ * elements; flashback_last_*_path says why not otherwise). The one predicate the library's
+ * dispatch, the Python provider and the tests share. */
+FLASHBACK_API int flashback_sm90_supports(int headdim, int dtype);
 
 /* Checks that `device` is a GPU this build runs on (sm_90). */
 FLASHBACK_API flashback_status flashback_check_device(int device);

@@ -15,8 +15,16 @@ import torch
 
 from . import _lib
 
-SUPPORTED_HEADDIMS = (64, 128, 256)
-SUPPORTED_DTYPES = (torch.bfloat16,)
+SUPPORTED_HEADDIMS = (64, 128, 192, 256)
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+# What the reference kernels (the fallback for layouts the Hopper kernels decline) serve; the
+# rest runs on the Hopper kernels only, so its inputs are copied to a layout those take.
+REFERENCE_HEADDIMS = (64, 128, 256)
+REFERENCE_DTYPES = (torch.bfloat16,)
+
+
+def hopper_only(dtype: torch.dtype, headdim: int) -> bool:
+    return dtype not in REFERENCE_DTYPES or headdim not in REFERENCE_HEADDIMS
 # The kernels put heads and batch in grid dims y and z, which CUDA caps at 65535.
 MAX_BATCH = MAX_HEADS = 65535
 _DTYPE_TEXT = ", ".join(str(d) for d in SUPPORTED_DTYPES)
@@ -211,7 +219,7 @@ def _device_error(index: int) -> str | None:
     return None
 
 
-def check_runtime(device: torch.device, headdim: int | None = None) -> None:
+def check_runtime(device: torch.device, headdim: int | None = None, dtype: torch.dtype | None = None) -> None:
     """Checks that need the real device: architecture, then the native library, then whether
     this build of it has the head dim (builds may leave head dims out)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -223,3 +231,5 @@ def check_runtime(device: torch.device, headdim: int | None = None) -> None:
         built = [d for d in SUPPORTED_HEADDIMS if lib.flashback_headdim_supported(d)]
         raise ValueError(f"headdim {headdim} is not supported by this build of flashback "
                          f"(built: {', '.join(map(str, built)) or 'none'})")
+    if headdim is not None and dtype is not None and not lib.flashback_supports(headdim, _lib.dtype_code(dtype)):
+        raise ValueError(f"headdim {headdim} in {dtype} is not supported by this build of flashback")

@@ -64,6 +64,14 @@ class BwdParams(ctypes.Structure):
 
 
 DTYPE_BF16 = 0
+DTYPE_FP16 = 1
+
+
+def dtype_code(dtype) -> int:
+    """The C API's flashback_dtype of a torch dtype (bf16 or fp16; checked before)."""
+    import torch
+
+    return DTYPE_FP16 if dtype == torch.float16 else DTYPE_BF16
 STATUS_SUCCESS = 0
 
 _lock = threading.Lock()
@@ -91,6 +99,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.flashback_bwd_workspace_size.restype = ctypes.c_size_t
     lib.flashback_headdim_supported.argtypes = [ctypes.c_int]
     lib.flashback_headdim_supported.restype = ctypes.c_int
+    lib.flashback_supports.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.flashback_supports.restype = ctypes.c_int
+    lib.flashback_sm90_supports.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.flashback_sm90_supports.restype = ctypes.c_int
     lib.flashback_check_device.argtypes = [ctypes.c_int]
     lib.flashback_check_device.restype = ctypes.c_int
     lib.flashback_last_error.argtypes = []

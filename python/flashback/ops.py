@@ -17,7 +17,12 @@ from . import _checks, _lib
 
 def _in_place_ok(x: Tensor) -> bool:
     """The kernels access x directly: 16-byte aligned base, strides in multiples of 8
-    elements, last dim contiguous."""
+    elements, last dim contiguous. Inputs that only the Hopper kernels serve (fp16, head dim
+    192) must also be TMA-addressable (128-byte aligned, strides in multiples of 64
+    elements): there is no fallback for them."""
+    if _checks.hopper_only(x.dtype, x.shape[-1]):
+        return (x.data_ptr() % 128 == 0 and x.stride(-1) == 1
+                and all(s % 64 == 0 for s in x.stride()[:3]))
     return x.data_ptr() % 16 == 0 and x.stride(-1) == 1 and all(s % 8 == 0 for s in x.stride()[:3])
 
 
@@ -45,7 +50,7 @@ def _launch_fwd(q, k, v, out, lse, softmax_scale, causal) -> None:
     # The ops are public too (torch.ops.flashback.*): they check their arguments themselves.
     _checks.check_forward_args(q, k, v, out, lse, softmax_scale)
     _checks.check_no_aliasing(dict(out=out, lse=lse), dict(q=q, k=k, v=v))
-    _checks.check_runtime(q.device, q.shape[-1])
+    _checks.check_runtime(q.device, q.shape[-1], q.dtype)
     lib = _lib.load()
     q, k, v = _kernel_ready(q), _kernel_ready(k), _kernel_ready(v)
     dst = _kernel_target(out)
@@ -55,7 +60,7 @@ def _launch_fwd(q, k, v, out, lse, softmax_scale, causal) -> None:
         q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), out=dst.data_ptr(), lse=lse.data_ptr(),
         q_strides=_strides(q), k_strides=_strides(k), v_strides=_strides(v),
         out_strides=_strides(dst), batch=b, seqlen_q=sq, seqlen_k=sk, nheads=h, nheads_k=hk,
-        headdim=d, softmax_scale=softmax_scale, causal=int(causal), dtype=_lib.DTYPE_BF16,
+        headdim=d, softmax_scale=softmax_scale, causal=int(causal), dtype=_lib.dtype_code(q.dtype),
         stream=_stream(q.device))
     with torch.cuda.device(q.device):
         _lib.check(lib, lib.flashback_attention_forward(ctypes.byref(p)), "forward")
@@ -67,7 +72,7 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, dete
     _checks.check_backward_args(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale)
     _checks.check_no_aliasing(dict(dq=dq, dk=dk, dv=dv),
                               dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse))
-    _checks.check_runtime(q.device, q.shape[-1])
+    _checks.check_runtime(q.device, q.shape[-1], q.dtype)
     lib = _lib.load()
     dout, q, k, v, out = (_kernel_ready(x) for x in (dout, q, k, v, out))
     dsts = [_kernel_target(x) for x in (dq, dk, dv)]
@@ -82,7 +87,7 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, dete
         dk_strides=_strides(dsts[1]), dv_strides=_strides(dsts[2]),
         batch=b, seqlen_q=sq, seqlen_k=sk, nheads=h, nheads_k=hk, headdim=d,
         softmax_scale=softmax_scale, causal=int(causal), deterministic=int(deterministic),
-        dtype=_lib.DTYPE_BF16, workspace=None, workspace_bytes=0, stream=_stream(q.device))
+        dtype=_lib.dtype_code(q.dtype), workspace=None, workspace_bytes=0, stream=_stream(q.device))
     nbytes = lib.flashback_bwd_workspace_size(ctypes.byref(p))
     # The caching allocator hands out blocks aligned to at least 512 bytes, and reusing it keeps
     # the call free of cudaMalloc (CUDA-graph safe).

@@ -117,7 +117,11 @@ def check_offset_values(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, total_q: int
 
 def _in_place_ok(x: Tensor) -> bool:
     """The kernels access x directly: 16-byte aligned base, row and head strides in multiples
-    of 8 elements, last dim contiguous."""
+    of 8 elements, last dim contiguous; for what only the Hopper kernels serve (fp16, head dim
+    192), 128-byte aligned and strides in multiples of 64 elements (no fallback there)."""
+    if _checks.hopper_only(x.dtype, x.shape[-1]):
+        return (x.data_ptr() % 128 == 0 and x.stride(-1) == 1
+                and all(s % 64 == 0 for s in x.stride()[:2]))
     return x.data_ptr() % 16 == 0 and x.stride(-1) == 1 and all(s % 8 == 0 for s in x.stride()[:2])
 
 
@@ -133,7 +137,7 @@ def _common(q, k, cu_q, cu_k, max_q, max_k):
     return dict(batch=cu_q.shape[0] - 1, seqlen_q=max_q, seqlen_k=max_k, nheads=q.shape[1],
                 nheads_k=k.shape[1], headdim=q.shape[2], cu_seqlens_q=cu_q.data_ptr(),
                 cu_seqlens_k=cu_k.data_ptr(), total_q=q.shape[0], total_k=k.shape[0],
-                dtype=_lib.DTYPE_BF16, stream=torch.cuda.current_stream(q.device).cuda_stream)
+                dtype=_lib.dtype_code(q.dtype), stream=torch.cuda.current_stream(q.device).cuda_stream)
 
 
 def _launch_fwd(q, k, v, cu_q, cu_k, max_q, max_k, out, lse, scale, causal) -> None:
@@ -183,7 +187,7 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
     """(out, lse (nheads, total_q)). `deterministic` is for the autograd formula."""
     check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale)
     check_offset_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
-    _checks.check_runtime(q.device, q.shape[-1])
+    _checks.check_runtime(q.device, q.shape[-1], q.dtype)
     out, lse = _outputs_fwd(q)
     if q.shape[0] == 0:
         return out, lse
@@ -210,7 +214,7 @@ def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
     check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale)
     _check_bwd_like(dout, out, lse, q)
     check_offset_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
-    _checks.check_runtime(q.device, q.shape[-1])
+    _checks.check_runtime(q.device, q.shape[-1], q.dtype)
     if q.shape[0] == 0 or k.shape[0] == 0:  # no query sees a key: all gradients are 0
         return tuple(torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
     dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))

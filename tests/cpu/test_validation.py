@@ -30,17 +30,17 @@ def fake_mode():
 # --- types and dtypes --------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["q", "k", "v"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int8])
 def test_unsupported_dtype(name, dtype):
     t = dict(zip("qkv", qkv()))
     t[name] = t[name].to(dtype)
-    with pytest.raises(TypeError, match=rf"{name} has dtype {dtype}.*supported: torch.bfloat16"):
+    with pytest.raises(TypeError, match=rf"{name} has dtype {dtype}.*supported: torch.bfloat16, torch.float16"):
         flashback.attention(t["q"], t["k"], t["v"])
 
 
 def test_mixed_dtypes_name_the_odd_one():
     q, k, v = qkv()
-    with pytest.raises(TypeError, match=r"^v has dtype torch.float16"):
+    with pytest.raises(TypeError, match=r"all inputs must have the same dtype, got .*v=torch.float16"):
         flashback.attention(q, k, v.half())
 
 
@@ -88,10 +88,10 @@ def test_nheads_not_divisible():
         flashback.attention(q, k, v)
 
 
-@pytest.mark.parametrize("d", [32, 80, 96, 192, 320])
+@pytest.mark.parametrize("d", [32, 80, 96, 160, 320])
 def test_unsupported_headdim(d):
     q, k, v = qkv(d=d)
-    with pytest.raises(ValueError, match=rf"headdim {d} is not supported \(supported: 64, 128, 256\)"):
+    with pytest.raises(ValueError, match=rf"headdim {d} is not supported \(supported: 64, 128, 192, 256\)"):
         flashback.attention(q, k, v)
 
 
@@ -321,7 +321,13 @@ def test_c_api_null_params_and_headdims(native):
     assert native.flashback_attention_forward(None) == 1
     assert "params is a null pointer" in _lib.last_error(native)
     assert native.flashback_attention_backward(None) == 1
-    assert [native.flashback_headdim_supported(d) for d in (32, 64, 96, 128, 192, 256)] == [0, 1, 0, 1, 0, 1]
+    assert [native.flashback_headdim_supported(d) for d in (32, 64, 96, 128, 192, 256)] == [0, 1, 0, 1, 1, 1]
+    # The one predicate of the Hopper family: every head dim in bf16 (0) and fp16 (1).
+    assert [native.flashback_sm90_supports(d, t) for d in (64, 128, 192, 256) for t in (0, 1)] == [1] * 8
+    assert [native.flashback_sm90_supports(d, 0) for d in (32, 96, 320)] == [0, 0, 0]
+    assert native.flashback_sm90_supports(128, 2) == 0
+    # Some path serves: the reference kernels add nothing the family lacks.
+    assert [native.flashback_supports(d, t) for d in (64, 128, 192, 256) for t in (0, 1)] == [1] * 8
     assert native.flashback_version().decode() == flashback.__version__
 
 
@@ -450,6 +456,10 @@ def test_headdim_left_out_of_the_build(monkeypatch):
     class PartialBuild:
         @staticmethod
         def flashback_headdim_supported(d):
+            return int(d == 256)
+
+        @staticmethod
+        def flashback_supports(d, t):
             return int(d == 256)
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (9, 0))

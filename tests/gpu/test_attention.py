@@ -44,10 +44,13 @@ class Case:
     causal: bool
     std: float = 1.0  # of q and k; 10 makes the softmax peaked
     softmax_scale: Optional[float] = None
+    dtype: torch.dtype = torch.bfloat16
 
     def __str__(self):
         s = (f"d{self.headdim}-b{self.batch}-sq{self.seqlen_q}-sk{self.seqlen_k}"
              f"-h{self.nheads}-hk{self.nheads_k}-{'causal' if self.causal else 'full'}")
+        if self.dtype != torch.bfloat16:
+            s += "-fp16"
         if self.std != 1.0:
             s += f"-std{self.std:g}"
         if self.softmax_scale is not None:
@@ -87,8 +90,8 @@ def _cases():
             Case(1, 4096, 4096, 2, 2, 256, causal, std=10.0),
             Case(3, 113, 1000, 4, 4, 256, causal, softmax_scale=0.3),
         ]
-        # Head dims 128 and 64: fewer, smaller shapes.
-        for d in (128, 64):
+        # Head dims 192, 128 and 64: fewer, smaller shapes.
+        for d in (192, 128, 64):
             cases += [
                 Case(1, 1, 1, 1, 1, d, causal),
                 Case(2, 17, 17, 2, 2, d, causal),
@@ -97,6 +100,15 @@ def _cases():
                 Case(4, 1000, 1000, 8, 1, d, causal),
                 Case(1, 4095, 4095, 2, 2, d, causal),
                 Case(2, 1000, 1000, 4, 4, d, causal, std=10.0),
+            ]
+        # fp16 at every head dim of the family.
+        for d in (64, 128, 192, 256):
+            f16 = torch.float16
+            cases += [
+                Case(1, 1, 1, 1, 1, d, causal, dtype=f16),
+                Case(2, 113, 1000, 4, 2, d, causal, dtype=f16),
+                Case(2, 1000, 113, 4, 4, d, causal, dtype=f16),
+                Case(1, 4095, 4095, 4, 2, d, causal, dtype=f16),
             ]
     return cases
 
@@ -124,8 +136,8 @@ def _new_seed():
     return int(env) if env else int.from_bytes(os.urandom(8), "little") >> 1
 
 
-def _randn(gen, shape, std=1.0):
-    return (torch.randn(shape, generator=gen, device=DEVICE, dtype=torch.float32) * std).to(DTYPE)
+def _randn(gen, shape, std=1.0, dtype=DTYPE):
+    return (torch.randn(shape, generator=gen, device=DEVICE, dtype=torch.float32) * std).to(dtype)
 
 
 @dataclass
@@ -141,10 +153,10 @@ def _make_inputs(case):
     seed = _new_seed()
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
     b, sq, sk, h, hk, d = case.batch, case.seqlen_q, case.seqlen_k, case.nheads, case.nheads_k, case.headdim
-    q = _randn(gen, (b, sq, h, d), case.std)
-    k = _randn(gen, (b, sk, hk, d), case.std)
-    v = _randn(gen, (b, sk, hk, d))
-    dout = _randn(gen, (b, sq, h, d))
+    q = _randn(gen, (b, sq, h, d), case.std, case.dtype)
+    k = _randn(gen, (b, sk, hk, d), case.std, case.dtype)
+    v = _randn(gen, (b, sk, hk, d), dtype=case.dtype)
+    dout = _randn(gen, (b, sq, h, d), dtype=case.dtype)
     return Inputs(seed, q, k, v, dout)
 
 
@@ -202,12 +214,12 @@ def _call_poisoned(case, x, deterministic):
     """attention_forward then attention_backward, every output preallocated and NaN-filled."""
     ctx = f"{case} deterministic={deterministic} seed={x.seed}"
     b, sq, h = case.batch, case.seqlen_q, case.nheads
-    out, lse = _poisoned(x.q.shape, DTYPE), _poisoned((b, h, sq), torch.float32)
+    out, lse = _poisoned(x.q.shape, case.dtype), _poisoned((b, h, sq), torch.float32)
     out_r, lse_r = flashback.attention_forward(x.q, x.k, x.v, causal=case.causal,
                                                softmax_scale=case.softmax_scale, out=out, lse=lse)
     _assert_same_storage(ctx, "out", out_r, out)
     _assert_same_storage(ctx, "lse", lse_r, lse)
-    dq, dk, dv = (_poisoned(t.shape, DTYPE) for t in (x.q, x.k, x.v))
+    dq, dk, dv = (_poisoned(t.shape, case.dtype) for t in (x.q, x.k, x.v))
     grads = flashback.attention_backward(x.dout, x.q, x.k, x.v, out, lse, causal=case.causal,
                                          softmax_scale=case.softmax_scale, deterministic=deterministic,
                                          dq=dq, dk=dk, dv=dv)
@@ -237,20 +249,21 @@ def _inputs_and_references(case):
 @pytest.mark.parametrize("deterministic", [False, True], ids=["nondet", "det"])
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_matches_reference(case, deterministic):
+    hopper_only = case.dtype != torch.bfloat16 or case.headdim == 192
+    if _FORCE_REFERENCE and hopper_only:
+        pytest.skip("runs on the Hopper kernels only (FLASHBACK_FORCE_REFERENCE is set)")
     x, (out32, lse32, g32), (outlp, _, glp) = _inputs_and_references(case)
     ctx, out, lse, grads = _call_poisoned(case, x, deterministic)
-    fwd_path = flashback.last_forward_path()
-    if case.headdim == 256 and not _FORCE_REFERENCE:
-        assert fwd_path == "sm90", f"{ctx}: the forward ran {fwd_path!r}, not the Hopper kernel"
-    else:
-        assert fwd_path.startswith("reference: "), f"{ctx}: the forward ran {fwd_path!r}"
-    path = flashback.last_backward_path()
-    if case.headdim == 256 and not _FORCE_REFERENCE:
-        assert path == "sm90", f"{ctx}: the backward ran {path!r}, not the Hopper kernel"
-    else:
-        assert path.startswith("reference: "), f"{ctx}: the backward ran {path!r}"
+    # Every member of the family takes these (dense, aligned) inputs: the path report must say
+    # the Hopper kernels ran, unless the reference is forced.
+    for direction, path in (("forward", flashback.last_forward_path()),
+                            ("backward", flashback.last_backward_path())):
+        if _FORCE_REFERENCE:
+            assert path.startswith("reference: "), f"{ctx}: the {direction} ran {path!r}"
+        else:
+            assert path == "sm90", f"{ctx}: the {direction} ran {path!r}, not the Hopper kernel"
 
-    assert out.shape == x.q.shape and out.dtype == DTYPE
+    assert out.shape == x.q.shape and out.dtype == case.dtype
     assert lse.shape == (case.batch, case.nheads, case.seqlen_q)
     _check(ctx, "out", out, out32, outlp)
     _check_lse(ctx, lse, lse32, case.empty_rows)
@@ -278,6 +291,12 @@ def test_matches_reference(case, deterministic):
     Case(2, 1000, 113, 4, 1, 256, True),
     Case(1, 300, 1000, 4, 4, 256, True),
     Case(2, 1000, 1000, 8, 8, 128, False),
+    Case(2, 1000, 1000, 8, 2, 128, True),
+    Case(1, 4096, 4096, 4, 2, 64, False),
+    Case(2, 1000, 1000, 8, 2, 64, True),
+    Case(1, 4096, 4096, 4, 2, 192, False),
+    Case(2, 1000, 1000, 8, 2, 192, True),
+    Case(1, 4096, 4096, 4, 2, 128, False, dtype=torch.float16),
 ], ids=str)
 def test_deterministic_is_bitwise_reproducible(case):
     x = _make_inputs(case)
@@ -285,7 +304,7 @@ def test_deterministic_is_bitwise_reproducible(case):
     out, lse = flashback.attention_forward(x.q, x.k, x.v, causal=case.causal)
     first = flashback.attention_backward(x.dout, x.q, x.k, x.v, out, lse, causal=case.causal, deterministic=True)
     path = flashback.last_backward_path()
-    if case.headdim == 256 and not _FORCE_REFERENCE:
+    if not _FORCE_REFERENCE:
         assert path == "sm90", f"{ctx}: deterministic backward ran {path!r}, not the Hopper kernel"
     for _ in range(3):
         again = flashback.attention_backward(x.dout, x.q, x.k, x.v, out, lse, causal=case.causal,
@@ -332,35 +351,6 @@ def test_deterministic_cooperative_launches_give_the_same_bits(tmp_path):
         "torch.save([t.cpu() for t in grads], sys.argv[1])\n"))
     for name, a, b in zip(("dq", "dk", "dv"), single, coop):
         assert torch.equal(a, b), f"{name}: cooperative chunk launches differ from the single launch"
-
-
-@pytest.mark.gpu
-def test_persistent_forward_gives_the_same_bits(tmp_path):
-    """FLASHBACK_FWD_PERSISTENT=1 runs the forward as a persistent kernel (one CTA per SM
-    walking the tiles); same arithmetic in the same order, so out and lse must be bitwise those
-    of the one-tile-per-CTA kernel: causal and not, GQA, a ragged seqlen, and a varlen batch."""
-    default, persistent = _bits_under_env(tmp_path, "FLASHBACK_FWD_PERSISTENT", (
-        "g = torch.Generator(device='cuda').manual_seed(4321)\n"
-        "r = lambda *s: torch.randn(*s, generator=g, device='cuda').to(torch.bfloat16)\n"
-        "res = []\n"
-        "for causal in (True, False):\n"
-        "    q, k, v = r(2, 3001, 8, 256), r(2, 3001, 2, 256), r(2, 3001, 2, 256)\n"
-        "    res += list(flashback.attention_forward(q, k, v, causal=causal))\n"
-        "    assert flashback.last_forward_path() == 'sm90'\n"
-        "cu = torch.tensor([0, 17, 1017, 1017, 5114], dtype=torch.int32, device='cuda')\n"
-        "q, k, v = r(5114, 4, 256), r(5114, 2, 256), r(5114, 2, 256)\n"
-        "res += list(flashback.attention_varlen(q, k, v, cu, cu, 4097, 4097, causal=True, return_lse=True))\n"
-        "torch.save([t.cpu() for t in res], sys.argv[1])\n"))
-    for i, (a, b) in enumerate(zip(default, persistent)):
-        assert torch.equal(a, b), f"output {i}: the persistent forward differs from the default one"
-
-
-def _attention_and_grads(fn, x, causal, return_lse):
-    leaves = [t.clone().requires_grad_() for t in (x.q, x.k, x.v)]
-    res = fn(*leaves, causal=causal, deterministic=True, return_lse=return_lse)
-    out, lse = res if return_lse else (res, None)
-    grads = torch.autograd.grad(out, leaves, x.dout)
-    return out, lse, grads
 
 
 @pytest.mark.gpu
@@ -495,7 +485,35 @@ def test_backward_path_through_autograd():
                                               if _FORCE_REFERENCE else "sm90")
     q128, k128, v128 = (torch.randn(1, 300, 4, 128, device=DEVICE, dtype=DTYPE, requires_grad=True) for _ in range(3))
     flashback.attention(q128, k128, v128, causal=True).sum().backward()
-    assert flashback.last_backward_path().startswith("reference: ")
+    assert flashback.last_backward_path() == ("reference: FLASHBACK_FORCE_REFERENCE is set"
+                                              if _FORCE_REFERENCE else "sm90")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_hopper_only_unaligned_input_is_copied(dtype):
+    """fp16 and head dim 192 have no reference kernels: a q the Hopper kernels would decline (at
+    a 16-byte offset) is copied to an aligned layout by the Python front, runs there, and is
+    right."""
+    if _FORCE_REFERENCE:
+        pytest.skip("runs on the Hopper kernels only (FLASHBACK_FORCE_REFERENCE is set)")
+    d = 192 if dtype == torch.bfloat16 else 128
+    case = Case(2, 1000, 1000, 8, 2, d, True, dtype=dtype)
+    x = _make_inputs(case)
+    buf = torch.empty(x.q.numel() + 8, device=DEVICE, dtype=dtype)
+    q_off = buf[8:].view(x.q.shape)
+    q_off.copy_(x.q)
+    assert q_off.data_ptr() % 128 != 0
+    out, lse = flashback.attention_forward(q_off, x.k, x.v, causal=True)
+    assert flashback.last_forward_path() == "sm90"
+    grads = flashback.attention_backward(x.dout, q_off, x.k, x.v, out, lse, causal=True)
+    assert flashback.last_backward_path() == "sm90"
+    (out32, _, g32) = _reference(x.q, x.k, x.v, x.dout, True, None, upcast=True)
+    (outlp, _, glp) = _reference(x.q, x.k, x.v, x.dout, True, None, upcast=False)
+    ctx = f"{case} q at a 16-byte offset seed={x.seed}"
+    _check(ctx, "out", out, out32, outlp)
+    for name, ours, r32, rlp in zip(("dq", "dk", "dv"), grads, g32, glp):
+        _check(ctx, name, ours, r32, rlp)
 
 
 @pytest.mark.gpu

@@ -1,0 +1,216 @@
+// Hopper backward: the kernel, its tensor maps and the launches of one config and dtype. A
+// template: the instances live in bwd_sm90_hdim*.cu, the table that picks one, the workspace
+// plan and can_implement in bwd_sm90_launch.cu.
+//
+// Order on the stream: zero dQaccum (memset), (0) preprocess, main kernel, postprocess.
+// Kernel structure: 3 warpgroups of 128 threads, __launch_bounds__(384, 1) (168 registers
+// each at entry, needed for setmaxnreg):
+//   warpgroup 0  producer: setmaxnreg.dec to producer_regs, one thread issues every TMA copy;
+//                with deterministic=True warps 1 (and 2) keep the dQ turns of the add phases
+//                (bwd_sm90_turn_warp)
+//   warpgroups 1, 2  consumers (setmaxnreg.inc to consumer_regs), split by data: keys
+//                (block_n/2) w.. for S, dP, P, dS; their head-dim atom-columns for dV^T, dK^T,
+//                dQ^T
+// See bwd_sm90_mainloop.cuh for the shared-memory plan and the GEMM operands.
+#pragma once
+
+#include <cuda.h>
+
+#include <algorithm>
+
+#include <cstdlib>
+
+// A wrong barrier count or byte count would hang the GPU; trap instead once one wait has
+// spun for 1e12 cycles (~8 minutes at 2 GHz): far beyond any legitimate wait, even with the
+// GPU time-sliced or the process stopped in a debugger, yet a hang still ends. The GPU tests
+// build the Hopper primitives with a ~2 s limit. The spin reads clock64 only while waiting.
+#ifndef FLASHBACK_MBAR_TIMEOUT_CYCLES
+#define FLASHBACK_MBAR_TIMEOUT_CYCLES 1000000000000ll
+#endif
+
+#include "bwd_sm90/bwd_sm90.h"
+#include "bwd_sm90/bwd_sm90_mainloop.cuh"
+#include "bwd_sm90/bwd_sm90_prepost.h"
+#include "bwd_sm90/bwd_sm90_scheduler.cuh"
+#include "hopper/hopper.h"
+#include "sm90/sm90_common.h"
+
+namespace flashback {
+namespace sm90 {
+
+// The workspace plan (bwd_sm90_launch.cu): per workspace tile (dq_tile, bwd_sm90_prepost.h) a
+// dQaccum tile, the turn counters (deterministic), 64 rows of LSE * log2(e) and of D.
+struct WorkspaceParts {
+  size_t dq_accum, dq_turn, lse, dsum, total;  // dq_accum and dq_turn are zeroed together
+};
+WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p);
+// FLASHBACK_DET_COOPERATIVE, read once per process.
+bool bwd_sm90_det_cooperative();
+
+template <class T, bool kDet>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    bwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q,
+                    const __grid_constant__ CUtensorMap map_k,
+                    const __grid_constant__ CUtensorMap map_v,
+                    const __grid_constant__ CUtensorMap map_do, const BwdSm90Params p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = fh::align_smem(smem_raw);
+  uint64_t* kv_bar = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
+  auto* pipe_q = reinterpret_cast<fh::TmaPipeline<T::kQStages>*>(smem + T::kOffPipeQ);
+  auto* pipe_do =
+      reinterpret_cast<fh::TmaPipeline<T::kDoStages>*>(smem + T::kOffPipeDo);
+
+  const int wg = fh::warpgroup_index();
+  if (threadIdx.x == 0) {
+    fh::tma_prefetch_map(&map_q);
+    fh::tma_prefetch_map(&map_k);
+    fh::tma_prefetch_map(&map_v);
+    fh::tma_prefetch_map(&map_do);
+    fh::mbar_init(kv_bar, 1);      // K
+    fh::mbar_init(kv_bar + 1, 1);  // V
+    pipe_q->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp
+    pipe_do->init(T::kConsumerWarps);
+  }
+  __syncthreads();
+
+  const BwdSm90Work w = bwd_sm90_work<T::kBlockM, T::kBlockN, kDet>(p);
+  if (!w.active) return;  // varlen: past the end of a shorter sequence's keys (the whole CTA)
+  if (wg == 0) {
+    fh::setmaxnreg_dec<T::kProducerRegs>();
+    if (threadIdx.x == 0) {
+      const BwdSm90Maps maps{&map_q, &map_k, &map_v, &map_do};
+      bwd_sm90_producer<T, kDet>(p, maps, w, smem, kv_bar, pipe_q, pipe_do);
+    } else if (kDet && threadIdx.x / 32 >= 1 && threadIdx.x / 32 <= T::kDqPhases) {
+      bwd_sm90_turn_warp<T>(p, w, threadIdx.x / 32 - 1);
+    }
+  } else {
+    fh::setmaxnreg_inc<T::kConsumerRegs>();
+    if (wg == 1) {
+      bwd_sm90_consumer<T, kDet, 0>(p, w, smem, kv_bar, pipe_q, pipe_do);
+    } else {
+      bwd_sm90_consumer<T, kDet, 1>(p, w, smem, kv_bar, pipe_q, pipe_do);
+    }
+  }
+}
+
+template <class T>
+cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stream) {
+  CUtensorMap map_q, map_k, map_v, map_do;
+  bool hi[4];
+  constexpr uint32_t kRowsQ = T::kBlockM, kRowsKv = T::kBlockN;
+  if (make_call_map(&map_q, &hi[0], p.q, p.q_strides, p, true, kRowsQ) != cudaSuccess ||
+      make_call_map(&map_k, &hi[1], p.k, p.k_strides, p, false, kRowsKv) != cudaSuccess ||
+      make_call_map(&map_v, &hi[2], p.v, p.v_strides, p, false, kRowsKv) != cudaSuccess ||
+      make_call_map(&map_do, &hi[3], p.dout, p.dout_strides, p, true, kRowsQ) != cudaSuccess) {
+    return cudaErrorNotSupported;  // nothing launched: the caller takes the reference path
+  }
+  const WorkspaceParts parts = bwd_sm90_workspace_parts(p);
+  uint8_t* ws = static_cast<uint8_t*>(p.workspace);
+  float* dq_accum = reinterpret_cast<float*>(ws + parts.dq_accum);
+  float* lse_log2 = reinterpret_cast<float*>(ws + parts.lse);
+  float* dsum = reinterpret_cast<float*>(ws + parts.dsum);
+  const int m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+
+  cudaError_t err = cudaMemsetAsync(dq_accum, 0, parts.lse - parts.dq_accum, stream);
+  if (err != cudaSuccess) return err;
+  // (0) D = rowsum(dO * O), LSE * log2(e)
+  err = launch_bwd_sm90_preprocess(p, m_blocks, lse_log2, dsum, stream);
+  if (err != cudaSuccess) return err;
+
+  BwdSm90Params kp;
+  kp.batch = p.batch;
+  kp.seqlen_q = p.seqlen_q;
+  kp.seqlen_k = p.seqlen_k;
+  kp.nheads = p.nheads;
+  kp.nheads_k = p.nheads_k;
+  kp.group = p.nheads / p.nheads_k;
+  kp.m_blocks = m_blocks;
+  kp.n_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+  kp.causal = p.causal ? 1 : 0;
+  // Causal: as many (batch, kv head) pairs at a time as keep Q, dO and dQaccum (x the GQA
+  // group) of ~16k query rows at d = 256 (~4k x d bytes... scaled by 256 / d) in L2; otherwise
+  // one (docs/perf-log.md v4).
+  const int pairs = p.batch * p.nheads_k;
+  const int rows_per_pair = p.seqlen_q * (p.nheads / p.nheads_k);
+  const int l2_rows = 16384 * 256 / T::kHeadDim;
+  kp.l2_group = p.causal ? std::max(1, std::min(pairs, l2_rows / std::max(1, rows_per_pair))) : 1;
+  kp.head_inner = (hi[0] ? 1 : 0) | (hi[1] ? 2 : 0) | (hi[2] ? 4 : 0) | (hi[3] ? 8 : 0);
+  kp.scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  kp.softmax_scale = p.softmax_scale;
+  kp.lse_log2 = lse_log2;
+  kp.dsum = dsum;
+  kp.dq_accum = dq_accum;
+  kp.dq_turn = p.deterministic ? reinterpret_cast<int*>(ws + parts.dq_turn) : nullptr;
+  kp.dq_tiles = dq_tiles_of(p, m_blocks);
+  kp.cu_seqlens_q = p.cu_seqlens_q;
+  kp.cu_seqlens_k = p.cu_seqlens_k;
+  kp.dk = p.dk;
+  kp.dv = p.dv;
+  kp.dk_strides = p.dk_strides;
+  kp.dv_strides = p.dv_strides;
+
+  // (1)-(7)
+  const auto kernel = p.deterministic ? bwd_sm90_kernel<T, true> : bwd_sm90_kernel<T, false>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(T::kSmemBytes));
+  if (err != cudaSuccess) return err;
+  const int ctas = kp.n_blocks * p.nheads_k * p.batch;
+  kp.block_base = 0;
+  kp.det_chunk = 1;
+  if (p.deterministic) {
+    // Non-causal: chunks of CTAs that fit on the GPU at once (bwd_sm90_scheduler.cuh), so that
+    // a CTA waiting for a chunk-mate's add never holds the SM that one needs.
+    err = resident_ctas(kernel, T::kThreads, T::kSmemBytes, &kp.det_chunk);
+    if (err != cudaSuccess) return err;
+    if (!p.causal && bwd_sm90_det_cooperative()) {
+      // EXPERIMENTAL (FLASHBACK_DET_COOPERATIVE=1; bitwise the single launch's gradients on the
+      // GPU tests, 3-7% slower non-causal, see docs/perf-log.md): one cooperative launch per
+      // chunk, so the driver places a chunk only when all of it fits and a concurrent kernel
+      // holding SMs delays the launch instead of stalling resident CTAs.
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeCooperative;
+      attr[0].val.cooperative = 1;
+      cudaLaunchConfig_t cfg = {};
+      cfg.blockDim = dim3(T::kThreads);
+      cfg.dynamicSmemBytes = T::kSmemBytes;
+      cfg.stream = stream;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      bool launched_all = true;
+      for (int base = 0; base < ctas; base += kp.det_chunk) {
+        kp.block_base = base;
+        cfg.gridDim = dim3(std::min(kp.det_chunk, ctas - base));
+        err = cudaLaunchKernelEx(&cfg, kernel, map_q, map_k, map_v, map_do, kp);
+        if (err == cudaErrorCooperativeLaunchTooLarge && base == 0) {
+          // Fewer SMs than the device has are available to cooperative launches (MPS, ...):
+          // nothing of the main kernel ran yet, so take the single launch below.
+          (void)cudaGetLastError();
+          kp.block_base = 0;
+          launched_all = false;
+          break;
+        }
+        if (err != cudaSuccess) return err;
+      }
+      if (launched_all) return launch_bwd_sm90_postprocess(p, m_blocks, dq_accum, stream);
+    }
+  }
+  kernel<<<dim3(ctas), T::kThreads, T::kSmemBytes, stream>>>(map_q, map_k, map_v, map_do,
+                                                                      kp);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  // dQ = scale * dQaccum
+  return launch_bwd_sm90_postprocess(p, m_blocks, dq_accum, stream);
+}
+
+// The entry point of head dim D's instances, bf16 and fp16 (in bwd_sm90_hdim<D>.cu; the table
+// in bwd_sm90_launch.cu declares them).
+#define FLASHBACK_BWD_SM90_INSTANCES(D)                                                      \
+  cudaError_t run_bwd_sm90_hdim##D##_bf16(const flashback_bwd_params& p, cudaStream_t stream) { \
+    return run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim##D, Dtype::kBf16>>(p, stream);       \
+  }                                                                                          \
+  cudaError_t run_bwd_sm90_hdim##D##_fp16(const flashback_bwd_params& p, cudaStream_t stream) { \
+    return run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim##D, Dtype::kF16>>(p, stream);        \
+  }
+
+}  // namespace sm90
+}  // namespace flashback

@@ -1,0 +1,122 @@
+// Hopper forward: the kernel, its tensor maps and the launch of one config and dtype. A
+// template: the instances live in fwd_sm90_hdim*.cu, the table that picks one in
+// fwd_sm90_launch.cu.
+//
+// Kernel structure: 1 + consumer_wgs warpgroups of 128 threads, __launch_bounds__(threads, 1)
+// (65536 / threads registers each at entry, the pool setmaxnreg redistributes):
+//   warpgroup 0      producer: setmaxnreg.dec to producer_regs, one thread issues every TMA copy
+//   warpgroups 1..   consumers (setmaxnreg.inc to consumer_regs), 64 query rows each
+// See fwd_sm90_mainloop.cuh for the shared-memory plan and the GEMM operands.
+#pragma once
+
+#include <cuda.h>
+
+#include <algorithm>
+
+// A wrong barrier count or byte count would hang the GPU; trap instead after ~8 minutes of
+// one wait (the same guard as the backward's, bwd_sm90_launch.cuh).
+#ifndef FLASHBACK_MBAR_TIMEOUT_CYCLES
+#define FLASHBACK_MBAR_TIMEOUT_CYCLES 1000000000000ll
+#endif
+
+#include "fwd_sm90/fwd_sm90.h"
+#include "fwd_sm90/fwd_sm90_mainloop.cuh"
+#include "fwd_sm90/fwd_sm90_scheduler.cuh"
+#include "hopper/hopper.h"
+#include "sm90/sm90_common.h"
+
+namespace flashback {
+namespace sm90 {
+
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    fwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q,
+                    const __grid_constant__ CUtensorMap map_k,
+                    const __grid_constant__ CUtensorMap map_v, const FwdSm90Params p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = fh::align_smem(smem_raw);
+  uint64_t* q_bar = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
+  auto* pipe_k = reinterpret_cast<fh::TmaPipeline<T::kStages>*>(smem + T::kOffPipeK);
+  auto* pipe_v = reinterpret_cast<fh::TmaPipeline<T::kStages>*>(smem + T::kOffPipeV);
+
+  const int wg = fh::warpgroup_index();
+  if (threadIdx.x == 0) {
+    fh::tma_prefetch_map(&map_q);
+    fh::tma_prefetch_map(&map_k);
+    fh::tma_prefetch_map(&map_v);
+    fh::mbar_init(q_bar, 1);
+    pipe_k->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp
+    pipe_v->init(T::kConsumerWarps);
+  }
+  __syncthreads();
+
+  const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, static_cast<int>(blockIdx.x));
+  if (!w.active) return;  // varlen: past the end of a shorter sequence (the whole CTA)
+  if (wg == 0) {
+    fh::setmaxnreg_dec<T::kProducerRegs>();
+    if (threadIdx.x == 0) {
+      const FwdSm90Maps maps{&map_q, &map_k, &map_v};
+      fwd_sm90_producer<T>(p, maps, w, smem, q_bar, pipe_k, pipe_v);
+    }
+  } else {
+    fh::setmaxnreg_inc<T::kConsumerRegs>();
+    fwd_sm90_consumer<T>(p, w, smem, q_bar, pipe_k, pipe_v, wg - 1);
+  }
+}
+
+template <class T>
+cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stream) {
+  CUtensorMap map_q, map_k, map_v;
+  bool hi[3];
+  constexpr uint32_t kRowsQ = T::kBlockM, kRowsKv = T::kBlockN;
+  if (make_call_map(&map_q, &hi[0], p.q, p.q_strides, p, true, kRowsQ) != cudaSuccess ||
+      make_call_map(&map_k, &hi[1], p.k, p.k_strides, p, false, kRowsKv) != cudaSuccess ||
+      make_call_map(&map_v, &hi[2], p.v, p.v_strides, p, false, kRowsKv) != cudaSuccess) {
+    return cudaErrorNotSupported;  // nothing launched: the caller takes the reference path
+  }
+  FwdSm90Params kp;
+  kp.batch = p.batch;
+  kp.seqlen_q = p.seqlen_q;
+  kp.seqlen_k = p.seqlen_k;
+  kp.nheads = p.nheads;
+  kp.nheads_k = p.nheads_k;
+  kp.group = p.nheads / p.nheads_k;
+  kp.m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+  kp.n_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+  // (batch, q head) pairs whose K and V (4 d bytes per key row and kv head) fill ~32 MB of L2.
+  const int pairs = p.batch * p.nheads;
+  const int64_t kv_bytes_per_pair = int64_t{4} * T::kHeadDim * std::max(1, p.seqlen_k);
+  kp.l2_group = static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>(pairs, (int64_t{32} << 20) * kp.group / kv_bytes_per_pair)));
+  kp.causal = p.causal ? 1 : 0;
+  kp.head_inner = (hi[0] ? 1 : 0) | (hi[1] ? 2 : 0) | (hi[2] ? 4 : 0);
+  kp.scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  kp.softmax_scale = p.softmax_scale;
+  kp.out = p.out;
+  kp.out_strides = p.out_strides;
+  kp.lse = static_cast<float*>(p.lse);
+  kp.cu_seqlens_q = p.cu_seqlens_q;
+  kp.cu_seqlens_k = p.cu_seqlens_k;
+  kp.total_q = p.total_q;
+  kp.num_tiles = kp.m_blocks * p.nheads * p.batch;
+
+  const auto kernel = fwd_sm90_kernel<T>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(T::kSmemBytes));
+  if (err != cudaSuccess) return err;
+  kernel<<<dim3(kp.num_tiles), T::kThreads, T::kSmemBytes, stream>>>(map_q, map_k, map_v, kp);
+  return cudaGetLastError();
+}
+
+// The entry points of head dim D's instances, bf16 and fp16 (in fwd_sm90_hdim<D>.cu; the table in
+// fwd_sm90_launch.cu declares them).
+#define FLASHBACK_FWD_SM90_INSTANCES(D)                                                      \
+  cudaError_t run_fwd_sm90_hdim##D##_bf16(const flashback_fwd_params& p, cudaStream_t stream) { \
+    return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D, Dtype::kBf16>>(p, stream);       \
+  }                                                                                          \
+  cudaError_t run_fwd_sm90_hdim##D##_fp16(const flashback_fwd_params& p, cudaStream_t stream) { \
+    return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D, Dtype::kF16>>(p, stream);        \
+  }
+
+}  // namespace sm90
+}  // namespace flashback
