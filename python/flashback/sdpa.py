@@ -8,13 +8,21 @@
 Importing flashback only registers the name "flashback" (PyTorch >= 2.10 has the registry);
 nothing changes until the user activates it. Activation overrides the CUDA kernels of
 `aten::_scaled_dot_product_flash_attention` and its backward. A call goes to flashback only when
-its Hopper kernels serve it (bf16, head dim 256, no dropout, no debug mask, an sm_90 GPU,
-TMA-addressable layouts, what flashback's argument checks accept); every other call falls through
-to the kernel PyTorch had before, unchanged, so activating the provider never makes attention
-slower. The lower-level `aten::_flash_attention_forward` / `_backward` (dense (b, s, h, d) or
-packed with offsets, the route of `torch.nn.attention.varlen.varlen_attn`) are overridden the
-same way where this PyTorch has them (a window of (-1, 0) is causal masking, as varlen_attn
-asks for it); a sliding window, seqused_k, ALiBi and paged KV fall through.
+flashback serves it (a dtype and head dim flashback's argument checks accept and this build has,
+no dropout, no debug mask, an sm_90 GPU, TMA-addressable layouts); every other call falls
+through to the kernel PyTorch had before, unchanged. The lower-level
+`aten::_flash_attention_forward` / `_backward` (dense (b, s, h, d) or packed with offsets, the
+route of `torch.nn.attention.varlen.varlen_attn`) are overridden the same way where this PyTorch
+has them (a window of (-1, 0) is causal masking, as varlen_attn asks for it); a sliding window,
+seqused_k, ALiBi and paged KV fall through.
+
+Routing (_Routing): SDPA picks a backend in C++ from a global priority order before any of these
+ops runs, and on H100/H200 PyTorch puts cuDNN ahead of flash, so a plain SDPA call would never
+reach the flash op. On an sm_90 GPU activation therefore moves FLASH_ATTENTION to the front of
+the order, leaving the other backends in their order and every enable flag as it is; removing
+the provider puts the saved order back. A call PyTorch's flash backend cannot take skips it and
+lands where it did before (the rest of the order is unchanged); a call it takes but flashback
+declines runs PyTorch's own flash kernel, where cuDNN may have run it before.
 
 Semantics: the flash op's is_causal is aligned bottom-right when seqlen_q != seqlen_k (SDPA itself
 only picks the flash backend for causal when they are equal), as in flashback. The LSE is float32
@@ -66,13 +74,13 @@ class _Backend:
 
     def accepts(self, q: Tensor, k: Tensor, v: Tensor, scale) -> str | None:
         """flashback's own argument checks (flashback order), as a reason instead of an error:
-        what they reject (a scale <= 0, grid limits, a build without head dim 256, ...) goes to
+        what they reject (a scale <= 0, grid limits, a build without the head dim, ...) goes to
         PyTorch rather than failing."""
         from . import _checks
 
         try:
             _checks.check_forward_args(q, k, v, softmax_scale=scale)
-            _checks.check_runtime(q.device, q.shape[-1])
+            _checks.check_runtime(q.device, q.shape[-1], q.dtype)
         except (TypeError, ValueError, RuntimeError) as e:
             return f"flashback rejects it ({e})"
         return None
@@ -93,7 +101,7 @@ class _Backend:
 
         try:
             varlen.check_varlen_args(q, k, v, cu_q, cu_k, int(max_q), int(max_k), softmax_scale=scale)
-            _checks.check_runtime(q.device, q.shape[-1])
+            _checks.check_runtime(q.device, q.shape[-1], q.dtype)
         except (TypeError, ValueError, RuntimeError) as e:
             return f"flashback rejects it ({e})"
         return None
@@ -133,10 +141,23 @@ def _sm90_with_flashback(index: int) -> bool:
 _backend = _Backend()
 
 
+def _dtype_headdim_decline(query, key, value) -> str | None:
+    """Asks flashback's own lists at call time, so what the library learns to serve (head dims,
+    dtypes) is served here without a second list to keep in step."""
+    from . import _checks
+
+    if any(t.dtype not in _checks.SUPPORTED_DTYPES for t in (query, key, value)):
+        return "dtype not supported by flashback"
+    d = query.shape[-1]
+    if d not in _checks.SUPPORTED_HEADDIMS or key.shape[-1] != d or value.shape[-1] != d:
+        return "head dim not supported by flashback"
+    return None
+
+
 def decline_reason(query: Tensor, key: Tensor, value: Tensor, dropout_p: float = 0.0,
                    return_debug_mask: bool = False, scale=None, backward: bool = False) -> str | None:
-    """None when flashback serves this SDPA flash call on its fast path, else why not (the call
-    then falls through to PyTorch). Tensors in SDPA's (batch, heads, seqlen, dim) order.
+    """None when flashback serves this SDPA flash call, else why not (the call then falls
+    through to PyTorch). Tensors in SDPA's (batch, heads, seqlen, dim) order.
     Under torch.use_deterministic_algorithms a served causal backward runs flashback's
     deterministic mode (ordered dQ adds), a non-causal one falls through (_deterministic_decline);
     the forward is deterministic either way."""
@@ -146,11 +167,9 @@ def decline_reason(query: Tensor, key: Tensor, value: Tensor, dropout_p: float =
         return "debug mask requested"
     if any(t.dim() != 4 for t in (query, key, value)):
         return "not 4-D"
-    if any(t.dtype != torch.bfloat16 for t in (query, key, value)):
-        return "dtype is not bf16"
-    d = query.shape[-1]
-    if d != 256 or key.shape[-1] != d or value.shape[-1] != d:
-        return "head dim is not 256"
+    reason = _dtype_headdim_decline(query, key, value)
+    if reason is not None:
+        return reason
     b, hq, sq, _ = query.shape
     if (key.shape != value.shape or key.shape[0] != b or key.shape[1] < 1 or hq % key.shape[1] != 0
             or key.shape[2] < 1 or sq < 1 or b < 1):
@@ -205,10 +224,9 @@ def flash_decline_reason(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, 
         return "debug mask requested"
     if not isinstance(cum_seq_k, torch.Tensor) or any(t.dim() != 3 for t in (query, key, value)):
         return "varlen tensors not 3-D"
-    if any(t.dtype != torch.bfloat16 for t in (query, key, value)):
-        return "dtype is not bf16"
-    if query.shape[-1] != 256:
-        return "head dim is not 256"
+    reason = _dtype_headdim_decline(query, key, value)
+    if reason is not None:
+        return reason
     if not all(_backend.device_ok(t) for t in (query, key, value)):
         return "not an sm_90 GPU with flashback available"
     if not all(_backend.layout_ok(t.unsqueeze(0)) for t in (query, key, value)):
@@ -344,22 +362,97 @@ def _make_flash_backward(orig):
     return backward
 
 
-class _Handle:
-    """Keeps the override alive; remove() restores PyTorch's kernels."""
+def _priority_api():
+    """(get, set) of PyTorch's global SDPA priority order, or None where this PyTorch has no such
+    functions (they are private; newer versions may move them)."""
+    get = getattr(torch._C, "_get_sdp_priority_order", None)
+    set_ = getattr(torch._C, "_set_sdp_priority_order", None)
+    if get is None or set_ is None or not hasattr(torch.nn.attention, "SDPBackend"):
+        return None
+    return get, set_
 
-    def __init__(self, library):
+
+def _routes_here() -> bool:
+    """Whether putting the flash backend first can help: only on an sm_90 GPU with the library
+    loadable; elsewhere flashback serves nothing and PyTorch's order stays as it is."""
+    if not torch.cuda.is_available():
+        return False
+    return _sm90_with_flashback(torch.cuda.current_device())
+
+
+def _settle_priority_order() -> None:
+    """PyTorch fixes its SDPA priority order lazily, at the first backend selection on a CUDA
+    device of the process (that is when it moves cuDNN first on H100/H200), overwriting any order
+    set before. One selection on tiny tensors, which launches no kernel, makes it settle now, so
+    that the order saved is the one PyTorch would use and ours is not overwritten later."""
+    choose = getattr(torch, "_fused_sdp_choice", None)
+    if choose is None:
+        return
+    x = torch.zeros((1, 1, 1, 64), dtype=torch.bfloat16,
+                    device=torch.device("cuda", torch.cuda.current_device()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            choose(x, x, x)
+        except RuntimeError:
+            pass  # every backend disabled: PyTorch selects nothing, so it has no order to settle
+
+
+class _Routing:
+    """The SDPA priority order while the provider is active: FLASH_ATTENTION first, the other
+    backends in the order PyTorch had. Enable flags are never touched: a backend the user switched
+    off stays off, and sdpa_kernel() still runs what it names."""
+
+    def __init__(self, saved: list[int], ours: list[int]):
+        self.saved, self.ours = saved, ours
+
+    @classmethod
+    def activate(cls) -> "_Routing | None":
+        api = _priority_api()
+        if api is None or not _routes_here():
+            return None
+        get, set_ = api
+        _settle_priority_order()
+        saved = [int(b) for b in get()]
+        flash = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
+        ours = [flash] + [b for b in saved if b != flash]
+        if ours == saved:
+            return None
+        set_(ours)
+        return cls(saved, ours)
+
+    def restore(self) -> None:
+        """Puts the saved order back, unless another order was set since activation: that one
+        is newer than ours and stays."""
+        api = _priority_api()
+        if api is None:
+            return
+        get, set_ = api
+        if [int(b) for b in get()] == self.ours:
+            set_(self.saved)
+
+
+class _Handle:
+    """Keeps the override alive; remove() restores PyTorch's kernels and its priority order."""
+
+    def __init__(self, library, routing: _Routing | None = None):
         self.library = library
+        self.routing = routing
 
     def remove(self) -> None:
         if self.library is not None:
             self.library._destroy()
             self.library = None
+        if self.routing is not None:
+            self.routing.restore()
+            self.routing = None
 
 
-def install(dispatch_key: str = "CUDA") -> _Handle:
+def install(dispatch_key: str = "CUDA", route: bool | None = None) -> _Handle:
     """Overrides the SDPA flash ops at `dispatch_key` (CUDA; tests use CPU) and returns the
     handle that removes the override. What the override does not serve goes to the kernel that
-    was registered before (captured here, before the override exists)."""
+    was registered before (captured here, before the override exists). route (default: when the
+    key is CUDA) also puts the flash backend first in SDPA's priority order (_Routing)."""
     if not hasattr(torch.library, "get_kernel"):
         raise RuntimeError(f"the flashback SDPA provider needs PyTorch >= 2.9 (torch.library.get_kernel); "
                            f"this is {torch.__version__}")
@@ -382,14 +475,22 @@ def install(dispatch_key: str = "CUDA") -> _Handle:
     if orig_flash_fwd is not None:
         lib.impl(_FLASH_FWD_OP, _make_flash_forward(orig_flash_fwd), dispatch_key, with_keyset=True)
         lib.impl(_FLASH_BWD_OP, _make_flash_backward(orig_flash_bwd), dispatch_key, with_keyset=True)
-    return _Handle(lib)
+    if route is None:
+        route = dispatch_key == "CUDA"
+    try:
+        routing = _Routing.activate() if route else None
+    except BaseException:
+        lib._destroy()
+        raise
+    return _Handle(lib, routing)
 
 
 _DISPATCH_KEY = "CUDA"  # where activate_flash_attention_impl installs the override (tests: CPU)
+_ROUTE = None  # install()'s route under activate_flash_attention_impl (None: when the key is CUDA)
 
 
 def _register_fn():
-    return install(_DISPATCH_KEY)
+    return install(_DISPATCH_KEY, route=_ROUTE)
 
 
 def register() -> bool:

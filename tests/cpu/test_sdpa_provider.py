@@ -203,6 +203,11 @@ def cpu_provider(monkeypatch):
     torch_kernel.close()
 
 
+def _unsupported_headdim():
+    """A head dim PyTorch's flash kernel takes (a multiple of 8 up to 256) and flashback does not."""
+    return next(d for d in (96, 80, 48, 32, 160, 224) if d not in flashback.SUPPORTED_HEADDIMS)
+
+
 def _qkv(d=256, dtype=torch.bfloat16, b=2, h=4, hk=2, sq=33, sk=33):
     q = torch.randn(b, sq, h, d).to(dtype).transpose(1, 2)  # SDPA order over (b, s, h, d) memory
     k = torch.randn(b, sk, hk, d).to(dtype).transpose(1, 2)
@@ -257,11 +262,25 @@ def test_autograd_reaches_the_backward_override(cpu_provider):
 
 @needs_registry
 @needs_get_kernel
-@pytest.mark.parametrize("case", ["fp32", "hdim128", "dropout", "debug_mask", "negative_scale"])
+@pytest.mark.parametrize("d", sorted(flashback.SUPPORTED_HEADDIMS))
+def test_every_supported_head_dim_is_served(cpu_provider, d):
+    torch_kernel, backend = cpu_provider
+    torch.nn.attention.activate_flash_attention_impl("flashback")
+    q, k, v = _qkv(d=d)
+    out = FWD(q, k, v, 0.0, True, False, scale=0.1)[0]
+    assert (backend.forward_calls, torch_kernel.calls) == (1, 0)
+    torch.testing.assert_close(out.float(), _reference(q, k, v, 0.1, True)[0], atol=2e-2, rtol=2e-2)
+
+
+@needs_registry
+@needs_get_kernel
+@pytest.mark.parametrize("case", ["fp32", "headdim", "dropout", "debug_mask", "negative_scale"])
 def test_everything_else_falls_through_unchanged(cpu_provider, case):
     torch_kernel, backend = cpu_provider
     torch.nn.attention.activate_flash_attention_impl("flashback")
-    q, k, v = _qkv(d=128 if case == "hdim128" else 256, dtype=torch.float32 if case == "fp32" else torch.bfloat16)
+    assert torch.float32 not in flashback._checks.SUPPORTED_DTYPES
+    q, k, v = _qkv(d=_unsupported_headdim() if case == "headdim" else 256,
+                   dtype=torch.float32 if case == "fp32" else torch.bfloat16)
     dropout = 0.1 if case == "dropout" else 0.0
     debug = case == "debug_mask"
     scale = -0.1 if case == "negative_scale" else 0.1  # PyTorch takes any scale; flashback > 0 only
@@ -313,9 +332,11 @@ def test_decline_reasons(monkeypatch):
     assert sdpa.decline_reason(q, k, v) is None
     assert sdpa.decline_reason(q, k, v, dropout_p=0.5) == "dropout"
     assert sdpa.decline_reason(q, k, v, return_debug_mask=True) == "debug mask requested"
-    assert sdpa.decline_reason(*_qkv(d=64)) == "head dim is not 256"
-    assert sdpa.decline_reason(*_qkv(dtype=torch.float16)) == "dtype is not bf16"
-    assert sdpa.decline_reason(q, k[:, :, :, :128], v) == "head dim is not 256"
+    for d in flashback.SUPPORTED_HEADDIMS:
+        assert sdpa.decline_reason(*_qkv(d=d)) is None
+    assert sdpa.decline_reason(*_qkv(d=_unsupported_headdim())) == "head dim not supported by flashback"
+    assert sdpa.decline_reason(*_qkv(dtype=torch.float32)) == "dtype not supported by flashback"
+    assert sdpa.decline_reason(q, k[:, :, :, :128], v) == "head dim not supported by flashback"
     assert sdpa.decline_reason(*_qkv(h=3, hk=2)) == "shapes"
     assert sdpa.decline_reason(q, k[:, :0], v[:, :0]) == "shapes"  # no kv heads
     assert "flashback rejects it" in sdpa.decline_reason(q, k, v, scale=0.0)
@@ -396,11 +417,11 @@ def test_dense_flash_op_is_served(cpu_provider):
 
 @needs_registry
 @needs_get_kernel
-@pytest.mark.parametrize("case", ["window", "dropout", "fp32", "hdim128", "seqused_k"])
+@pytest.mark.parametrize("case", ["window", "dropout", "fp32", "headdim", "seqused_k"])
 def test_unserved_flash_op_calls_fall_through(cpu_provider, case):
     torch_kernel, backend = cpu_provider
     torch.nn.attention.activate_flash_attention_impl("flashback")
-    q, k, v, cq, ck = _packed([5, 40], [7, 40], d=128 if case == "hdim128" else 256,
+    q, k, v, cq, ck = _packed([5, 40], [7, 40], d=_unsupported_headdim() if case == "headdim" else 256,
                               dtype=torch.float32 if case == "fp32" else torch.bfloat16)
     kwargs = {"scale": 0.0625}
     if case == "window":

@@ -9,6 +9,7 @@ cu_seqlens offsets handed to the model as keyword arguments, the way transformer
 collator does) and runs attention through `flashback.attention_varlen`, registered as a
 transformers attention function. Its loss and gradients are checked against the same sequences
 run one at a time (fp32 math reference, PyTorch's bf16 flash as the yardstick)."""
+import contextlib
 import copy
 import os
 
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 import flashback
+from profiling import flashback_kernels, kernels, pytorch_attention_kernels
 
 transformers = pytest.importorskip("transformers")
 
@@ -52,8 +54,9 @@ def _check_bar(loss_fb, loss_pt, loss32, g_fb, g_pt, g32):
 
 
 def _loss_and_grads(model, ids, backends):
+    """backends None: no sdpa_kernel() around the model, as a user runs it."""
     model.zero_grad(set_to_none=True)
-    with torch.nn.attention.sdpa_kernel(backends):
+    with torch.nn.attention.sdpa_kernel(backends) if backends is not None else contextlib.nullcontext():
         logits = model(input_ids=ids).logits
     # Per-token losses: a vector's max error is a stable measure, a mean's is mostly luck.
     tokens = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(),
@@ -77,6 +80,39 @@ def test_llama_head_dim_256_on_the_provider():
     finally:
         torch.nn.attention.restore_flash_attention_impl()
     _check_bar(loss_fb, loss_pt, loss32, g_fb, g_pt, g32)
+
+
+def test_llama_sdpa_without_naming_a_backend_runs_on_flashback():
+    """The model as a user runs it (attn_implementation="sdpa", no sdpa_kernel()): activation
+    alone sends its attention, forward and backward, to flashback's Hopper kernels (by kernel
+    name), within the bar; after restore it runs exactly the kernels it ran before."""
+    model32 = _model()
+    model = copy.deepcopy(model32).to(torch.bfloat16)
+    ids = torch.randint(0, 1024, (2, 2048), device="cuda")
+    loss32, g32 = _loss_and_grads(model32, ids, [SDPB.MATH])
+    loss_pt, g_pt = _loss_and_grads(model, ids, [SDPB.FLASH_ATTENTION])
+
+    def step():
+        return _loss_and_grads(model, ids, None)
+
+    step()  # PyTorch settles its priority order and builds its plans on the first call
+    before = kernels(step)
+    assert pytorch_attention_kernels(before) and not flashback_kernels(before), sorted(before)
+    res = []
+    torch.nn.attention.activate_flash_attention_impl("flashback")
+    try:
+        active = kernels(lambda: res.append(step()))
+    finally:
+        torch.nn.attention.restore_flash_attention_impl()
+    ours = flashback_kernels(active)
+    assert any("sm90" in n and "fwd" in n for n in ours) and any("sm90" in n and "bwd" in n for n in ours), \
+        sorted(ours)
+    assert not pytorch_attention_kernels(active), sorted(pytorch_attention_kernels(active))
+    loss_fb, g_fb = res[0]
+    _check_bar(loss_fb, loss_pt, loss32, g_fb, g_pt, g32)
+    step()
+    after = kernels(step)
+    assert after == before, f"after restore: {sorted(after ^ before)} differ"
 
 
 _PACKED_NAME = "packed_varlen_fb"  # transformers treats any name containing "flash" as a FlashAttention build

@@ -1,6 +1,8 @@
 """flashback as PyTorch's SDPA flash-attention provider, on an sm_90 GPU: what it serves runs on
 flashback's Hopper kernels and meets the correctness bar, forward and backward, under
-torch.compile too; what it does not serve falls through to PyTorch's own kernel unchanged."""
+torch.compile too; what it does not serve falls through to PyTorch's own kernel unchanged. Plain
+SDPA calls, with no backend named, reach flashback once the provider is active (kernels checked
+by name in the profiler), and after restore run exactly what they ran before."""
 import importlib.util
 import os
 
@@ -9,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import flashback
+from profiling import flashback_kernels, kernels, pytorch_attention_kernels
 from reference import attention_ref, check_close, deterministic_algorithms
 
 pytestmark = [
@@ -72,9 +75,16 @@ def test_sdpa_runs_on_flashback(provider, shape, causal):
     _check_bar(q, k, v, dout, causal, grads, out)
 
 
-@pytest.mark.parametrize("case", ["hdim128", "fp16"])
+def _unsupported_headdim():
+    """A head dim PyTorch's flash kernel takes (a multiple of 8 up to 256) and flashback does not."""
+    return next(d for d in (96, 80, 48, 32, 160, 224) if d not in flashback.SUPPORTED_HEADDIMS)
+
+
+@pytest.mark.parametrize("case", ["headdim", "fp16"])
 def test_other_inputs_fall_through_unchanged(provider, case):
-    d, dtype = (128, torch.bfloat16) if case == "hdim128" else (256, torch.float16)
+    if case == "fp16" and torch.float16 in flashback._checks.SUPPORTED_DTYPES:
+        pytest.skip("flashback serves fp16")
+    d, dtype = (_unsupported_headdim(), torch.bfloat16) if case == "headdim" else (256, torch.float16)
     (q, k, v), dout = _inputs(2, 8, 8, 1000, d, dtype)
     before = (flashback.last_forward_path(), flashback.last_backward_path())
     out = _sdpa(q, k, v, True, gqa=False)
@@ -179,3 +189,93 @@ def test_context_parallel_ring_step_contract(provider, step):
         torch.zeros(2, dtype=torch.uint64, device="cuda"), torch.zeros((), dtype=torch.uint64, device="cuda"))
     assert flashback.last_backward_path() == "sm90"
     _check_bar(q, k, v, dout, causal, grads, out)
+
+
+# --- plain SDPA calls: no backend named ------------------------------------------------------
+
+def _hopper_serves(d, dtype):
+    """Whether this build runs (d, dtype) on its Hopper kernels (else on the reference ones)."""
+    from flashback import _lib
+
+    lib = _lib.load()
+    if hasattr(lib, "flashback_sm90_supports") and hasattr(_lib, "dtype_code"):
+        return bool(lib.flashback_sm90_supports(d, _lib.dtype_code(dtype)))
+    return d == 256 and dtype == torch.bfloat16
+
+
+def _sdp_state():
+    """PyTorch's process-wide SDPA choice: the priority order and every backend's enable flag."""
+    flags = {name: getattr(torch._C, f"_get_{name}_sdp_enabled")()
+             for name in ("cudnn", "flash", "mem_efficient", "math", "overrideable")
+             if hasattr(torch._C, f"_get_{name}_sdp_enabled")}
+    return list(torch._C._get_sdp_priority_order()), flags
+
+
+@pytest.mark.parametrize("d, hk", [(128, 8), (256, 8), (256, 2)], ids=["d128", "d256", "d256-gqa"])
+def test_plain_sdpa_call_runs_on_flashback_and_restore_brings_pytorch_back(d, hk):
+    """F.scaled_dot_product_attention(q, k, v, is_causal=True) outside any sdpa_kernel(): before
+    activation PyTorch's kernels (cuDNN on an H200), while active flashback's for the forward and
+    the backward (names with sm90 where the build has Hopper kernels for it) within the bar, after
+    restore exactly the kernels, priority order and enable flags of before."""
+    if d not in flashback.SUPPORTED_HEADDIMS:
+        pytest.skip(f"this flashback does not serve head dim {d}")
+    (q, k, v), dout = _inputs(2, 8, hk, 4096, d)
+    gqa = {"enable_gqa": True} if hk != 8 else {}
+
+    def step():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
+        torch.autograd.grad(out, (q, k, v), dout)
+
+    step()  # PyTorch settles its priority order and builds its plans on the first call
+    state = _sdp_state()
+    before = kernels(step)
+    assert pytorch_attention_kernels(before) and not flashback_kernels(before), sorted(before)
+
+    torch.nn.attention.activate_flash_attention_impl("flashback")
+    try:
+        res = {}
+        fwd = kernels(lambda: res.setdefault("out", F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)))
+        bwd = kernels(lambda: res.setdefault("grads", torch.autograd.grad(res["out"], (q, k, v), dout)))
+    finally:
+        torch.nn.attention.restore_flash_attention_impl()
+    for name, ran in (("forward", fwd), ("backward", bwd)):
+        assert flashback_kernels(ran), f"{name} ran no flashback kernel: {sorted(ran)}"
+        assert not pytorch_attention_kernels(ran), f"{name} ran PyTorch's: {sorted(pytorch_attention_kernels(ran))}"
+        if _hopper_serves(d, q.dtype):
+            assert any("sm90" in n for n in flashback_kernels(ran)), sorted(flashback_kernels(ran))
+    _check_bar(q, k, v, dout, True, res["grads"], res["out"])
+
+    assert _sdp_state() == state
+    step()
+    after = kernels(step)
+    assert after == before, f"after restore: {sorted(after ^ before)} differ"
+
+
+@pytest.mark.parametrize("case", ["fp32", "headdim"])
+def test_plain_sdpa_calls_flashback_declines(case):
+    """What flashback does not serve, with no backend named. A call PyTorch's flash backend
+    cannot take (fp32) runs the very kernels it ran before; one flash takes and flashback
+    declines (a head dim flashback lacks) runs PyTorch's kernels (its flash kernel while the
+    provider is active: flash is first in the order), never flashback's. After restore both run
+    what they ran before."""
+    d, dtype = (64, torch.float32) if case == "fp32" else (_unsupported_headdim(), torch.bfloat16)
+    (q, k, v), dout = _inputs(2, 8, 8, 1024, d, dtype)
+
+    def step():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        torch.autograd.grad(out, (q, k, v), dout)
+
+    step()
+    before = kernels(step)
+    torch.nn.attention.activate_flash_attention_impl("flashback")
+    try:
+        step()
+        active = kernels(step)
+    finally:
+        torch.nn.attention.restore_flash_attention_impl()
+    assert not flashback_kernels(active), sorted(flashback_kernels(active))
+    assert pytorch_attention_kernels(active), sorted(active)
+    if case == "fp32":
+        assert active == before, f"while active: {sorted(active ^ before)} differ"
+    step()
+    assert kernels(step) == before
