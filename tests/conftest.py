@@ -10,7 +10,10 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for path in (os.path.join(ROOT, "python"), os.path.join(ROOT, "tests")):
+# FLASHBACK_TEST_INSTALLED=1 leaves python/ off the path, so the installed package (a wheel) is
+# what the suite imports.
+INSTALLED = os.environ.get("FLASHBACK_TEST_INSTALLED") == "1"
+for path in ([] if INSTALLED else [os.path.join(ROOT, "python")]) + [os.path.join(ROOT, "tests")]:
     if path not in sys.path:
         sys.path.insert(0, path)
 
