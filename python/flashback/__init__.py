@@ -3,11 +3,14 @@
     import flashback
     out = flashback.attention(q, k, v, causal=True)   # (batch, seqlen, nheads, headdim), bf16
     out = flashback.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k)  # packed
+    out = flashback.flash_attn_func(q, k, v, causal=True)   # FlashAttention 2's signature
 """
 from ._checks import SUPPORTED_HEADDIMS
 from ._lib import FlashbackError, LibraryNotFoundError
 from .interface import attention, attention_backward, attention_forward
 from .varlen import attention_varlen
+from . import flash_attn_interface
+from .flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 from . import sdpa as _sdpa
 
 # Makes "flashback" known to torch.nn.attention.activate_flash_attention_impl; activates nothing.
@@ -17,6 +20,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "attention", "attention_forward", "attention_backward", "attention_varlen", "is_available", "last_forward_path", "last_backward_path",
+    "flash_attn_func", "flash_attn_varlen_func", "flash_attn_interface",
     "SUPPORTED_HEADDIMS", "FlashbackError", "LibraryNotFoundError", "__version__",
 ]
 

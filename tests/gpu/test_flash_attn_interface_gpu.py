@@ -1,0 +1,114 @@
+"""flashback's FlashAttention-2-compatible functions on an sm_90 GPU: FA's positional and keyword
+call patterns give what flashback.attention / flashback.attention_varlen give for the same
+arguments. Both run the same kernels, so outputs, LSE and (deterministic) gradients are compared
+bitwise; the correctness of those kernels is tests/gpu/test_attention.py's and test_varlen_gpu.py's."""
+import math
+
+import pytest
+import torch
+
+import flashback
+from flashback import flash_attn_func, flash_attn_varlen_func
+
+pytestmark = pytest.mark.gpu
+HEADDIMS = [d for d in (128, 256) if d in flashback.SUPPORTED_HEADDIMS]
+
+
+def _randn(*shape):
+    return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+
+
+def _leaves(*tensors):
+    return [t.detach().clone().requires_grad_() for t in tensors]
+
+
+def _check_same(out, ref, leaves, ref_leaves, dout, bitwise_grads=True):
+    assert torch.equal(out, ref)
+    grads = torch.autograd.grad(out, leaves, dout)
+    ref_grads = torch.autograd.grad(ref, ref_leaves, dout)
+    for name, a, b in zip(("dq", "dk", "dv"), grads, ref_grads):
+        if bitwise_grads:
+            assert torch.equal(a, b), f"{name} differs"
+        else:  # dQ summed with atomics: equal up to the order of the adds
+            torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("d", HEADDIMS)
+@pytest.mark.parametrize("pattern", ["positional", "keyword", "window", "attn_probs", "defaults",
+                                     "strided", "seqlen_q<seqlen_k"])
+def test_flash_attn_func_matches_flashback_attention(d, pattern):
+    b, sq, sk, h, hk = 2, 1000, 1000, 8, 2
+    if pattern == "seqlen_q<seqlen_k":
+        sq = 517
+    q, k, v, dout = _randn(b, sq, h, d), _randn(b, sk, hk, d), _randn(b, sk, hk, d), _randn(b, sq, h, d)
+    scale = 0.5 / math.sqrt(d)
+    leaves, ref_leaves = _leaves(q, k, v), _leaves(q, k, v)
+    lse = None
+    causal, ref_scale = True, scale
+    if pattern == "positional":
+        out = flash_attn_func(*leaves, 0.0, scale, True, (-1, -1), 0.0, None, True)
+    elif pattern in ("keyword", "seqlen_q<seqlen_k"):
+        out = flash_attn_func(q=leaves[0], k=leaves[1], v=leaves[2], softmax_scale=scale, causal=True,
+                              deterministic=True)
+    elif pattern == "window":
+        out = flash_attn_func(*leaves, softmax_scale=scale, window_size=(-1, 0), deterministic=True)
+    elif pattern == "attn_probs":
+        out, lse, probs = flash_attn_func(*leaves, dropout_p=0.0, softmax_scale=scale, causal=True,
+                                          deterministic=True, return_attn_probs=True)
+        assert probs is None
+    elif pattern == "strided":  # FlashAttention copies a q whose last dim is strided; so does flashback
+        qs = leaves[0].transpose(-1, -2).contiguous().transpose(-1, -2)
+        out = flash_attn_func(qs, leaves[1], leaves[2], softmax_scale=scale, causal=True, deterministic=True)
+    else:
+        out = flash_attn_func(*leaves)
+        causal, ref_scale = False, None
+    deterministic = pattern != "defaults"
+    ref, ref_lse = flashback.attention(*ref_leaves, causal=causal, softmax_scale=ref_scale,
+                                       deterministic=deterministic, return_lse=True)
+    if lse is not None:
+        assert lse.dtype == torch.float32 and lse.shape == (b, h, sq) and not lse.requires_grad
+        assert torch.equal(lse, ref_lse)
+    _check_same(out, ref, leaves, ref_leaves, dout, bitwise_grads=deterministic)
+
+
+@pytest.mark.parametrize("d", HEADDIMS)
+@pytest.mark.parametrize("pattern", ["positional", "keyword", "window", "attn_probs", "defaults"])
+def test_flash_attn_varlen_func_matches_flashback_attention_varlen(d, pattern):
+    lengths = [17, 1000, 0, 300]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    total, h, hk, mx = sum(lengths), 8, 2, max(lengths)
+    q, k, v, dout = _randn(total, h, d), _randn(total, hk, d), _randn(total, hk, d), _randn(total, h, d)
+    scale = 0.5 / math.sqrt(d)
+    leaves, ref_leaves = _leaves(q, k, v), _leaves(q, k, v)
+    lse = None
+    causal, ref_scale = True, scale
+    if pattern == "positional":
+        out = flash_attn_varlen_func(*leaves, cu, cu, mx, mx, 0.0, scale, True, (-1, -1), 0.0, None, True)
+    elif pattern == "keyword":
+        out = flash_attn_varlen_func(*leaves, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=mx, max_seqlen_k=mx,
+                                     softmax_scale=scale, causal=True, deterministic=True, block_table=None)
+    elif pattern == "window":
+        out = flash_attn_varlen_func(*leaves, cu, cu, mx, mx, softmax_scale=scale, window_size=(-1, 0),
+                                     deterministic=True)
+    elif pattern == "attn_probs":
+        out, lse, probs = flash_attn_varlen_func(*leaves, cu, cu, mx, mx, softmax_scale=scale, causal=True,
+                                                 deterministic=True, return_attn_probs=True)
+        assert probs is None
+    else:
+        out = flash_attn_varlen_func(*leaves, cu, cu, mx, mx)
+        causal, ref_scale = False, None
+    deterministic = pattern != "defaults"
+    ref, ref_lse = flashback.attention_varlen(*ref_leaves, cu, cu, mx, mx, causal=causal, softmax_scale=ref_scale,
+                                              deterministic=deterministic, return_lse=True)
+    if lse is not None:
+        assert lse.dtype == torch.float32 and lse.shape == (h, total)
+        assert torch.equal(lse, ref_lse)
+    _check_same(out, ref, leaves, ref_leaves, dout, bitwise_grads=deterministic)
+
+
+def test_unsupported_option_raises_on_the_gpu_too():
+    q, k, v = _randn(1, 64, 4, 128), _randn(1, 64, 4, 128), _randn(1, 64, 4, 128)
+    with pytest.raises(NotImplementedError, match="dropout_p"):
+        flash_attn_func(q, k, v, 0.1)
+    with pytest.raises(NotImplementedError, match="window_size"):
+        flash_attn_func(q, k, v, window_size=(8, 0))
