@@ -233,6 +233,8 @@ def test_plain_sdpa_call_runs_on_flashback_and_restore_brings_pytorch_back(d, hk
 
     torch.nn.attention.activate_flash_attention_impl("flashback")
     try:
+        flash = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
+        assert _sdp_state() == ([flash] + [b for b in state[0] if b != flash], state[1])
         res = {}
         fwd = kernels(lambda: res.setdefault("out", F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)))
         bwd = kernels(lambda: res.setdefault("grads", torch.autograd.grad(res["out"], (q, k, v), dout)))
