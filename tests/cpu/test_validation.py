@@ -145,7 +145,7 @@ def test_backward_out_and_dout_must_match_q(name):
         flashback.attention_backward(**a)
     a = bwd_args()
     a[name] = a[name].half()
-    with pytest.raises(TypeError, match=rf"{name} has dtype torch.float16"):
+    with pytest.raises(TypeError, match=rf"{name} must have the dtype of q \(torch.bfloat16\), got torch.float16"):
         flashback.attention_backward(**a)
 
 
@@ -294,7 +294,7 @@ def call_fwd(lib, p):
     (lambda p: setattr(p.out_strides, "row", p.out_strides.head), 1, "out row stride 128 overlaps"),
     (lambda p: setattr(p, "batch", 70000), 2, "batch (70000) and nheads (4) must be at most 65535"),
     (lambda p: setattr(p, "headdim", 96), 2, "headdim 96 is not supported"),
-    (lambda p: setattr(p, "dtype", 1), 2, "dtype 1 is not supported"),
+    (lambda p: setattr(p, "dtype", 2), 2, "dtype 2 is not supported"),
     (lambda p: setattr(p, "nheads", 3), 1, "nheads (3) must be divisible by nheads_k (2)"),
     (lambda p: setattr(p, "seqlen_k", 0), 1, "seqlen_q and seqlen_k must be >= 1"),
     (lambda p: setattr(p, "batch", 0), 1, "batch must be >= 1"),

@@ -353,6 +353,14 @@ def test_deterministic_cooperative_launches_give_the_same_bits(tmp_path):
         assert torch.equal(a, b), f"{name}: cooperative chunk launches differ from the single launch"
 
 
+def _attention_and_grads(fn, x, causal, return_lse):
+    leaves = [t.clone().requires_grad_() for t in (x.q, x.k, x.v)]
+    res = fn(*leaves, causal=causal, deterministic=True, return_lse=return_lse)
+    out, lse = res if return_lse else (res, None)
+    grads = torch.autograd.grad(out, leaves, x.dout)
+    return out, lse, grads
+
+
 @pytest.mark.gpu
 def test_torch_compile_matches_eager():
     """fullgraph=True: no graph break. The second shape makes dynamo recompile with dynamic

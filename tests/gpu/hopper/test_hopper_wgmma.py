@@ -12,7 +12,7 @@ pytestmark = pytest.mark.gpu
 
 # The shapes the library was generated for (FLASHBACK_WGMMA_SHAPES); the list below is only
 # used for test ids -- test_supported_shapes checks it against the library.
-SHAPES = [16, 32, 40, 64, 80, 96, 128, 192, 256]
+SHAPES = [16, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 256]
 VARIANTS = [  # (a_mn, b_mn, rs)
     (0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0), (0, 0, 1), (0, 1, 1),
 ]

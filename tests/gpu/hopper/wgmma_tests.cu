@@ -191,15 +191,14 @@ int dispatch_variant(const void* a, const void* b, float* d, int a_mn, int b_mn,
 // d: fp32 [64][N] = A_math B_math^T. rs = 1: A through registers (needs a_mn = 0).
 FBH_EXPORT int fbh_wgmma(const void* a, const void* b, float* d, int n, int a_mn, int b_mn, int rs) {
   switch (n) {
-    case 16: return dispatch_variant<16>(a, b, d, a_mn, b_mn, rs);
-    case 32: return dispatch_variant<32>(a, b, d, a_mn, b_mn, rs);
-    case 40: return dispatch_variant<40>(a, b, d, a_mn, b_mn, rs);
-    case 64: return dispatch_variant<64>(a, b, d, a_mn, b_mn, rs);
-    case 80: return dispatch_variant<80>(a, b, d, a_mn, b_mn, rs);
-    case 96: return dispatch_variant<96>(a, b, d, a_mn, b_mn, rs);
-    case 128: return dispatch_variant<128>(a, b, d, a_mn, b_mn, rs);
-    case 192: return dispatch_variant<192>(a, b, d, a_mn, b_mn, rs);
-    case 256: return dispatch_variant<256>(a, b, d, a_mn, b_mn, rs);
+#define FBH_WGMMA_CASE(N) \
+  case N:                 \
+    return dispatch_variant<N>(a, b, d, a_mn, b_mn, rs);
+    FBH_WGMMA_CASE(16) FBH_WGMMA_CASE(32) FBH_WGMMA_CASE(40) FBH_WGMMA_CASE(48) FBH_WGMMA_CASE(56)
+    FBH_WGMMA_CASE(64) FBH_WGMMA_CASE(80) FBH_WGMMA_CASE(96) FBH_WGMMA_CASE(112) FBH_WGMMA_CASE(128)
+    FBH_WGMMA_CASE(144) FBH_WGMMA_CASE(160) FBH_WGMMA_CASE(176) FBH_WGMMA_CASE(192)
+    FBH_WGMMA_CASE(208) FBH_WGMMA_CASE(224) FBH_WGMMA_CASE(256)
+#undef FBH_WGMMA_CASE
     default: return (int)cudaErrorInvalidValue;
   }
 }
