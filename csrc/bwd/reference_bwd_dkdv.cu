@@ -1,4 +1,4 @@
-// Reference backward, dK and dV: steps (1)-(6) of DESIGN.md section 4, without (7).
+// Reference backward, dK and dV: steps (1)-(6) of docs/design.md section 4, without (7).
 //
 // A CTA owns kBlockN rows of K and V of one (batch, kv head), keeps them in shared memory, and
 // walks every q head of the GQA group and every Q block that sees those rows (causal: from the

@@ -1,4 +1,4 @@
-// Reference backward, dQ: steps (1)-(4) and (7) of DESIGN.md section 4.
+// Reference backward, dQ: steps (1)-(4) and (7) of docs/design.md section 4.
 //
 // A CTA owns kBlockM rows of Q (and dO) of one (batch, head); each warp owns 16 of them and
 // keeps its dQ slab (16 x headdim, fp32) in registers. The CTA walks the K/V blocks those rows

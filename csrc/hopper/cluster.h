@@ -1,6 +1,6 @@
 // Thread-block clusters: launch, CTA ranks, distributed shared memory (DSMEM), cluster barrier.
 // PTX ISA §9.7.9.23 (mapa), §9.7.13.3 (barrier.cluster); Programming Guide, Thread Block
-// Clusters; FACTS §8.
+// Clusters; hopper-facts.md §8.
 //
 // The CTAs of a cluster run at the same time on one GPC and can read, write and arrive on each
 // other's shared memory. Two rules: every CTA must have started before anyone touches a peer's

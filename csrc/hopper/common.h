@@ -2,8 +2,8 @@
 //
 // Every wrapper in csrc/hopper/ is one PTX instruction (or one fixed idiom) with a comment that
 // says why it exists and which rule of the PTX ISA it follows. Facts and their sources:
-// the project's Hopper notes, HOPPER-FACTS.md, kept with the design notes (DESIGN.md); their
-// section numbers are quoted as "FACTS §n".
+// the project's Hopper notes, docs/hopper-facts.md (the design is in docs/design.md); their
+// section numbers are quoted as "hopper-facts.md §n".
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,7 @@
 #include <cuda_runtime.h>
 
 // wgmma and setmaxnreg exist only on the arch-specific sm_90a target. A compute_90 (or host) pass
-// must not see their asm, so their wrappers compile to a trap elsewhere (FACTS §0).
+// must not see their asm, so their wrappers compile to a trap elsewhere (hopper-facts.md §0).
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FLASHBACK_SM90A 1
 #else
@@ -30,7 +30,7 @@ FB_DEVICE uint32_t smem_u32(const void* ptr) {
 }
 
 // Rounds a shared-memory pointer up to `align` bytes. 128B-swizzled tiles must start on a
-// 1024-byte boundary because the swizzle is keyed on absolute address bits [9:7] (FACTS §2.1);
+// 1024-byte boundary because the swizzle is keyed on absolute address bits [9:7] (hopper-facts.md §2.1);
 // the alignment of `extern __shared__` is not documented, so kernels over-allocate and round up.
 template <typename T = uint8_t>
 FB_DEVICE T* align_smem(void* ptr, uint32_t align = 1024) {
@@ -41,7 +41,7 @@ FB_DEVICE T* align_smem(void* ptr, uint32_t align = 1024) {
 
 // Orders this thread's earlier generic-proxy shared-memory writes (st.shared, stmatrix) before
 // later async-proxy reads of the same bytes (wgmma operands, TMA store/reduce sources).
-// Each writing thread executes it, then a barrier, then the async consumer runs (FACTS §6).
+// Each writing thread executes it, then a barrier, then the async consumer runs (hopper-facts.md §6).
 FB_DEVICE void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }

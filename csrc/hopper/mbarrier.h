@@ -1,6 +1,6 @@
 // mbarrier (shared-memory transaction barrier) wrappers, a producer/consumer ring of N stages,
 // and named barriers between warpgroups. PTX ISA §9.7.13.15 (mbarrier), §9.7.13.1 (bar);
-// FACTS §5 and §8.
+// hopper-facts.md §5 and §8.
 //
 // Model: an 8-byte mbarrier holds a phase bit, a pending-arrival count and a transaction (tx)
 // byte count. A phase completes when both reach zero; the phase bit then flips and the arrival
@@ -33,7 +33,7 @@ FB_DEVICE void mbar_arrive(uint64_t* bar) {
 
 // Announce `bytes` of async (TMA) traffic for the current phase, then arrive once. The phase
 // cannot complete until the copies have delivered exactly that many bytes (boxes count in full,
-// out-of-bounds parts too: FACTS §4.2). This is how a TMA producer "commits" a stage.
+// out-of-bounds parts too: hopper-facts.md §4.2). This is how a TMA producer "commits" a stage.
 FB_DEVICE void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
                "r"(bytes)
@@ -57,7 +57,7 @@ FB_DEVICE void mbar_complete_tx(uint64_t* bar, uint32_t bytes) {
 
 // Arrive on the barrier at the same offset in CTA `cta_rank` of the cluster (may be this CTA).
 // Used to release a stage that a peer's multicast TMA writes into. Remote barriers may only be
-// arrived on, never waited on (FACTS §5). Default semantics (release at CTA scope), as CUTLASS
+// arrived on, never waited on (hopper-facts.md §5). Default semantics (release at CTA scope), as CUTLASS
 // uses for its pipelines: enough to hand back a stage whose reads have completed (wgmma_wait).
 FB_DEVICE void mbar_arrive_cluster(uint64_t* bar, uint32_t cta_rank) {
   asm volatile(

@@ -1,5 +1,5 @@
 // setmaxnreg: move registers between the warpgroups of a CTA at run time. PTX ISA §9.7.19.5;
-// FACTS §7.
+// hopper-facts.md §7.
 //
 // Why: in a warp-specialized kernel the TMA producer warpgroup needs a few dozen registers and
 // the MMA warpgroups need ~200+ (a 64x256 fp32 accumulator alone is 128 per thread). The kernel

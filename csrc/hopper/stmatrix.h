@@ -1,5 +1,5 @@
 // stmatrix: a warp stores 8x8 b16 matrices from register fragments to shared memory.
-// PTX ISA §9.7.14.5.16 (sm_90, PTX 7.8); FACTS §3.
+// PTX ISA §9.7.14.5.16 (sm_90, PTX 7.8); hopper-facts.md §3.
 //
 // Why: a wgmma accumulator converted to bf16 (pack_bf16x2) holds, for every 8 x 8 block, lane l's
 // row l/4 and columns 2(l%4), 2(l%4)+1 -- the fragment stmatrix takes. With .trans the block lands

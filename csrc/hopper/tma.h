@@ -1,6 +1,6 @@
 // TMA (the bulk tensor copy engine): tensor maps on the host, copies on the device.
 // PTX ISA §9.7.9.25 (cp.async.bulk / cp.async.bulk.tensor / cp.reduce.async.bulk);
-// CUDA Driver API "Tensor Map Object Management"; FACTS §4.
+// CUDA Driver API "Tensor Map Object Management"; hopper-facts.md §4.
 //
 // Host side: make_tensor_map() encodes a CUtensorMap through cuTensorMapEncodeTiled, which it
 // looks up at run time with cudaGetDriverEntryPointByVersion (the non-deprecated form of
@@ -144,7 +144,7 @@ FB_DEVICE void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int
 // Multicast load (2-D): one CTA reads the box from global memory once and it lands at the same
 // shared-memory offset in every CTA whose bit is set in `cta_mask` (bit i = %cluster_ctarank i),
 // each signalling complete_tx on its own barrier at `bar`'s offset. Every destination CTA must
-// have announced those bytes with expect_tx. Fast on sm_90a only (FACTS §4.2).
+// have announced those bytes with expect_tx. Fast on sm_90a only (hopper-facts.md §4.2).
 FB_DEVICE void tma_load_multicast_2d(void* dst, const CUtensorMap* map, uint64_t* bar,
                                      uint16_t cta_mask, int c0, int c1) {
   asm volatile(

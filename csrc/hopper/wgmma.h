@@ -1,5 +1,5 @@
 // wgmma (warpgroup matrix multiply-accumulate), bf16 or fp16 inputs (Dtype), fp32 accumulators.
-// PTX ISA §9.7.15; FACTS §1-§3.
+// PTX ISA §9.7.15; hopper-facts.md §1-§3.
 //
 //   D(64 x N) (+)= A(64 x 16) * B(16 x N)   per instruction, per warpgroup (128 threads)
 //
@@ -22,7 +22,7 @@ namespace hopper {
 // and the bank-conflict-free layout for 64-element (128-byte) bf16 rows. An "atom" is 8 rows of
 // 128 bytes (1024 B, must be 1024-aligned); a tile is a stack of atoms.
 //
-// Bits (FACTS §2.3): [0,14) start >> 4, [16,30) LBO >> 4, [32,46) SBO >> 4, [49,52) base offset
+// Bits (hopper-facts.md §2.3): [0,14) start >> 4, [16,30) LBO >> 4, [32,46) SBO >> 4, [49,52) base offset
 // (0: our atoms are 1024-aligned), [62,64) swizzle mode (1 = 128B on sm_90; Blackwell differs).
 FB_DEVICE uint64_t make_smem_desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes,
                                         uint32_t sbo_bytes) {
@@ -65,7 +65,8 @@ FB_DEVICE uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (
 // The same value as desc_advance, built as a 32-bit add on the low word joined to the
 // unchanged high word (SBO, swizzle). Where ptxas cannot tell the 64-bit add never carries it
 // emits add + add-with-carry + register moves per wgmma (8 uniform instructions in the
-// persistent forward's S loop); this form costs 4. Use it where SASS shows that pattern.
+// S loop of a persistent forward, measured and since removed); this form costs 4. Use it where
+// SASS shows that pattern.
 FB_DEVICE uint64_t desc_advance_lo(uint64_t desc, uint32_t bytes) {
   uint64_t r;
   const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);

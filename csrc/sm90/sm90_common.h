@@ -52,8 +52,8 @@ inline cudaError_t make_rows_map(CUtensorMap* map, bool* head_inner, const void*
                                                hopper::TmaSwizzle::k128B);
 }
 
-// How many CTAs of `kernel` the GPU holds at once (SMs x CTAs per SM): the persistent forward's
-// grid, the deterministic backward's chunk.
+// How many CTAs of `kernel` the GPU holds at once (SMs x CTAs per SM): the deterministic
+// backward's chunk.
 template <class Kernel>
 inline cudaError_t resident_ctas(Kernel kernel, int threads, size_t smem_bytes, int* ctas) {
   int dev = 0, sms = 0, per_sm = 0;
