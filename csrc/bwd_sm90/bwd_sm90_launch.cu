@@ -19,28 +19,15 @@ FLASHBACK_SM90_FOR_EACH_HEADDIM(FLASHBACK_BWD_SM90_DECLARE)
 
 namespace {
 
-using RunBwd = cudaError_t (*)(const flashback_bwd_params&, cudaStream_t);
-
 // One row per head dim the family serves; each row runs bf16 and fp16 (sm90_family.h says which
 // head dims this build compiled).
-struct BwdSm90Row {
-  int head_dim;
-  const BwdSm90Config* cfg;
-  RunBwd bf16, fp16;
-};
+using BwdSm90Row = Sm90Row<BwdSm90Config, flashback_bwd_params>;
 
 #define FLASHBACK_BWD_ROW(D) \
   BwdSm90Row{D, &kBwdSm90Hdim##D, run_bwd_sm90_hdim##D##_bf16, run_bwd_sm90_hdim##D##_fp16},
 constexpr BwdSm90Row kTable[] = {FLASHBACK_SM90_FOR_EACH_HEADDIM(FLASHBACK_BWD_ROW)
                                      BwdSm90Row{0, nullptr, nullptr, nullptr}};
 #undef FLASHBACK_BWD_ROW
-
-const BwdSm90Row* find_row(int head_dim) {
-  for (const BwdSm90Row& r : kTable) {
-    if (r.cfg != nullptr && r.head_dim == head_dim) return &r;
-  }
-  return nullptr;
-}
 
 constexpr size_t kAlign = 256;
 
@@ -54,7 +41,7 @@ bool bwd_sm90_det_cooperative() {
 }
 
 WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p) {
-  const BwdSm90Row* row = find_row(p.headdim);
+  const BwdSm90Row* row = find_row(kTable, p.headdim);
   const int block_m = row != nullptr ? row->cfg->block_m : kDqTileRows;
   const int m_blocks = (p.seqlen_q + block_m - 1) / block_m;
   const size_t tiles = static_cast<size_t>(dq_tiles_total(p, m_blocks));
@@ -70,7 +57,7 @@ WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p) {
 
 bool bwd_sm90_can_implement(const flashback_bwd_params& p, const char** why) {
   const char* reason = nullptr;
-  const BwdSm90Row* row = find_row(p.headdim);
+  const BwdSm90Row* row = find_row(kTable, p.headdim);
   if (row == nullptr) {
     reason = "no Hopper backward config for this headdim in this build";
   } else if (p.dtype != FLASHBACK_DTYPE_BF16 && p.dtype != FLASHBACK_DTYPE_FP16) {
@@ -93,9 +80,9 @@ bool bwd_sm90_can_implement(const flashback_bwd_params& p, const char** why) {
 size_t bwd_sm90_workspace_size(const flashback_bwd_params& p) { return bwd_sm90_workspace_parts(p).total; }
 
 cudaError_t run_bwd_sm90(const flashback_bwd_params& p, cudaStream_t stream) {
-  const BwdSm90Row* row = find_row(p.headdim);
+  const BwdSm90Row* row = find_row(kTable, p.headdim);
   if (row == nullptr) return cudaErrorNotSupported;
-  return (p.dtype == FLASHBACK_DTYPE_FP16 ? row->fp16 : row->bf16)(p, stream);
+  return row->run(p, stream);
 }
 
 }  // namespace sm90

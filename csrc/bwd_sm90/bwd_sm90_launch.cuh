@@ -127,9 +127,9 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   kp.m_blocks = m_blocks;
   kp.n_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
   kp.causal = p.causal ? 1 : 0;
-  // Causal: as many (batch, kv head) pairs at a time as keep Q, dO and dQaccum (x the GQA
-  // group) of ~16k query rows at d = 256 (~4k x d bytes... scaled by 256 / d) in L2; otherwise
-  // one (docs/perf-log.md v4).
+  // Causal: as many (batch, kv head) pairs at a time as keep the Q, dO and dQaccum rows (x the
+  // GQA group) of ~16k queries at d = 256 in L2, i.e. 16k x 256 / d queries at head dim d;
+  // otherwise one (docs/perf-log.md v4).
   const int pairs = p.batch * p.nheads_k;
   const int rows_per_pair = p.seqlen_q * (p.nheads / p.nheads_k);
   const int l2_rows = 16384 * 256 / T::kHeadDim;

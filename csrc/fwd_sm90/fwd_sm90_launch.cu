@@ -15,15 +15,9 @@ FLASHBACK_SM90_FOR_EACH_HEADDIM(FLASHBACK_FWD_SM90_DECLARE)
 
 namespace {
 
-using RunFwd = cudaError_t (*)(const flashback_fwd_params&, cudaStream_t);
-
 // One row per head dim the family serves; each row runs bf16 and fp16. A row is compiled when
 // the build asked for its head dim (FLASHBACK_HEADDIMS); sm90_family.h says which those are.
-struct FwdSm90Row {
-  int head_dim;
-  const FwdSm90Config* cfg;
-  RunFwd bf16, fp16;
-};
+using FwdSm90Row = Sm90Row<FwdSm90Config, flashback_fwd_params>;
 
 #define FLASHBACK_FWD_ROW(D) \
   FwdSm90Row{D, &kFwdSm90Hdim##D, run_fwd_sm90_hdim##D##_bf16, run_fwd_sm90_hdim##D##_fp16},
@@ -31,18 +25,11 @@ constexpr FwdSm90Row kTable[] = {FLASHBACK_SM90_FOR_EACH_HEADDIM(FLASHBACK_FWD_R
                                      FwdSm90Row{0, nullptr, nullptr, nullptr}};
 #undef FLASHBACK_FWD_ROW
 
-const FwdSm90Row* find_row(int head_dim) {
-  for (const FwdSm90Row& r : kTable) {
-    if (r.cfg != nullptr && r.head_dim == head_dim) return &r;
-  }
-  return nullptr;
-}
-
 }  // namespace
 
 bool fwd_sm90_can_implement(const flashback_fwd_params& p, const char** why) {
   const char* reason = nullptr;
-  const FwdSm90Row* row = find_row(p.headdim);
+  const FwdSm90Row* row = find_row(kTable, p.headdim);
   if (row == nullptr) {
     reason = "no Hopper forward config for this headdim in this build";
   } else if (p.dtype != FLASHBACK_DTYPE_BF16 && p.dtype != FLASHBACK_DTYPE_FP16) {
@@ -63,9 +50,9 @@ bool fwd_sm90_can_implement(const flashback_fwd_params& p, const char** why) {
 }
 
 cudaError_t run_fwd_sm90(const flashback_fwd_params& p, cudaStream_t stream) {
-  const FwdSm90Row* row = find_row(p.headdim);
+  const FwdSm90Row* row = find_row(kTable, p.headdim);
   if (row == nullptr) return cudaErrorNotSupported;
-  return (p.dtype == FLASHBACK_DTYPE_FP16 ? row->fp16 : row->bf16)(p, stream);
+  return row->run(p, stream);
 }
 
 }  // namespace sm90

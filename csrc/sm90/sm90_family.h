@@ -8,6 +8,12 @@
 // file per kernel, and the measurement in docs/perf-log.md.
 #pragma once
 
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "flashback/flashback.h"
+
 #if !defined(FLASHBACK_HEADDIM_64) && !defined(FLASHBACK_HEADDIM_128) && \
     !defined(FLASHBACK_HEADDIM_192) && !defined(FLASHBACK_HEADDIM_256)
 #define FLASHBACK_SM90_HAS_HDIM_64 1
@@ -53,3 +59,31 @@
 // X(d) once per compiled head dim of the family.
 #define FLASHBACK_SM90_FOR_EACH_HEADDIM(X) \
   FLASHBACK_SM90_HDIM_64(X) FLASHBACK_SM90_HDIM_128(X) FLASHBACK_SM90_HDIM_192(X) FLASHBACK_SM90_HDIM_256(X)
+
+namespace flashback {
+namespace sm90 {
+
+// One row of a kernel's table (fwd_sm90_launch.cu, bwd_sm90_launch.cu): a head dim, its config
+// and its two instances.
+template <class Config, class Params>
+struct Sm90Row {
+  using Run = cudaError_t (*)(const Params&, cudaStream_t);
+  int head_dim;
+  const Config* cfg;
+  Run bf16, fp16;
+  cudaError_t run(const Params& p, cudaStream_t stream) const {
+    return (p.dtype == FLASHBACK_DTYPE_FP16 ? fp16 : bf16)(p, stream);
+  }
+};
+
+// The row of `head_dim` in a table that ends with a row of null cfg, or null.
+template <class Row, size_t N>
+const Row* find_row(const Row (&table)[N], int head_dim) {
+  for (const Row& r : table) {
+    if (r.cfg != nullptr && r.head_dim == head_dim) return &r;
+  }
+  return nullptr;
+}
+
+}  // namespace sm90
+}  // namespace flashback

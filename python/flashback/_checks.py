@@ -25,6 +25,16 @@ REFERENCE_DTYPES = (torch.bfloat16,)
 
 def hopper_only(dtype: torch.dtype, headdim: int) -> bool:
     return dtype not in REFERENCE_DTYPES or headdim not in REFERENCE_HEADDIMS
+
+
+def kernel_layout_ok(x) -> bool:
+    """The kernels can access x (4-D dense or 3-D packed) where it lies: last dim contiguous,
+    16-byte aligned base and the other strides in multiples of 8 elements; for what only the
+    Hopper kernels serve (fp16, head dim 192), 128-byte aligned and multiples of 64 elements,
+    since there is no fallback for layouts they decline."""
+    align, multiple = (128, 64) if hopper_only(x.dtype, x.shape[-1]) else (16, 8)
+    return (x.data_ptr() % align == 0 and x.stride(-1) == 1
+            and all(s % multiple == 0 for s in x.stride()[:-1]))
 # The kernels put heads and batch in grid dims y and z, which CUDA caps at 65535.
 MAX_BATCH = MAX_HEADS = 65535
 _DTYPE_TEXT = ", ".join(str(d) for d in SUPPORTED_DTYPES)

@@ -15,27 +15,16 @@ from torch import Tensor
 from . import _checks, _lib
 
 
-def _in_place_ok(x: Tensor) -> bool:
-    """The kernels access x directly: 16-byte aligned base, strides in multiples of 8
-    elements, last dim contiguous. Inputs that only the Hopper kernels serve (fp16, head dim
-    192) must also be TMA-addressable (128-byte aligned, strides in multiples of 64
-    elements): there is no fallback for them."""
-    if _checks.hopper_only(x.dtype, x.shape[-1]):
-        return (x.data_ptr() % 128 == 0 and x.stride(-1) == 1
-                and all(s % 64 == 0 for s in x.stride()[:3]))
-    return x.data_ptr() % 16 == 0 and x.stride(-1) == 1 and all(s % 8 == 0 for s in x.stride()[:3])
-
-
 def _kernel_ready(x: Tensor) -> Tensor:
     """An input as the kernels can read it: x itself, or a contiguous copy. clone() to
     contiguous_format, not .contiguous(): the latter returns x itself when only the stride of
     a size-1 dim is odd, or when x is contiguous but starts at an unaligned offset."""
-    return x if _in_place_ok(x) else x.clone(memory_format=torch.contiguous_format)
+    return x if _checks.kernel_layout_ok(x) else x.clone(memory_format=torch.contiguous_format)
 
 
 def _kernel_target(x: Tensor) -> Tensor:
     """An output as the kernels can write it: x itself, or a fresh buffer copied into x after."""
-    return x if _in_place_ok(x) else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return x if _checks.kernel_layout_ok(x) else torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 def _strides(x: Tensor) -> _lib.Strides:

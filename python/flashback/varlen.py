@@ -115,18 +115,8 @@ def check_offset_values(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, total_q: int
 
 # --- launches ------------------------------------------------------------------------------
 
-def _in_place_ok(x: Tensor) -> bool:
-    """The kernels access x directly: 16-byte aligned base, row and head strides in multiples
-    of 8 elements, last dim contiguous; for what only the Hopper kernels serve (fp16, head dim
-    192), 128-byte aligned and strides in multiples of 64 elements (no fallback there)."""
-    if _checks.hopper_only(x.dtype, x.shape[-1]):
-        return (x.data_ptr() % 128 == 0 and x.stride(-1) == 1
-                and all(s % 64 == 0 for s in x.stride()[:2]))
-    return x.data_ptr() % 16 == 0 and x.stride(-1) == 1 and all(s % 8 == 0 for s in x.stride()[:2])
-
-
 def _ready(x: Tensor) -> Tensor:
-    return x if _in_place_ok(x) else x.clone(memory_format=torch.contiguous_format)
+    return x if _checks.kernel_layout_ok(x) else x.clone(memory_format=torch.contiguous_format)
 
 
 def _strides(x: Tensor) -> _lib.Strides:
