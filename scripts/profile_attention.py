@@ -6,9 +6,12 @@ look at.
         python3 scripts/profile_attention.py --batch 2 --seqlen 8192 --causal
     ncu --set full -k regex:fwd_sm90_kernel -s 1 -c 1 --clock-control none \\
         python3 scripts/profile_attention.py --forward --batch 2 --seqlen 8192 --causal
+    ncu --set full -k regex:FlashAttnBwdSm90 -s 1 -c 1 --clock-control none \\
+        python3 scripts/profile_attention.py --impl fa3 --headdim 128 --nheads 16 --causal
 
 (-s 1 skips the warm-up call's kernel.) Uses the source package in python/ and the library that
-flashback finds ($FLASHBACK_LIBRARY or build/).
+flashback finds ($FLASHBACK_LIBRARY or build/). --impl fa3 runs FlashAttention-3 instead (its
+flash_attn_interface importable), for a profile of the same shape beside ours.
 """
 import argparse
 import os
@@ -29,9 +32,23 @@ def main():
     ap.add_argument("--headdim", type=int, default=256)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--forward", action="store_true", help="profile the forward (default: backward)")
+    ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    ap.add_argument("--impl", choices=("flashback", "fa3"), default="flashback")
     a = ap.parse_args()
     shape = (a.batch, a.seqlen, a.nheads, a.headdim)
-    q, k, v, dout = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float16
+    q, k, v, dout = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(4))
+    if a.impl == "fa3":
+        from flash_attn_interface import flash_attn_func
+
+        q, k, v = (x.requires_grad_() for x in (q, k, v))
+        for _ in range(2):  # the warm-up call, then the one to look at
+            res = flash_attn_func(q, k, v, causal=a.causal)
+            out = res[0] if isinstance(res, tuple) else res
+            if not a.forward:
+                out.backward(dout)
+        torch.cuda.synchronize()
+        return
     out, lse = flashback.attention_forward(q, k, v, causal=a.causal)
     if a.forward:
         flashback.attention_forward(q, k, v, causal=a.causal, out=out, lse=lse)
