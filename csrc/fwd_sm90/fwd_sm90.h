@@ -29,6 +29,7 @@ struct FwdSm90Config {
   int kv_stages;      // K and V pipeline depth
   int producer_regs;  // setmaxnreg of the TMA warpgroup
   int consumer_regs;  // setmaxnreg of the MMA warpgroups
+  bool pingpong;      // the consumer warpgroups take turns issuing their GEMMs (mainloop)
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -41,10 +42,13 @@ struct FwdSm90Config {
 //   d = 128: 128 x 128: O 64 + S 64 + P 32; 32 KB + 2 x 2 x 32 KB = 160 KB.
 //   d = 192: 128 x 112: O 96 + S 56 + P 28; 48 KB + 2 x 2 x 42 KB = 216 KB.
 //   d = 256: 128 x 80: O 128 + S 40 + P 20; 64 KB + 2 x 2 x 40 KB = 224 KB.
-constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160};
-constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240};
-constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240};
-constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240};
+// Ping-pong (the warpgroups issue their GEMMs in turn) measured +3 to +8% at d = 64 (three
+// warpgroups, softmax as costly as the GEMMs) and -0 to -6% at d = 128 and 256, mixed at 192
+// (docs/perf-log.md, "Forward ping-pong"): on at d = 64 only.
+constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true};
+constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false};
+constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false};
+constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false};
 
 struct FwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k

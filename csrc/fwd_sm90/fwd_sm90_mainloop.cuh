@@ -69,6 +69,10 @@ struct FwdSm90Traits {
                 "setmaxnreg budget exceeds the register file: .inc would deadlock");
   static_assert(kHeadDim / 2 + kBlockN / 2 + kBlockN / 4 + 24 <= kCfg.consumer_regs,
                 "O, S and P fragments (plus ~24 for addresses and statistics) exceed the budget");
+  // Named barriers (id 0 is __syncthreads): 1 + w the epilogue's staging of warpgroup w
+  // (fwd_sm90_epilogue.cuh), kBarTurn0 + w warpgroup w's turn to issue GEMMs (ping-pong).
+  static constexpr bool kPingpong = kCfg.pingpong && kConsumerWgs > 1;
+  static constexpr uint32_t kBarTurn0 = 4;
 };
 
 struct FwdSm90Maps {
@@ -132,6 +136,32 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   const int diag = w.seqlen_k - w.seqlen_q;         // causal: query i sees keys <= i + diag
   const int row0 = fh::acc_row(0, t);               // this thread's rows: row0, row0 + 8
   const uint8_t* q_w = smem + T::kOffQ + 64 * wg * 128;
+
+  // Ping-pong: the warpgroups issue their GEMM groups in turn (0, 1, .., 0, 1, ..), so the
+  // tensor cores finish one warpgroup's S (and P V) before the next one's and that warpgroup's
+  // softmax runs while the others' GEMMs do, instead of all softmaxes at once with the tensor
+  // cores idle. A turn is bar.sync on this warpgroup's barrier (128 syncing + 128 arriving
+  // threads) and ends with bar.arrive on the next one's; the last warpgroup opens the first turn
+  // and leaves out its last hand-on, so every barrier phase that opens also closes. Each of the
+  // tile's n_count + 1 GEMM groups is one turn of every warpgroup.
+  const int n_turns = w.n_count > 0 ? w.n_count + 1 : 0;
+  int turn = 0;
+  auto turn_begin = [&] {
+    if constexpr (T::kPingpong) fh::named_bar_sync(T::kBarTurn0 + wg, 256);
+  };
+  auto turn_end = [&] {
+    if constexpr (T::kPingpong) {
+      ++turn;
+      if (wg + 1 < T::kConsumerWgs) {
+        fh::named_bar_arrive(T::kBarTurn0 + wg + 1, 256);
+      } else if (turn < n_turns) {
+        fh::named_bar_arrive(T::kBarTurn0, 256);
+      }
+    }
+  };
+  if constexpr (T::kPingpong) {
+    if (wg + 1 == T::kConsumerWgs && n_turns > 0) fh::named_bar_arrive(T::kBarTurn0, 256);
+  }
 
   float o[T::kHeadDim / 2];
   fh::zero_acc(o);
@@ -238,7 +268,9 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   // back edge (docs/perf-log.md, backward v5), so the last block's P V is issued after the loop.
   fh::PipelineState<T::kStages> st;
   if (w.n_count > 0) {
+    turn_begin();
     issue_s(s, st);
+    turn_end();
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(s);
     if (warp_leader) pipe_k->consumer_release(st);
@@ -247,8 +279,10 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     for (int j = 0; j + 1 < w.n_count; ++j) {
       fh::PipelineState<T::kStages> next = st;
       next.advance();
+      turn_begin();
       issue_s(s, next);
       issue_pv(a, st);
+      turn_end();
       fh::wgmma_wait<1>();  // S_{j+1}; P_j V_j may still run
       fh::wgmma_fence_operand(s);
       if (warp_leader) pipe_k->consumer_release(next);
@@ -261,7 +295,9 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       to_frags(s, a);
       st = next;
     }
+    turn_begin();
     issue_pv(a, st);
+    turn_end();
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(o);
     if (warp_leader) pipe_v->consumer_release(st);
