@@ -62,11 +62,14 @@ bool in_list(const int (&list)[N], int d) {
 // Some kernel of this build serves the head dim.
 bool headdim_supported(int d) { return in_list(kReferenceHeadDims, d) || in_list(kSm90HeadDims, d); }
 
-// The Hopper family has an instance for (d, dtype); the layout test comes later (can_implement).
+// The Hopper family has an instance for (d, dtype): a head dim and a dtype (bf16, fp16) this
+// build compiled (FLASHBACK_HEADDIMS, FLASHBACK_DTYPES); the layout test comes later
+// (can_implement).
 bool sm90_serves(int d, flashback_dtype dtype) {
-  return in_list(kSm90HeadDims, d) && (dtype == FLASHBACK_DTYPE_BF16 || dtype == FLASHBACK_DTYPE_FP16);
+  return in_list(kSm90HeadDims, d) && sm90::dtype_compiled(dtype);
 }
-// The reference kernels serve (d, dtype): bf16 only.
+// The reference kernels serve (d, dtype): bf16 only (a build without bf16 compiles none of
+// them, common/attention.cuh).
 bool reference_serves(int d, flashback_dtype dtype) {
   return in_list(kReferenceHeadDims, d) && dtype == FLASHBACK_DTYPE_BF16;
 }
@@ -107,6 +110,10 @@ flashback_status check_shape(const Shape& s, flashback_dtype dtype, float scale)
     return fail(FLASHBACK_ERROR_NOT_SUPPORTED,
                 "dtype %d is not supported (supported: bf16 = %d, fp16 = %d)", static_cast<int>(dtype),
                 static_cast<int>(FLASHBACK_DTYPE_BF16), static_cast<int>(FLASHBACK_DTYPE_FP16));
+  // A dtype the build left out has no kernel at all (the reference kernels are bf16 and go
+  // with it).
+  if (const char* why = sm90::dtype_not_compiled(dtype))
+    return fail(FLASHBACK_ERROR_NOT_SUPPORTED, "%s", why);
   if (!sm90_serves(s.headdim, dtype) && !reference_serves(s.headdim, dtype))
     return fail(FLASHBACK_ERROR_NOT_SUPPORTED, "headdim %d in fp16 is not in this build", s.headdim);
   if (!std::isfinite(scale) || scale <= 0.f)

@@ -35,7 +35,7 @@ struct BwdDkDvConfig {
 // headdim <= 128: a warp holds dK + dV (<= 128 registers) and S^T, dP^T for 64 Q rows (64).
 // headdim 256: split roles; a dK warp holds dK (128), S^T and dP^T (64).
 // -Xptxas -v (nvcc 13.0): 184 / 246 / 244 registers at headdim 64 / 128 / 256, no spills.
-constexpr BwdDkDvConfig bwd_dkdv_config(int head_dim) {
+[[maybe_unused]] constexpr BwdDkDvConfig bwd_dkdv_config(int head_dim) {
   return head_dim <= 128 ? BwdDkDvConfig{64, 128, 8, false} : BwdDkDvConfig{64, 64, 8, true};
 }
 

@@ -25,7 +25,7 @@ struct BwdDqConfig {
 // headdim 256: the dQ slab is 128 registers per thread, S and dP 64 more; 4 warps keep the
 // Q + dO + K + V tiles at 135 KB.
 // -Xptxas -v (nvcc 13.0): 155 / 194 / 250 registers at headdim 64 / 128 / 256, no spills.
-constexpr BwdDqConfig bwd_dq_config(int head_dim) {
+[[maybe_unused]] constexpr BwdDqConfig bwd_dq_config(int head_dim) {
   return head_dim <= 128 ? BwdDqConfig{128, 64, 8} : BwdDqConfig{64, 64, 4};
 }
 

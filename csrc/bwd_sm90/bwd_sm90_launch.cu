@@ -20,11 +20,12 @@ FLASHBACK_SM90_FOR_EACH_HEADDIM(FLASHBACK_BWD_SM90_DECLARE)
 namespace {
 
 // One row per head dim the family serves; each row runs bf16 and fp16 (sm90_family.h says which
-// head dims this build compiled).
+// head dims and dtypes this build compiled; an instance left out is null).
 using BwdSm90Row = Sm90Row<BwdSm90Config, flashback_bwd_params>;
 
-#define FLASHBACK_BWD_ROW(D) \
-  BwdSm90Row{D, &kBwdSm90Hdim##D, run_bwd_sm90_hdim##D##_bf16, run_bwd_sm90_hdim##D##_fp16},
+#define FLASHBACK_BWD_ROW(D)                                                                \
+  BwdSm90Row{D, &kBwdSm90Hdim##D, FLASHBACK_SM90_BF16_OR_NULL(run_bwd_sm90_hdim##D##_bf16), \
+            FLASHBACK_SM90_FP16_OR_NULL(run_bwd_sm90_hdim##D##_fp16)},
 constexpr BwdSm90Row kTable[] = {FLASHBACK_SM90_FOR_EACH_HEADDIM(FLASHBACK_BWD_ROW)
                                      BwdSm90Row{0, nullptr, nullptr, nullptr}};
 #undef FLASHBACK_BWD_ROW
@@ -62,6 +63,8 @@ bool bwd_sm90_can_implement(const flashback_bwd_params& p, const char** why) {
     reason = "no Hopper backward config for this headdim in this build";
   } else if (p.dtype != FLASHBACK_DTYPE_BF16 && p.dtype != FLASHBACK_DTYPE_FP16) {
     reason = "dtype is neither bf16 nor fp16";
+  } else if (!dtype_compiled(p.dtype)) {
+    reason = dtype_not_compiled(p.dtype);  // FLASHBACK_DTYPES left it out: the row's instance is null
   } else if (int64_t{(p.seqlen_k + row->cfg->block_n - 1) / row->cfg->block_n} * p.nheads_k * p.batch >
              int64_t{0x7fffffff}) {
     reason = "grid too large (batch x kv heads x key blocks of the longest sequence)";

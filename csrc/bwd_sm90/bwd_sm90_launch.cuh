@@ -204,13 +204,15 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
 
 // The entry point of head dim D's instances, bf16 and fp16 (in bwd_sm90_hdim<D>.cu; the table
 // in bwd_sm90_launch.cu declares them).
-#define FLASHBACK_BWD_SM90_INSTANCES(D)                                                      \
+#define FLASHBACK_BWD_SM90_INSTANCES(D)                                                         \
+  FLASHBACK_SM90_IF_BF16(                                                                       \
   cudaError_t run_bwd_sm90_hdim##D##_bf16(const flashback_bwd_params& p, cudaStream_t stream) { \
-    return run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim##D, Dtype::kBf16>>(p, stream);       \
-  }                                                                                          \
+    return run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim##D, Dtype::kBf16>>(p, stream);        \
+  })                                                                                            \
+  FLASHBACK_SM90_IF_FP16(                                                                       \
   cudaError_t run_bwd_sm90_hdim##D##_fp16(const flashback_bwd_params& p, cudaStream_t stream) { \
-    return run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim##D, Dtype::kF16>>(p, stream);        \
-  }
+    return run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim##D, Dtype::kF16>>(p, stream);         \
+  })
 
 }  // namespace sm90
 }  // namespace flashback

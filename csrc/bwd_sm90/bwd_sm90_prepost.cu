@@ -1,4 +1,5 @@
-// Pre- and postprocess kernels of the Hopper backward, templated on head dim and dtype.
+// Pre- and postprocess kernels of the Hopper backward, templated on head dim and dtype (those
+// the build compiles, sm90_family.h).
 //
 // (0) preprocess, one warp per Q row: D_i = rowsum(dO_i * O_i) and LSE_i * log2(e), written to
 //     workspace rows padded to whole Q blocks (padding: D = 0, LSE = +inf, so padded rows give
@@ -150,14 +151,24 @@ cudaError_t launch(void (*kernel)(KernelArgs...), dim3 grid, int threads, cudaSt
   return cudaGetLastError();
 }
 
-// The instance for the call's head dim and dtype (the family's head dims, sm90_family.h).
+// The instance for the call's head dim and dtype (the family's head dims and dtypes,
+// sm90_family.h), or null; a dtype the build left out (FLASHBACK_DTYPES) is not instantiated.
+template <template <int, Dtype> class Pick, int D, Dtype E, class Fn>
+Fn kernel_if_compiled() {
+  if constexpr (dtype_compiled(E == Dtype::kF16 ? FLASHBACK_DTYPE_FP16 : FLASHBACK_DTYPE_BF16)) {
+    return Pick<D, E>::kernel;
+  } else {
+    return nullptr;
+  }
+}
 template <template <int, Dtype> class Pick, class Fn>
 Fn pick_kernel(const flashback_bwd_params& p) {
   const bool f16 = p.dtype == FLASHBACK_DTYPE_FP16;
   switch (p.headdim) {
-#define FLASHBACK_PREPOST_CASE(D) \
-  case D:                         \
-    return f16 ? Pick<D, Dtype::kF16>::kernel : Pick<D, Dtype::kBf16>::kernel;
+#define FLASHBACK_PREPOST_CASE(D)                                     \
+  case D:                                                             \
+    return f16 ? kernel_if_compiled<Pick, D, Dtype::kF16, Fn>()       \
+               : kernel_if_compiled<Pick, D, Dtype::kBf16, Fn>();
     FLASHBACK_SM90_FOR_EACH_HEADDIM(FLASHBACK_PREPOST_CASE)
 #undef FLASHBACK_PREPOST_CASE
     default:

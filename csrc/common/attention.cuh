@@ -87,6 +87,12 @@ cudaError_t launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, int threads,
 #endif
 #endif
 
-// X(d) once for every compiled head dim (instantiations, dispatch switches).
+// X(d) once for every compiled head dim (instantiations, dispatch switches). The reference
+// kernels are bf16 only: a build that leaves bf16 out (FLASHBACK_DTYPES=fp16, which passes
+// FLASHBACK_WITH_FP16 alone) compiles none of them.
+#if defined(FLASHBACK_WITH_FP16) && !defined(FLASHBACK_WITH_BF16)
+#define FLASHBACK_REF_FOR_EACH_HEADDIM(X)
+#else
 #define FLASHBACK_REF_FOR_EACH_HEADDIM(X) \
   FLASHBACK_REF_HEADDIM_64(X) FLASHBACK_REF_HEADDIM_128(X) FLASHBACK_REF_HEADDIM_256(X)
+#endif

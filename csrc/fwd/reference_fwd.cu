@@ -26,7 +26,7 @@ struct FwdConfig {
 // At headdim 256 the O slab alone is 128 registers per thread, so the key step stays at 64
 // (S = 32 more registers) and the CTA shrinks to 4 warps to keep shared memory moderate.
 // -Xptxas -v (nvcc 13.0): 125 / 163 / 237 registers at headdim 64 / 128 / 256, no spills.
-constexpr FwdConfig fwd_config(int head_dim) {
+[[maybe_unused]] constexpr FwdConfig fwd_config(int head_dim) {
   return head_dim <= 128 ? FwdConfig{128, 64, 8} : FwdConfig{64, 64, 4};
 }
 

@@ -16,11 +16,13 @@ FLASHBACK_SM90_FOR_EACH_HEADDIM(FLASHBACK_FWD_SM90_DECLARE)
 namespace {
 
 // One row per head dim the family serves; each row runs bf16 and fp16. A row is compiled when
-// the build asked for its head dim (FLASHBACK_HEADDIMS); sm90_family.h says which those are.
+// the build asked for its head dim (FLASHBACK_HEADDIMS), an instance when it asked for its dtype
+// (FLASHBACK_DTYPES; else null); sm90_family.h says which those are.
 using FwdSm90Row = Sm90Row<FwdSm90Config, flashback_fwd_params>;
 
-#define FLASHBACK_FWD_ROW(D) \
-  FwdSm90Row{D, &kFwdSm90Hdim##D, run_fwd_sm90_hdim##D##_bf16, run_fwd_sm90_hdim##D##_fp16},
+#define FLASHBACK_FWD_ROW(D)                                                                \
+  FwdSm90Row{D, &kFwdSm90Hdim##D, FLASHBACK_SM90_BF16_OR_NULL(run_fwd_sm90_hdim##D##_bf16), \
+            FLASHBACK_SM90_FP16_OR_NULL(run_fwd_sm90_hdim##D##_fp16)},
 constexpr FwdSm90Row kTable[] = {FLASHBACK_SM90_FOR_EACH_HEADDIM(FLASHBACK_FWD_ROW)
                                      FwdSm90Row{0, nullptr, nullptr, nullptr}};
 #undef FLASHBACK_FWD_ROW
@@ -34,6 +36,8 @@ bool fwd_sm90_can_implement(const flashback_fwd_params& p, const char** why) {
     reason = "no Hopper forward config for this headdim in this build";
   } else if (p.dtype != FLASHBACK_DTYPE_BF16 && p.dtype != FLASHBACK_DTYPE_FP16) {
     reason = "dtype is neither bf16 nor fp16";
+  } else if (!dtype_compiled(p.dtype)) {
+    reason = dtype_not_compiled(p.dtype);  // FLASHBACK_DTYPES left it out: the row's instance is null
   } else if (int64_t{(p.seqlen_q + 64 * row->cfg->consumer_wgs - 1) / (64 * row->cfg->consumer_wgs)} *
                  p.nheads * p.batch >
              int64_t{0x7fffffff}) {

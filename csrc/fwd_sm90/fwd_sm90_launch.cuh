@@ -110,13 +110,15 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
 
 // The entry points of head dim D's instances, bf16 and fp16 (in fwd_sm90_hdim<D>.cu; the table in
 // fwd_sm90_launch.cu declares them).
-#define FLASHBACK_FWD_SM90_INSTANCES(D)                                                      \
+#define FLASHBACK_FWD_SM90_INSTANCES(D)                                                         \
+  FLASHBACK_SM90_IF_BF16(                                                                       \
   cudaError_t run_fwd_sm90_hdim##D##_bf16(const flashback_fwd_params& p, cudaStream_t stream) { \
-    return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D, Dtype::kBf16>>(p, stream);       \
-  }                                                                                          \
+    return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D, Dtype::kBf16>>(p, stream);        \
+  })                                                                                            \
+  FLASHBACK_SM90_IF_FP16(                                                                       \
   cudaError_t run_fwd_sm90_hdim##D##_fp16(const flashback_fwd_params& p, cudaStream_t stream) { \
-    return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D, Dtype::kF16>>(p, stream);        \
-  }
+    return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D, Dtype::kF16>>(p, stream);         \
+  })
 
 }  // namespace sm90
 }  // namespace flashback

@@ -112,8 +112,9 @@ FLASHBACK_API int flashback_supports(int headdim, int dtype);
 
 /* 1 if the Hopper kernel family has an instance for (headdim, dtype): such calls run there
  * whenever their tensors are TMA-addressable (128-byte aligned, strides multiples of 64
- * elements; flashback_last_*_path says why not otherwise). The one predicate the library's
- * dispatch, the Python provider and the tests share. */
+ * elements; flashback_last_*_path says why not otherwise). 0 for a head dim or dtype the build
+ * left out (FLASHBACK_HEADDIMS, FLASHBACK_DTYPES). The one predicate the library's dispatch, the
+ * Python provider and the tests share. */
 FLASHBACK_API int flashback_sm90_supports(int headdim, int dtype);
 
 /* Checks that `device` is a GPU this build runs on (sm_90). */

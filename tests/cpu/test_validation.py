@@ -354,6 +354,37 @@ def test_c_api_backward_workspace_is_checked(native):
     assert "dk row stride" in _lib.last_error(native)
 
 
+def test_c_api_declines_a_dtype_the_build_left_out(native):
+    # A build with FLASHBACK_DTYPES=bf16 (or fp16) has no kernel for the other dtype: both
+    # predicates say no, and a call fails with NOT_SUPPORTED and the reason before any device
+    # check or launch. The default build compiles both dtypes and has nothing to decline.
+    built = [d for d in (64, 128, 192, 256) if native.flashback_headdim_supported(d)]
+    assert built
+    left_out = [t for t in (0, 1) if not any(native.flashback_sm90_supports(d, t) for d in built)]
+    if not left_out:
+        pytest.skip("this build compiles bf16 and fp16 (the FLASHBACK_DTYPES default)")
+    assert len(left_out) == 1, "a build compiles at least one dtype"
+    t = left_out[0]
+    name = {0: "bf16", 1: "fp16"}[t]
+    assert [native.flashback_supports(d, t) for d in built] == [0] * len(built)
+    assert all(native.flashback_sm90_supports(d, 1 - t) for d in built)
+    p = valid_fwd_params(d=built[0])
+    p.dtype = t
+    status, message = call_fwd(native, p)
+    assert (status, f"{name} not compiled in this build" in message) == (2, True), message
+    addr = iter(range(1 << 31, 1 << 33, 1 << 20))
+    b = _lib.BwdParams(q=p.q, k=p.k, v=p.v, out=p.out, dout=next(addr), lse=p.lse, dq=next(addr),
+                       dk=next(addr), dv=next(addr), q_strides=p.q_strides, k_strides=p.k_strides,
+                       v_strides=p.v_strides, out_strides=p.out_strides, dout_strides=p.q_strides,
+                       dq_strides=p.q_strides, dk_strides=p.k_strides, dv_strides=p.v_strides,
+                       batch=p.batch, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k, nheads=p.nheads,
+                       nheads_k=p.nheads_k, headdim=p.headdim, softmax_scale=0.1, causal=1,
+                       deterministic=0, dtype=t, workspace=None, workspace_bytes=0, stream=None)
+    assert native.flashback_bwd_workspace_size(ctypes.byref(b)) == 0
+    assert native.flashback_attention_backward(ctypes.byref(b)) == 2
+    assert f"{name} not compiled in this build" in _lib.last_error(native)
+
+
 def test_python_struct_mirror_matches_header():
     # The header is the source of truth; a field added there and not in _lib.py would shift
     # every later field. flashback_params_sizes() guards this at load time; here we check the
