@@ -29,6 +29,8 @@ _SIGNATURES = {
     "fbh_wgmma": [c_void_p, c_void_p, c_void_p, c_int, c_int, c_int, c_int],
     "fbh_wgmma_supported_n": [POINTER(c_int), c_int],
     "fbh_wgmma_chain": [c_void_p, c_void_p, c_void_p, c_void_p, c_int],
+    "fbh_wgmma_f16": [c_void_p, c_void_p, c_void_p, c_int, c_int, c_int, c_int],
+    "fbh_wgmma_chain_f16": [c_void_p, c_void_p, c_void_p, c_void_p, c_int],
     "fbh_stmatrix_trans": [c_void_p, c_void_p, c_int],
     "fbh_cluster_dsmem": [c_void_p, c_void_p, c_void_p, c_void_p, c_int, c_int],
     "fbh_setmaxnreg": [c_void_p, c_void_p],

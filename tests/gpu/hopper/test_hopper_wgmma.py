@@ -1,5 +1,6 @@
 """wgmma m64nNk16 bf16 -> fp32: every supported N; SS with K-major / MN-major A and B (128B
-swizzle); RS (A in registers) with K-major / MN-major B; SS -> registers -> RS chain."""
+swizzle); RS (A in registers) with K-major / MN-major B; SS -> registers -> RS chain. fp16 -> fp32:
+the same variants and chain at the N the kernel family issues."""
 import ctypes
 
 import pytest
@@ -18,6 +19,12 @@ VARIANTS = [  # (a_mn, b_mn, rs)
 ]
 
 
+# fp16: the N the kernel family issues (fbh_wgmma_f16 in wgmma_tests.cu says which GEMM uses
+# which), each in every variant; the chain at the family's head dims (the forward's P V).
+F16_SHAPES = [40, 64, 80, 112, 128, 192, 256]
+F16_CHAIN_SHAPES = [64, 128, 192, 256]
+
+
 def variant_id(v):
     a_mn, b_mn, rs = v
     return f"{'RS' if rs else 'SS'}-A{'mn' if a_mn else 'k'}-B{'mn' if b_mn else 'k'}"
@@ -30,23 +37,49 @@ def test_supported_shapes(hlib):
     assert {40, 64, 80, 128, 256} <= set(SHAPES)
 
 
+def operands(n, a_mn, b_mn, dtype):
+    """A (M x K), B (N x K) with D = A B^T, and the layouts the kernel is given."""
+    a = torch.randn(64, 64, device="cuda").to(dtype)  # A: M x K
+    b = torch.randn(n, 64, device="cuda").to(dtype)   # B: N x K  (D = A B^T)
+    a_arg = a.t().contiguous() if a_mn else a
+    if b_mn:  # K x N, padded to a multiple of 64 columns with random (unused) values
+        npad = (n + 63) // 64 * 64
+        b_arg = torch.randn(64, npad, device="cuda").to(dtype)
+        b_arg[:, :n] = b.t()
+    else:
+        b_arg = b
+    return a, b, a_arg, b_arg
+
+
+def fp32_sum_bound(x, y):
+    """Elementwise bound on |fp32 result - exact| of x @ y over K = 64 terms whose products are
+    exact in fp32 (an fp16 x fp16 product has 22 significant bits): each of the 64 additions
+    rounds by at most an ulp of a partial sum, 2^-23 |x| @ |y|; twice that as margin."""
+    return 2 * 64 * 2.0 ** -23 * (x.double().abs() @ y.double().abs())
+
+
 @pytest.mark.parametrize("variant", VARIANTS, ids=[variant_id(v) for v in VARIANTS])
 @pytest.mark.parametrize("n", SHAPES)
 def test_wgmma(hlib, n, variant):
     a_mn, b_mn, rs = variant
-    a = torch.randn(64, 64, device="cuda").bfloat16()  # A: M x K
-    b = torch.randn(n, 64, device="cuda").bfloat16()   # B: N x K  (D = A B^T)
-    a_arg = a.t().contiguous() if a_mn else a
-    if b_mn:  # K x N, padded to a multiple of 64 columns with random (unused) values
-        npad = (n + 63) // 64 * 64
-        b_arg = torch.randn(64, npad, device="cuda").bfloat16()
-        b_arg[:, :n] = b.t()
-    else:
-        b_arg = b
+    a, b, a_arg, b_arg = operands(n, a_mn, b_mn, torch.bfloat16)
     d = torch.full((64, n), float("nan"), device="cuda")
     check(hlib, hlib.fbh_wgmma(ptr(a_arg), ptr(b_arg), ptr(d), n, a_mn, b_mn, rs), "fbh_wgmma")
     ref = (a.double() @ b.double().t()).float()
     torch.testing.assert_close(d, ref, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=[variant_id(v) for v in VARIANTS])
+@pytest.mark.parametrize("n", F16_SHAPES)
+def test_wgmma_f16(hlib, n, variant):
+    a_mn, b_mn, rs = variant
+    a, b, a_arg, b_arg = operands(n, a_mn, b_mn, torch.float16)
+    d = torch.full((64, n), float("nan"), device="cuda")
+    check(hlib, hlib.fbh_wgmma_f16(ptr(a_arg), ptr(b_arg), ptr(d), n, a_mn, b_mn, rs), "fbh_wgmma_f16")
+    ref = a.double() @ b.double().t()
+    err = (d.double() - ref).abs()
+    bound = fp32_sum_bound(a, b.t())
+    assert bool((err <= bound).all()), f"max error {err.max().item():.3g}"
 
 
 @pytest.mark.parametrize("n2", [64, 128, 256])
@@ -60,3 +93,21 @@ def test_wgmma_ss_to_rs_chain(hlib, n2):
     ref = p.double() @ v.double()
     torch.testing.assert_close(o.double(), ref, rtol=1e-2, atol=0.1)
     assert ((o.double() - ref).norm() / ref.norm()).item() < 1e-3
+
+
+@pytest.mark.parametrize("n2", F16_CHAIN_SHAPES)
+def test_wgmma_ss_to_rs_chain_f16(hlib, n2):
+    a = torch.randn(64, 64, device="cuda").half()
+    b = torch.randn(64, 64, device="cuda").half()
+    v = torch.randn(64, n2, device="cuda").half()  # K x N (N-major)
+    o = torch.full((64, n2), float("nan"), device="cuda")
+    check(hlib, hlib.fbh_wgmma_chain_f16(ptr(a), ptr(b), ptr(v), ptr(o), n2), "fbh_wgmma_chain_f16")
+    p = (a.double() @ b.double().t()).half()  # |P| stays far below fp16's 65504
+    ref = p.double() @ v.double()
+    # The kernel rounds its fp32 P to fp16, which can land one fp16 ulp (<= 2^-10 |P|) from p;
+    # then P V sums 64 exact products in fp32.
+    mag = p.double().abs() @ v.double().abs()
+    err = (o.double() - ref).abs()
+    bound = 2.0 ** -10 * mag + fp32_sum_bound(p, v) + 1e-6
+    assert bool((err <= bound).all()), f"max error {err.max().item():.3g}"
+    assert ((o.double() - ref).norm() / ref.norm()).item() < 1e-4

@@ -2,15 +2,22 @@
 // supported N, SS with A and B each K-major or MN-major (128B swizzle, loaded by TMA), and RS
 // (A from registers in the documented fragment layout) with B K-major or MN-major. The result is
 // written out through the documented accumulator mapping acc_row / acc_col. Plus a chain
-// SS -> bf16 A-fragments in place -> RS, the pattern of P = softmax(S) feeding P V.
+// SS -> 16-bit A-fragments in place -> RS, the pattern of P = softmax(S) feeding P V. bf16 at
+// every generated N; fp16 (the same code with Dtype::kF16) at the N the kernel family uses.
 #include "test_common.h"
 
 namespace fh = flashback::hopper;
 
 namespace {
 
+using fh::Dtype;
+
 constexpr int kM = 64, kK = 64;
 constexpr uint32_t kAtomColBytes = 64 * 128;  // one 64-wide MN chunk of a K=64 MN-major tile
+
+constexpr fh::TmaType tma_type(Dtype e) {
+  return e == Dtype::kF16 ? fh::TmaType::kF16 : fh::TmaType::kBf16;
+}
 
 template <int N, bool BMn>
 constexpr uint32_t b_tile_bytes() {
@@ -43,11 +50,12 @@ __device__ void store_acc(float (&acc)[N / 2], float* d) {
   for (int r = 0; r < N / 2; ++r) d[fh::acc_row(r, t) * N + fh::acc_col(r, t)] = acc[r];
 }
 
-__device__ uint32_t load_bf16x2(const uint16_t* p) {
+// Two 16-bit elements (bf16 or fp16: only their bits move) as one register, low half = p[0].
+__device__ uint32_t load_16x2(const uint16_t* p) {
   return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 16);
 }
 
-template <int N, bool AMn, bool BMn, bool Rs>
+template <int N, bool AMn, bool BMn, bool Rs, Dtype E>
 __global__ void __launch_bounds__(128) wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
                                                     const __grid_constant__ CUtensorMap map_b,
                                                     const uint16_t* a_kmajor, float* d) {
@@ -76,7 +84,7 @@ __global__ void __launch_bounds__(128) wgmma_kernel(const __grid_constant__ CUte
     for (int s = 0; s < 4; ++s)
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        a_frag[s][j] = load_bf16x2(a_kmajor + fh::a_frag_row(j, t) * kK + 16 * s + fh::a_frag_col(j, t));
+        a_frag[s][j] = load_16x2(a_kmajor + fh::a_frag_row(j, t) * kK + 16 * s + fh::a_frag_col(j, t));
     fh::wgmma_fence_operand(a_frag[0]);
     fh::wgmma_fence_operand(a_frag[1]);
     fh::wgmma_fence_operand(a_frag[2]);
@@ -87,11 +95,11 @@ __global__ void __launch_bounds__(128) wgmma_kernel(const __grid_constant__ CUte
   for (int s = 0; s < 4; ++s) {
     const uint64_t db = b_desc<BMn>(tile_b, s);
     if constexpr (Rs) {
-      fh::wgmma_rs<N, BMn ? 1 : 0>(acc, a_frag[s], db, s > 0);
+      fh::wgmma_rs<N, BMn ? 1 : 0, E>(acc, a_frag[s], db, s > 0);
     } else {
       const uint64_t da = AMn ? fh::desc_mnmajor_sw128(tile_a + fh::mnmajor_k_offset(s), kAtomColBytes)
                               : fh::desc_kmajor_sw128(tile_a + fh::kmajor_k_offset(s, kM));
-      fh::wgmma_ss<N, AMn ? 1 : 0, BMn ? 1 : 0>(acc, da, db, s > 0);
+      fh::wgmma_ss<N, AMn ? 1 : 0, BMn ? 1 : 0, E>(acc, da, db, s > 0);
     }
   }
   fh::wgmma_commit();
@@ -100,9 +108,9 @@ __global__ void __launch_bounds__(128) wgmma_kernel(const __grid_constant__ CUte
   store_acc<N>(acc, d);
 }
 
-// P = A B^T (SS, 64 x 64, K = 64), then O = bf16(P) V with V given as K x N2 (N-major), A operand
-// taken from P's accumulators in place.
-template <int N2>
+// P = A B^T (SS, 64 x 64, K = 64), then O = E(P) V with V given as K x N2 (N-major), A operand
+// taken from P's accumulators in place (converted to E, bf16 or fp16).
+template <int N2, Dtype E>
 __global__ void __launch_bounds__(128) wgmma_chain_kernel(const __grid_constant__ CUtensorMap map_a,
                                                           const __grid_constant__ CUtensorMap map_b,
                                                           const __grid_constant__ CUtensorMap map_v,
@@ -131,56 +139,77 @@ __global__ void __launch_bounds__(128) wgmma_chain_kernel(const __grid_constant_
   // k-steps' descriptors made with desc_advance_lo (the persistent forward's form).
   const uint64_t da = fh::desc_kmajor_sw128(tile_a);
   const uint64_t db = fh::desc_kmajor_sw128(tile_b);
-  fh::wgmma_ss_set<64>(p, da, db);
+  fh::wgmma_ss_set<64, 0, 0, E>(p, da, db);
 #pragma unroll
   for (int s = 1; s < 4; ++s) {
-    fh::wgmma_ss<64>(p, fh::desc_advance_lo(da, 32 * s), fh::desc_advance_lo(db, 32 * s), true);
+    fh::wgmma_ss<64, 0, 0, E>(p, fh::desc_advance_lo(da, 32 * s), fh::desc_advance_lo(db, 32 * s), true);
   }
   fh::wgmma_commit();
   fh::wgmma_wait<0>();
   fh::wgmma_fence_operand(p);
   uint32_t a[4][4];
 #pragma unroll
-  for (int c = 0; c < 4; ++c) fh::acc_to_a_frag(p, c, a[c]);
+  for (int c = 0; c < 4; ++c) fh::acc_to_a_frag<E>(p, c, a[c]);
   float out[N2 / 2];
   fh::wgmma_fence();  // A fragments were written by ordinary code
 #pragma unroll
-  for (int c = 0; c < 4; ++c) fh::wgmma_rs<N2, 1>(out, a[c], b_desc<true>(tile_v, c), c > 0);
+  for (int c = 0; c < 4; ++c) fh::wgmma_rs<N2, 1, E>(out, a[c], b_desc<true>(tile_v, c), c > 0);
   fh::wgmma_commit();
   fh::wgmma_wait<0>();
   fh::wgmma_fence_operand(out);
   store_acc<N2>(out, o);
 }
 
-template <int N, bool AMn, bool BMn, bool Rs>
+template <int N, bool AMn, bool BMn, bool Rs, Dtype E>
 int run_wgmma(const void* a, const void* b, float* d) {
   CUtensorMap map_a, map_b;
   // A: K-major [M=64][K=64] or MN-major [K=64][M=64]; both 64 x 64, one 128-byte atom wide.
-  FBH_TRY(fh::make_tensor_map_2d(&map_a, a, fh::TmaType::kBf16, 64, 64, 64, 64, 64,
+  FBH_TRY(fh::make_tensor_map_2d(&map_a, a, tma_type(E), 64, 64, 64, 64, 64,
                                  fh::TmaSwizzle::k128B));
   if (BMn) {  // [K=64][round_up(N, 64)], 64-column boxes; the MMA reads the first N columns
     constexpr int kNPad = (N + 63) / 64 * 64;
-    FBH_TRY(fh::make_tensor_map_2d(&map_b, b, fh::TmaType::kBf16, kK, kNPad, kNPad, kK, 64,
+    FBH_TRY(fh::make_tensor_map_2d(&map_b, b, tma_type(E), kK, kNPad, kNPad, kK, 64,
                                    fh::TmaSwizzle::k128B));
   } else {  // [N][K=64], one box of N rows
-    FBH_TRY(fh::make_tensor_map_2d(&map_b, b, fh::TmaType::kBf16, N, kK, kK, N, 64,
+    FBH_TRY(fh::make_tensor_map_2d(&map_b, b, tma_type(E), N, kK, kK, N, 64,
                                    fh::TmaSwizzle::k128B));
   }
   const size_t smem = 1024 + kM * 128 + b_tile_bytes<N, BMn>();
-  auto kernel = wgmma_kernel<N, AMn, BMn, Rs>;
+  auto kernel = wgmma_kernel<N, AMn, BMn, Rs, E>;
   FBH_TRY(fbh_test::allow_smem(reinterpret_cast<const void*>(kernel), smem));
   kernel<<<1, 128, smem>>>(map_a, map_b, static_cast<const uint16_t*>(a), d);
   return (int)cudaGetLastError();
 }
 
-template <int N>
+template <int N, Dtype E = Dtype::kBf16>
 int dispatch_variant(const void* a, const void* b, float* d, int a_mn, int b_mn, int rs) {
   if (rs) {
     if (a_mn) return (int)cudaErrorInvalidValue;  // register A is K-major only
-    return b_mn ? run_wgmma<N, false, true, true>(a, b, d) : run_wgmma<N, false, false, true>(a, b, d);
+    return b_mn ? run_wgmma<N, false, true, true, E>(a, b, d) : run_wgmma<N, false, false, true, E>(a, b, d);
   }
-  if (a_mn) return b_mn ? run_wgmma<N, true, true, false>(a, b, d) : run_wgmma<N, true, false, false>(a, b, d);
-  return b_mn ? run_wgmma<N, false, true, false>(a, b, d) : run_wgmma<N, false, false, false>(a, b, d);
+  if (a_mn) return b_mn ? run_wgmma<N, true, true, false, E>(a, b, d) : run_wgmma<N, true, false, false, E>(a, b, d);
+  return b_mn ? run_wgmma<N, false, true, false, E>(a, b, d) : run_wgmma<N, false, false, false, E>(a, b, d);
+}
+
+template <Dtype E>
+int run_chain(const void* a, const void* b, const void* v, float* o, int n2) {
+  CUtensorMap map_a, map_b, map_v;
+  FBH_TRY(fh::make_tensor_map_2d(&map_a, a, tma_type(E), 64, 64, 64, 64, 64, fh::TmaSwizzle::k128B));
+  FBH_TRY(fh::make_tensor_map_2d(&map_b, b, tma_type(E), 64, 64, 64, 64, 64, fh::TmaSwizzle::k128B));
+  FBH_TRY(fh::make_tensor_map_2d(&map_v, v, tma_type(E), 64, n2, n2, 64, 64, fh::TmaSwizzle::k128B));
+  auto go = [&](auto kernel, int bytes_v) -> int {
+    const size_t smem = 1024 + 2 * 64 * 128 + bytes_v;
+    FBH_TRY(fbh_test::allow_smem(reinterpret_cast<const void*>(kernel), smem));
+    kernel<<<1, 128, smem>>>(map_a, map_b, map_v, o);
+    return (int)cudaGetLastError();
+  };
+  switch (n2) {
+    case 64: return go(wgmma_chain_kernel<64, E>, b_tile_bytes<64, true>());
+    case 128: return go(wgmma_chain_kernel<128, E>, b_tile_bytes<128, true>());
+    case 192: return go(wgmma_chain_kernel<192, E>, b_tile_bytes<192, true>());
+    case 256: return go(wgmma_chain_kernel<256, E>, b_tile_bytes<256, true>());
+    default: return (int)cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace
@@ -211,21 +240,28 @@ FBH_EXPORT int fbh_wgmma_supported_n(int* out, int capacity) {
 }
 
 // a, b: bf16 [64][64] K-major; v: bf16 [64 (K)][n2] N-major; o: fp32 [64][n2] = bf16(a b^T) v.
+// n2 = 64, 128, 192 or 256.
 FBH_EXPORT int fbh_wgmma_chain(const void* a, const void* b, const void* v, float* o, int n2) {
-  CUtensorMap map_a, map_b, map_v;
-  FBH_TRY(fh::make_tensor_map_2d(&map_a, a, fh::TmaType::kBf16, 64, 64, 64, 64, 64, fh::TmaSwizzle::k128B));
-  FBH_TRY(fh::make_tensor_map_2d(&map_b, b, fh::TmaType::kBf16, 64, 64, 64, 64, 64, fh::TmaSwizzle::k128B));
-  FBH_TRY(fh::make_tensor_map_2d(&map_v, v, fh::TmaType::kBf16, 64, n2, n2, 64, 64, fh::TmaSwizzle::k128B));
-  auto go = [&](auto kernel, int bytes_v) -> int {
-    const size_t smem = 1024 + 2 * 64 * 128 + bytes_v;
-    FBH_TRY(fbh_test::allow_smem(reinterpret_cast<const void*>(kernel), smem));
-    kernel<<<1, 128, smem>>>(map_a, map_b, map_v, o);
-    return (int)cudaGetLastError();
-  };
-  switch (n2) {
-    case 64: return go(wgmma_chain_kernel<64>, b_tile_bytes<64, true>());
-    case 128: return go(wgmma_chain_kernel<128>, b_tile_bytes<128, true>());
-    case 256: return go(wgmma_chain_kernel<256>, b_tile_bytes<256, true>());
+  return run_chain<Dtype::kBf16>(a, b, v, o, n2);
+}
+
+// fbh_wgmma with fp16 a and b (wgmma's f16 type), at the N the kernel family issues
+// (fwd_sm90.h, bwd_sm90.h): block_n of the forward's S = Q K^T (80, 112, 128); head dim of its
+// P V (64, 128, 192, 256); block_n / 2 of the backward's S and dP (40, 64); block_n of its dV^T
+// and dK^T (80, 128); block_m of its dQ^T (64). Every variant at each of them.
+FBH_EXPORT int fbh_wgmma_f16(const void* a, const void* b, float* d, int n, int a_mn, int b_mn, int rs) {
+  switch (n) {
+#define FBH_WGMMA_F16_CASE(N) \
+  case N:                     \
+    return dispatch_variant<N, Dtype::kF16>(a, b, d, a_mn, b_mn, rs);
+    FBH_WGMMA_F16_CASE(40) FBH_WGMMA_F16_CASE(64) FBH_WGMMA_F16_CASE(80) FBH_WGMMA_F16_CASE(112)
+    FBH_WGMMA_F16_CASE(128) FBH_WGMMA_F16_CASE(192) FBH_WGMMA_F16_CASE(256)
+#undef FBH_WGMMA_F16_CASE
     default: return (int)cudaErrorInvalidValue;
   }
+}
+
+// fbh_wgmma_chain in fp16: o = fp16(a b^T) v, the forward's fp16 P V.
+FBH_EXPORT int fbh_wgmma_chain_f16(const void* a, const void* b, const void* v, float* o, int n2) {
+  return run_chain<Dtype::kF16>(a, b, v, o, n2);
 }
