@@ -18,6 +18,14 @@
 namespace flashback {
 namespace hopper {
 
+// Without .trans: row address i of matrix m receives row i of the block (lanes 4i..4i+3's
+// registers m), 16 contiguous bytes; an accumulator [rows][cols] lands as the tile [rows][cols].
+FB_DEVICE void stmatrix_x4(uint32_t smem_addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(smem_addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 FB_DEVICE void stmatrix_x4_trans(uint32_t smem_addr, uint32_t r0, uint32_t r1, uint32_t r2,
                                  uint32_t r3) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(

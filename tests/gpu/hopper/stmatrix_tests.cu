@@ -34,7 +34,32 @@ __global__ void stmatrix_trans_kernel(const uint16_t* a, uint16_t* out, int x4) 
   for (int k = l; k < 256; k += 32) out[k] = tile[k];
 }
 
+// Without .trans (x4): lane 8m + i gives the address of row i of block m, which lands as is.
+__global__ void stmatrix_plain_kernel(const uint16_t* a, uint16_t* out) {
+  __shared__ __align__(128) uint16_t tile[16 * 16];
+  const int l = threadIdx.x;
+  for (int i = l; i < 256; i += 32) tile[i] = 0xFFFF;
+  __syncwarp();
+  uint32_t r[4];
+  for (int m = 0; m < 4; ++m) {
+    const int row = 8 * (m & 1) + l / 4;
+    const int col = 8 * (m >> 1) + 2 * (l % 4);
+    r[m] = static_cast<uint32_t>(a[row * 16 + col]) | (static_cast<uint32_t>(a[row * 16 + col + 1]) << 16);
+  }
+  const int m = l / 8;
+  const int i = l % 8;
+  fh::stmatrix_x4(fh::smem_u32(tile + (8 * (m & 1) + i) * 16 + 8 * (m >> 1)), r[0], r[1], r[2], r[3]);
+  __syncwarp();
+  for (int k = l; k < 256; k += 32) out[k] = tile[k];
+}
+
 }  // namespace
+
+// a: bf16 [16][16] row-major; out: the same matrix, stored by stmatrix .x4 without .trans.
+FBH_EXPORT int fbh_stmatrix_plain(const void* a, void* out) {
+  stmatrix_plain_kernel<<<1, 32>>>(static_cast<const uint16_t*>(a), static_cast<uint16_t*>(out));
+  return (int)cudaGetLastError();
+}
 
 // a: bf16 [16][16] row-major; out: bf16 [16][16] = A^T (x4 = 1) or, for x4 = 0, rows 0..7 of
 // A^T (columns 0..7 of A) with the rest left NaN.

@@ -1,5 +1,6 @@
-"""stmatrix .trans: mma-fragment registers of a 16 x 16 bf16 matrix land in shared memory
-transposed (the P^T / dS^T hand-off and the dK/dV epilogue of the Hopper backward)."""
+"""stmatrix: mma-fragment registers of a 16 x 16 bf16 matrix land in shared memory transposed
+(.trans: the P^T / dS^T hand-off and the dK/dV epilogue of the Hopper backward) or as they are
+(the dS^T hand-off of the backward that splits dV / dK by keys)."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -20,3 +21,10 @@ def test_stmatrix_trans(hlib, x4):
     else:
         assert torch.equal(out[:8], expect[:8])
         assert torch.isnan(out[8:].float()).all()
+
+
+def test_stmatrix_plain(hlib):
+    a = torch.randn(16, 16, device="cuda").bfloat16()
+    out = torch.full((16, 16), float("nan"), device="cuda", dtype=torch.bfloat16)
+    check(hlib, hlib.fbh_stmatrix_plain(ptr(a), ptr(out)), "fbh_stmatrix_plain")
+    assert torch.equal(out, a)

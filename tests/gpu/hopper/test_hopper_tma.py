@@ -115,6 +115,14 @@ def test_bulk_reduce_add_f32(hlib, n, ncta):
     torch.testing.assert_close(dst, expect, rtol=1e-6, atol=1e-5)
 
 
+@pytest.mark.parametrize("n", [64, 1000, 16])
+def test_bulk_load(hlib, n):
+    src = torch.randn(n, device="cuda")
+    dst = torch.full((n,), float("nan"), device="cuda")
+    check(hlib, hlib.fbh_bulk_load(ptr(src), ptr(dst), n), "fbh_bulk_load")
+    assert torch.equal(dst, src)
+
+
 @pytest.mark.parametrize("cluster_size", [2, 4])
 @pytest.mark.parametrize("sw", [0, 1], ids=["noswz", "sw128"])
 def test_tma_multicast(hlib, cluster_size, sw):

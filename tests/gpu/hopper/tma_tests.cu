@@ -66,6 +66,25 @@ __global__ void tma_reduce_kernel(const __grid_constant__ CUtensorMap src,
   }
 }
 
+// One thread bulk-copies src[0 .. n) into shared memory on an mbarrier's transaction count;
+// after the wait every thread copies it out to dst.
+__global__ void bulk_load_kernel(const float* src, float* dst, int n) {
+  extern __shared__ uint8_t smem_raw[];
+  float* buf = fh::align_smem<float>(smem_raw, 128);
+  __shared__ uint64_t bar;
+  if (threadIdx.x == 0) {
+    fh::mbar_init(&bar, 1);
+    fh::fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    fh::mbar_arrive_expect_tx(&bar, n * 4);
+    fh::bulk_load(buf, src, n * 4, &bar);
+  }
+  fh::mbar_wait(&bar, 0);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = buf[i];
+}
+
 // CTA b copies src[b*n .. b*n+n) into shared memory with ordinary stores, then one bulk
 // reduce-add into dst[0 .. n): dst += sum_b src_b.
 __global__ void bulk_reduce_kernel(const float* src, float* dst, int n) {
@@ -185,6 +204,15 @@ FBH_EXPORT int fbh_tma_reduce_add(const float* src, float* dst, int rows, int co
   const size_t smem = box_bytes + 1024;
   FBH_TRY(fbh_test::allow_smem(reinterpret_cast<const void*>(tma_reduce_kernel), smem));
   tma_reduce_kernel<<<ncta, 32, smem>>>(src_map, dst_map, box_bytes, box_rows, c0, c1);
+  return (int)cudaGetLastError();
+}
+
+// dst[0 .. n) = src[0 .. n) through shared memory by one bulk copy. n multiple of 4.
+FBH_EXPORT int fbh_bulk_load(const float* src, float* dst, int n) {
+  if (n % 4 != 0) return (int)cudaErrorInvalidValue;
+  const size_t smem = n * 4 + 128;
+  FBH_TRY(fbh_test::allow_smem(reinterpret_cast<const void*>(bulk_load_kernel), smem));
+  bulk_load_kernel<<<1, 128, smem>>>(src, dst, n);
   return (int)cudaGetLastError();
 }
 
