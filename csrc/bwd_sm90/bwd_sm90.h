@@ -40,7 +40,6 @@ struct BwdSm90Config {
   int do_stages;      // dO pipeline depth
   int producer_regs;  // setmaxnreg of the TMA warpgroup
   int consumer_regs;  // setmaxnreg of the two MMA warpgroups
-  bool dkv_by_keys;   // dV / dK split by keys, fed from registers (below); else by head dim
 };
 
 // Two consumer warpgroups split the work by data, not by role (docs/design.md section 5):
@@ -60,17 +59,10 @@ struct BwdSm90Config {
 //   d = 192: 64 x 80, own 2 / 1: 160 + 40 + 32 = 232; 60 + 2 x 2 x 24 + 40 = 196 KB.
 //   d = 256: 64 x 80, own 2 each: 232; 80 + 2 x 32 + 1 x 32 + 40 = 216 KB (a second dO stage
 //            would need 228 KB).
-//
-// dkv_by_keys (block_n = 128, so each warpgroup's 64 keys are one wgmma M): warpgroup w computes
-// S^T and dP^T for its keys (64 keys x 64 queries), keeps P^T and dS^T in registers as the A
-// operands of dV_w += P^T dO and dK_w += dS^T Q (RS wgmma, N = d, its own keys' rows of dV and
-// dK), and hands only dS^T over through shared memory for dQ^T. dV and dK then need no barrier;
-// only dQ^T waits for the other warpgroup's dS^T. Registers: dV + dK d (64 keys x d each),
-// S^T, dP^T 2 x 32, P^T / dS^T fragments 2 x 16: d = 128: 224.
-constexpr BwdSm90Config kBwdSm90Hdim64 = {64, 64, 128, 2, 2, 24, 240, false};
-constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240, true};
-constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 80, 2, 2, 24, 240, false};
-constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 2, 1, 24, 240, false};
+constexpr BwdSm90Config kBwdSm90Hdim64 = {64, 64, 128, 2, 2, 24, 240};
+constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240};
+constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 80, 2, 2, 24, 240};
+constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 2, 1, 24, 240};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {

@@ -82,14 +82,7 @@ struct BwdSm90Traits {
   static constexpr uint32_t kOffDo = kOffQ + kQStages * kQTileBytes;
   static constexpr uint32_t kOffP = kOffDo + kDoStages * kQTileBytes;  // 2 buffers
   static constexpr uint32_t kOffDs = kOffP + 2 * kHandBytes;           // 2 buffers
-  // By keys (kDkvByKeys, below): each Q stage brings the block's LSE * log2(e) and each dO
-  // stage its D (kBlockM floats each), copied with the tiles on the same full barrier: every
-  // thread reads 16 of each per step, too many to keep in registers from the step's start.
-  static constexpr bool kDkvByKeys = kCfg.dkv_by_keys;
-  static constexpr uint32_t kStatBytes = kDkvByKeys ? kBlockM * 4 : 0;
-  static constexpr uint32_t kOffLse = kOffDs + 2 * kHandBytes;  // kQStages rows
-  static constexpr uint32_t kOffDsum = kOffLse + kQStages * kStatBytes;  // kDoStages rows
-  static constexpr uint32_t kOffBar = kOffDsum + kDoStages * kStatBytes;
+  static constexpr uint32_t kOffBar = kOffDs + 2 * kHandBytes;
   static constexpr uint32_t kOffPipeQ = kOffBar + 16;  // after the K and V barriers
   static constexpr uint32_t kOffPipeDo = kOffPipeQ + sizeof(fh::TmaPipeline<kQStages>);
   static constexpr size_t kSmemBytes =
@@ -105,13 +98,8 @@ struct BwdSm90Traits {
   // setmaxnreg budget: __launch_bounds__(384, 1) gives 168 per thread = 64512 in the pool.
   static_assert(128 * kCfg.producer_regs + kConsumerThreads * kCfg.consumer_regs <= 168 * kThreads,
                 "setmaxnreg budget exceeds the register file: .inc would deadlock");
-  static_assert(kDkvByKeys || 2 * kOwn0 * kBlockN / 2 + kBlockN / 2 + 32 <= kCfg.consumer_regs - 8,
+  static_assert(2 * kOwn0 * kBlockN / 2 + kBlockN / 2 + 32 <= kCfg.consumer_regs - 8,
                 "dV^T, dK^T, S, dP and one dQ^T atom exceed the consumer register budget");
-  static_assert(!kDkvByKeys || kHalfN == 64,
-                "dV / dK by keys: each warpgroup's keys are one wgmma M (block_n = 128)");
-  static_assert(!kDkvByKeys || kAtomCols <= 2, "by keys: at most one dQ^T atom-column each");
-  static_assert(!kDkvByKeys || kHeadDim + kBlockM + kBlockM / 2 <= kCfg.consumer_regs - 16,
-                "dV, dK, S^T, dP^T and the P^T / dS^T fragments exceed the register budget");
   // Named barriers between the consumer warpgroups (id 0 is __syncthreads).
   static constexpr uint32_t kBarHandoff = 1;  // both halves of P^T, dS^T of this step written
   static constexpr uint32_t kBarEpilogue = 2;  // K/V/Q reads done, then staging written
@@ -157,24 +145,17 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     const int m0 = m_block * T::kBlockM;
     // Q first: with one dO stage the producer waits here for dO_{i-1} to be released (after
     // dV of step i-1), and Q_i is already on its way by then.
-    // Rows m0.. of Q or dO of this q head into the next stage of their ring (by keys: with the
-    // block's LSE or D row from the workspace into the stage's stats slot).
-    const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);
-    auto load_rows = [&](auto* pipe, auto& st, uint32_t off, const CUtensorMap* map, bool inner,
-                         uint32_t stat_off, const float* stat) {
+    // Rows m0.. of Q or dO of this q head into the next stage of their ring.
+    auto load_rows = [&](auto* pipe, auto& st, uint32_t off, const CUtensorMap* map, bool inner) {
       pipe->producer_acquire(st);
-      pipe->producer_expect(st, T::kQTileBytes + T::kStatBytes);
+      pipe->producer_expect(st, T::kQTileBytes);
       tma_tile<T::kAtomCols>(smem + off + st.stage * T::kQTileBytes, T::kQAtomBytes, map, pipe->full_barrier(st),
                inner, static_cast<int>(w.seq.row_q) + m0, head, w.map_batch);
-      if constexpr (T::kStatBytes > 0) {
-        fh::bulk_load(smem + stat_off + st.stage * T::kStatBytes, stat + tile * T::kBlockM,
-                      T::kStatBytes, pipe->full_barrier(st));
-      }
       st.advance();
     };
-    load_rows(pipe_q, sq, T::kOffQ, m.q, p.head_inner & 1, T::kOffLse, p.lse_log2);
+    load_rows(pipe_q, sq, T::kOffQ, m.q, p.head_inner & 1);
     if (it == 0) load_kv(T::kOffV, m.v, kv_bar + 1, p.head_inner & 4);
-    load_rows(pipe_do, sd, T::kOffDo, m.dout, p.head_inner & 8, T::kOffDsum, p.dsum);
+    load_rows(pipe_do, sd, T::kOffDo, m.dout, p.head_inner & 8);
   }
 }
 
@@ -284,11 +265,11 @@ __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const
   }
 }
 
-// ------------------------------------------------- consumer warpgroups, split by head dim ---
+// ---------------------------------------------------------------- consumer warpgroups ---
 // kWg: which consumer warpgroup (0 or 1); it fixes the head-dim atom-columns of (5)-(7), so
 // each warpgroup's accumulator arrays have their own compile-time size.
 template <class T, bool kDet, int kWg>
-__device__ __forceinline__ void bwd_sm90_consumer_by_dims(const BwdSm90Params& p, const BwdSm90Work& w,
+__device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const BwdSm90Work& w,
                                                   uint8_t* smem, uint64_t* kv_bar,
                                                   fh::TmaPipeline<T::kQStages>* pipe_q,
                                                   fh::TmaPipeline<T::kDoStages>* pipe_do) {
@@ -385,40 +366,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_dims(const BwdSm90Params& p
     // (32 registers: dV^T/dK^T + 2 x 32 in flight made ptxas serialize and spill at d = 256):
     // the first is added while dV^T / dK^T run, the second after them. Groups retire in order:
     // dV frees dO_i, dK frees Q_i.
-    if constexpr (T::kAtomCols == 1 && kWg == 0) {
-      // d = 64: one atom-column; warpgroup 0 takes dV^T and dK^T, warpgroup 1 dQ^T (below).
-      fh::wgmma_fence();
-      gemm_dkv<T>(acc_dv[0], do_s, p_t);
-      fh::wgmma_commit();
-      gemm_dkv<T>(acc_dk[0], q_s, ds_t);
-      fh::wgmma_commit();
-      fh::wgmma_wait<1>();
-      if (warp_leader) pipe_do->consumer_release(sd);
-      fh::wgmma_wait<0>();
-      if (warp_leader) pipe_q->consumer_release(sq);
-      if constexpr (kDet) {
-        fh::named_bar_sync(T::kBarTurn0, T::kTurnThreads);
-        fh::named_bar_arrive(T::kBarAdded0, T::kTurnThreads);
-      }
-    } else if constexpr (T::kAtomCols == 1) {
-      // d = 64, warpgroup 1: dQ^T reads K and dS^T only; its reads of Q_i and dO_i ended with
-      // (1) and (3).
-      if (warp_leader) {
-        pipe_do->consumer_release(sd);
-        pipe_q->consumer_release(sq);
-      }
-      float dq[T::kBlockM / 2];
-      fh::zero_acc(dq);
-      fh::wgmma_fence_operand(dq);
-      fh::wgmma_fence();
-      gemm_dq<T>(dq, smem + T::kOffK, ds_t);
-      fh::wgmma_commit();
-      fh::wgmma_wait<0>();
-      fh::wgmma_fence_operand(dq);
-      if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0, T::kTurnThreads);
-      add_dq_partial<T::kHeadDim>(p, tile, 0, t, dq);
-      if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0, T::kTurnThreads);
-    } else {
+    if constexpr (kOwn > 0) {
       float dq[T::kBlockM / 2];
       fh::zero_acc(dq);
       fh::wgmma_fence_operand(dq);
@@ -456,12 +404,18 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_dims(const BwdSm90Params& p
         fh::wgmma_wait<0>();
         if (warp_leader) pipe_q->consumer_release(sq);
       }
+    } else {
+      // No atom-column of (5)-(7) here (d = 64, warpgroup 1): this warpgroup's reads of Q_i and
+      // dO_i ended with (1) and (3).
+      if (warp_leader) {
+        pipe_do->consumer_release(sd);
+        pipe_q->consumer_release(sq);
+      }
     }
     if constexpr (kDet) {
-      // Phases this warpgroup has no atom-column for still take part in the turn barriers
-      // (d = 64 took part in its one phase above).
+      // Phases this warpgroup has no atom-column for still take part in the turn barriers.
 #pragma unroll
-      for (int h = T::kAtomCols == 1 ? 1 : kOwn; h < T::kDqPhases; ++h) {
+      for (int h = kOwn; h < T::kDqPhases; ++h) {
         fh::named_bar_sync(T::kBarTurn0 + h, T::kTurnThreads);
         fh::named_bar_arrive(T::kBarAdded0 + h, T::kTurnThreads);
       }
@@ -491,248 +445,6 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_dims(const BwdSm90Params& p
                                         w.seq.k_offset(p.dv_strides), w.kv_head, n0, seqlen_k, tid);
   copy_dkv_out<T::kBlockN, T::kHeadDim>(p.dk, p.dk_strides, stage_dk, T::kStageRowBytes,
                                         w.seq.k_offset(p.dk_strides), w.kv_head, n0, seqlen_k, tid);
-}
-
-// ----------------------------------------------------- consumer warpgroups, split by keys ---
-// (dkv_by_keys, bwd_sm90.h.) (1) S^T = K_w Q^T and (3) dP^T = V_w dO^T (SS, m64 keys x n64
-// queries, K = d); (2), (4) on them; (5) dV_w += P^T dO and (6) dK_w += dS^T Q (RS: A = P^T / dS^T
-// from registers, B = dO / Q [query][d] read N-major, N = d, K = 64 queries); (7) dQ^T = K^T dS^T
-// as in the split by head dim, after the hand-off of dS^T. At d = 128 each warpgroup takes one
-// dQ^T atom-column; at d = 64 (one) the warpgroups take turns by step parity.
-
-// (1) S^T or (3) dP^T: this warpgroup's 64 rows of K or V (A, K-major) times the Q-side tile
-// (B, K-major, 64 queries), K = d.
-template <class T>
-__device__ __forceinline__ void gemm_kv_by_q(float (&acc)[T::kBlockM / 2], const uint8_t* kv_half,
-                                             const uint8_t* x) {
-  const uint64_t da = fh::desc_kmajor_sw128(kv_half);
-  const uint64_t db = fh::desc_kmajor_sw128(x);
-  fh::wgmma_ss_set<T::kBlockM, 0, 0, T::kElem>(acc, da, db);
-#pragma unroll
-  for (int s = 1; s < T::kHeadDim / 16; ++s) {
-    fh::wgmma_ss<T::kBlockM, 0, 0, T::kElem>(acc, fh::desc_advance(da, fh::kmajor_k_offset(s, T::kBlockN)),
-                                             fh::desc_advance(db, fh::kmajor_k_offset(s, T::kBlockM)),
-                                             true);
-  }
-}
-
-// (5) dV_w or (6) dK_w += H x: A = P^T or dS^T fragments (64 keys x 64 queries), B = the
-// Q-side tile [query][d] read N-major (atom-columns kQAtomBytes apart), N = d.
-template <class T>
-__device__ __forceinline__ void gemm_rs_dkv(float (&acc)[T::kHeadDim / 2],
-                                            const uint32_t (&a)[T::kBlockM / 16][4],
-                                            const uint8_t* x) {
-  const uint64_t db = fh::desc_mnmajor_sw128(x, T::kQAtomBytes);
-#pragma unroll
-  for (int c = 0; c < T::kBlockM / 16; ++c) {
-    fh::wgmma_rs<T::kHeadDim, 1, T::kElem>(acc, a[c], fh::desc_advance(db, fh::mnmajor_k_offset(c)),
-                                           true);
-  }
-}
-
-// dS^T fragments (this warpgroup's 64 keys x 64 queries) into the hand-off tile [key][query]
-// (block_n rows x 128 B, 128B-swizzled): stmatrix without .trans, 8 x 8 blocks of 8 key rows x
-// 16 bytes. a[c][j] holds block (query group 2c + (j >> 1), key half j & 1) of warp v's 16 keys.
-template <class T>
-__device__ __forceinline__ void store_hand(uint8_t* hand, const uint32_t (&a)[T::kBlockM / 16][4],
-                                           int wg, int t) {
-  const int lane = t % 32;
-  const int mat = lane / 8;
-  const uint32_t base = fh::smem_u32(hand);
-  const int key = T::kHalfN * wg + 16 * (t / 32) + 8 * (mat & 1) + lane % 8;
-#pragma unroll
-  for (int c = 0; c < T::kBlockM / 16; ++c) {
-    const int chunk = 2 * c + mat / 2;
-    fh::stmatrix_x4(base + key * 128 + ((chunk ^ (key & 7)) << 4), a[c][0], a[c][1], a[c][2], a[c][3]);
-  }
-}
-
-// dV_w or dK_w (64 keys x d, fp32) times `scale` as 16-bit rows [key][d] of the staging tile.
-// Row stride 2d + 16 bytes: a warp's 8 rows x 4 lanes hit 32 different banks.
-template <class T>
-__device__ __forceinline__ void stage_dkv_rows(uint8_t* stage, const float (&acc)[T::kHeadDim / 2],
-                                               float scale, int wg, int t) {
-#pragma unroll
-  for (int r = 0; r < T::kHeadDim / 2; r += 2) {
-    const int key = T::kHalfN * wg + fh::acc_row(r, t);
-    *reinterpret_cast<uint32_t*>(stage + key * T::kStageRowBytes + fh::acc_col(r, t) * 2) =
-        fh::pack2<T::kElem>(acc[r] * scale, acc[r + 1] * scale);
-  }
-}
-
-template <class T, bool kDet, int kWg>
-__device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p, const BwdSm90Work& w,
-                                                          uint8_t* smem, uint64_t* kv_bar,
-                                                          fh::TmaPipeline<T::kQStages>* pipe_q,
-                                                          fh::TmaPipeline<T::kDoStages>* pipe_do) {
-  constexpr int kS = T::kBlockM / 2;   // S^T, dP^T registers (64 keys x 64 queries)
-  constexpr int kK = T::kBlockM / 16;  // k16 steps of (5), (6): fragments per operand
-  constexpr int kDqAtom = T::kAtomCols >= 2 ? T::first_atom(kWg) : 0;
-  const int t = threadIdx.x % 128;
-  const bool warp_leader = (threadIdx.x % 32) == 0;
-  const int n0 = w.n_block * T::kBlockN;
-  const int seqlen_k = w.seq.seqlen_k;
-  const int diag = seqlen_k - w.seq.seqlen_q;  // causal: query i sees keys <= i + diag
-  // This thread's keys (accumulator rows) key_lo, key_lo + 8 and query columns col0 + 8j + {0, 1}.
-  const int key_lo = n0 + T::kHalfN * kWg + fh::acc_row(0, t);
-  const int col0 = fh::acc_col(0, t);
-  const uint8_t* k_half = smem + T::kOffK + T::kHalfN * kWg * 128;
-  const uint8_t* v_half = smem + T::kOffV + T::kHalfN * kWg * 128;
-
-  float acc_dv[T::kHeadDim / 2];  // dV of this warpgroup's 64 keys
-  float acc_dk[T::kHeadDim / 2];
-  fh::zero_acc(acc_dv);
-  fh::zero_acc(acc_dk);
-  if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);  // K
-
-  fh::PipelineState<T::kQStages> sq;
-  fh::PipelineState<T::kDoStages> sd;
-  for (int it = 0; it < w.n_iters; ++it) {
-    int head, m_block;
-    bwd_sm90_iter<kDet>(p, w, it, head, m_block);
-    const int m0 = m_block * T::kBlockM;
-    const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);  // dQaccum, stats, turns
-    // LSE and D of this thread's 16 query columns come with the Q and dO stages (shared
-    // memory, read next to their use: straight from L2, D's latency stood exposed every step).
-    const float* lse_row =
-        reinterpret_cast<const float*>(smem + T::kOffLse + sq.stage * T::kStatBytes) + col0;
-    const float* dsum_row =
-        reinterpret_cast<const float*>(smem + T::kOffDsum + sd.stage * T::kStatBytes) + col0;
-    auto lse_of = [&](int r) {
-      const float2 v = *reinterpret_cast<const float2*>(lse_row + 8 * (r >> 2));
-      return (r & 1) ? v.y : v.x;
-    };
-    auto dsum_of = [&](int r) {
-      const float2 v = *reinterpret_cast<const float2*>(dsum_row + 8 * (r >> 2));
-      return (r & 1) ? v.y : v.x;
-    };
-    uint8_t* ds_t = smem + T::kOffDs + (it & 1) * T::kHandBytes;
-    const uint8_t* q_s = smem + T::kOffQ + sq.stage * T::kQTileBytes;
-    const uint8_t* do_s = smem + T::kOffDo + sd.stage * T::kQTileBytes;
-
-    // (1) S^T = K_w Q_i^T  then  (3) dP^T = V_w dO_i^T, two commit groups.
-    float s[kS], dp[kS];
-    pipe_q->consumer_wait(sq);
-    fh::wgmma_fence();
-    gemm_kv_by_q<T>(s, k_half, q_s);
-    fh::wgmma_commit();
-    if (it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
-    pipe_do->consumer_wait(sd);
-    fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
-    gemm_kv_by_q<T>(dp, v_half, do_s);
-    fh::wgmma_commit();
-
-    // (2) P^T, masked as in the split by head dim (rows are keys here, columns queries).
-    fh::wgmma_wait<1>();
-    fh::wgmma_fence_operand(s);
-    const bool need_mask =
-        n0 + T::kBlockN > seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag);
-    if (need_mask) {
-#pragma unroll
-      for (int r = 0; r < kS; ++r) {
-        const int key = key_lo + 8 * ((r >> 1) & 1);
-        const int query = m0 + col0 + 8 * (r >> 2) + (r & 1);
-        const float l = lse_of(r);
-        const bool masked = key >= seqlen_k || (p.causal && key > query + diag);
-        s[r] = masked ? 0.f : fh::exp2_approx(s[r] * p.scale_log2 - l);
-      }
-    } else {
-#pragma unroll
-      for (int r = 0; r < kS; ++r) {
-        s[r] = fh::exp2_approx(s[r] * p.scale_log2 - lse_of(r));
-      }
-    }
-    // (5) dV_w += P^T dO_i at once: it runs while dS is computed.
-    uint32_t pa[kK][4];
-#pragma unroll
-    for (int c = 0; c < kK; ++c) fh::acc_to_a_frag<T::kElem>(s, c, pa[c]);
-    fh::wgmma_fence();
-    gemm_rs_dkv<T>(acc_dv, pa, do_s);
-    fh::wgmma_commit();
-
-    // (4) dS^T = P^T * (dP^T - D)
-    fh::wgmma_wait<1>();  // dP^T (dV may still run)
-    fh::wgmma_fence_operand(dp);
-#pragma unroll
-    for (int r = 0; r < kS; ++r) dp[r] = s[r] * (dp[r] - dsum_of(r));
-    uint32_t da[kK][4];
-#pragma unroll
-    for (int c = 0; c < kK; ++c) fh::acc_to_a_frag<T::kElem>(dp, c, da[c]);
-    // (6) dK_w += dS^T Q_i, then dS^T to shared memory for (7).
-    fh::wgmma_fence();
-    gemm_rs_dkv<T>(acc_dk, da, q_s);
-    fh::wgmma_commit();
-    store_hand<T>(ds_t, da, kWg, t);
-    fh::fence_proxy_async_shared();  // stmatrix (generic proxy) -> wgmma (async proxy) reads
-    // Both warpgroups' dS^T are in place; the buffers alternate with the step's parity (as in
-    // the split by head dim: each warpgroup retires all its wgmmas before its next step).
-    fh::named_bar_sync(T::kBarHandoff, T::kConsumerThreads);
-
-    // (7) dQ^T = K^T dS^T for this warpgroup's atom-column (d = 64: every other step).
-    const bool do_dq = T::kAtomCols >= 2 || (it & 1) == kWg;
-    float dq[T::kBlockM / 2];
-    if (do_dq) {
-      fh::zero_acc(dq);
-      fh::wgmma_fence_operand(dq);
-      fh::wgmma_fence();
-      gemm_dq<T>(dq, smem + T::kOffK + kDqAtom * T::kKvAtomBytes, ds_t);
-      fh::wgmma_commit();
-    }
-    // Groups retire in order: dV frees dO_i (and P^T's registers), dK frees Q_i.
-    if (do_dq) {
-      fh::wgmma_wait<2>();
-      if (warp_leader) pipe_do->consumer_release(sd);
-      fh::wgmma_wait<1>();
-      if (warp_leader) pipe_q->consumer_release(sq);
-    } else {
-      fh::wgmma_wait<1>();
-      if (warp_leader) pipe_do->consumer_release(sd);
-      fh::wgmma_wait<0>();
-      if (warp_leader) pipe_q->consumer_release(sq);
-    }
-#pragma unroll
-    for (int c = 0; c < kK; ++c) {
-      fh::wgmma_fence_operand(pa[c]);
-      fh::wgmma_fence_operand(da[c]);
-    }
-    fh::wgmma_wait<0>();
-    if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0, T::kTurnThreads);
-    if (do_dq) {
-      fh::wgmma_fence_operand(dq);
-      add_dq_partial<T::kHeadDim>(p, tile, kDqAtom, t, dq);
-    }
-    if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0, T::kTurnThreads);
-    sq.advance();
-    sd.advance();
-  }
-  fh::wgmma_fence_operand(acc_dv);
-  fh::wgmma_fence_operand(acc_dk);
-
-  // Epilogue as in the split by head dim, rows of this warpgroup's keys.
-  fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
-  uint8_t* stage_dv = smem;
-  uint8_t* stage_dk = smem + T::kStageBytes;
-  stage_dkv_rows<T>(stage_dv, acc_dv, 1.f, kWg, t);
-  stage_dkv_rows<T>(stage_dk, acc_dk, p.softmax_scale, kWg, t);
-  fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
-  const int tid = threadIdx.x - 128;  // 0..255 over both consumer warpgroups
-  copy_dkv_out<T::kBlockN, T::kHeadDim>(p.dv, p.dv_strides, stage_dv, T::kStageRowBytes,
-                                        w.seq.k_offset(p.dv_strides), w.kv_head, n0, seqlen_k, tid);
-  copy_dkv_out<T::kBlockN, T::kHeadDim>(p.dk, p.dk_strides, stage_dk, T::kStageRowBytes,
-                                        w.seq.k_offset(p.dk_strides), w.kv_head, n0, seqlen_k, tid);
-}
-
-// Consumer warpgroup kWg of the config's variant.
-template <class T, bool kDet, int kWg>
-__device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const BwdSm90Work& w,
-                                                  uint8_t* smem, uint64_t* kv_bar,
-                                                  fh::TmaPipeline<T::kQStages>* pipe_q,
-                                                  fh::TmaPipeline<T::kDoStages>* pipe_do) {
-  if constexpr (T::kDkvByKeys) {
-    bwd_sm90_consumer_by_keys<T, kDet, kWg>(p, w, smem, kv_bar, pipe_q, pipe_do);
-  } else {
-    bwd_sm90_consumer_by_dims<T, kDet, kWg>(p, w, smem, kv_bar, pipe_q, pipe_do);
-  }
 }
 
 }  // namespace sm90
