@@ -2,7 +2,9 @@
 """Attention benchmark: flashback against PyTorch SDPA (flash, cuDNN, memory-efficient) and FA3.
 
 Sweep (docs/design.md section 6): head dim 256, bf16, 8 heads, 16384 tokens in total:
-(batch, seqlen) = (4, 4096), (2, 8192), (1, 16384); causal and not.
+(batch, seqlen) = (4, 4096), (2, 8192), (1, 16384); causal and not. --seqlens short times the
+short-sequence sweep instead, (32, 512), (16, 1024), (8, 2048), where per-CTA and per-call costs
+weigh most; --seqlens all both.
 
 Convention (FlashAttention's benchmarks): forward FLOPs = 4 * batch * seqlen^2 * nheads * headdim,
 halved when causal; backward FLOPs = 2.5 x forward. TFLOP/s = FLOPs / median time.
@@ -50,6 +52,15 @@ def nheads_for(headdim):
     """FlashAttention's benchmark convention: a model width of 2048 (8 heads at d = 256)."""
     return 2048 // headdim
 SHAPES = ((4, 4096), (2, 8192), (1, 16384))  # (batch, seqlen): 16384 tokens each
+TOKENS = 16384
+# --seqlens: the main sweep, the short-sequence sweep (batch x seqlen = 16384 tokens too), or both.
+SEQLEN_SETS = {"main": (4096, 8192, 16384), "short": (512, 1024, 2048)}
+SEQLEN_SETS["all"] = SEQLEN_SETS["short"] + SEQLEN_SETS["main"]
+
+
+def shapes_for(seqlens):
+    """(batch, seqlen) pairs of TOKENS tokens each."""
+    return tuple((TOKENS // s, s) for s in seqlens)
 IMPLS = ("flashback", "flashback_det", "sdpa_flash", "cudnn", "sdpa_efficient", "fa3")
 # The default run leaves out SDPA's memory-efficient backend: at ~40 TFLOP/s it alone would take
 # most of the sweep's time, and its numbers are in docs/perf-log.md. "--impls all" adds it,
@@ -376,7 +387,7 @@ def _short(e):
 
 
 def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRECTIONS, headdims=(HEADDIM,),
-              dtypes=("bf16",)):
+              dtypes=("bf16",), shapes=SHAPES):
     import torch
     device = torch.cuda.get_device_name()
     payload = make_payload(device, git_commit(), datetime.date.today().isoformat(), torch.__version__, [],
@@ -397,7 +408,7 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
     path = None
     gen = torch.Generator(device=DEVICE).manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
     for headdim, dtype_name, causal, (batch, seqlen) in ((d, t, c, bs) for d in headdims for t in dtypes
-                                                          for c in (True, False) for bs in SHAPES):
+                                                          for c in (True, False) for bs in shapes):
             nheads = nheads_for(headdim)
             dtype = torch.float16 if dtype_name == "fp16" else torch.bfloat16
             shape = (batch, seqlen, nheads, headdim)
@@ -458,6 +469,9 @@ def main(argv=None):
                    help=f"comma-separated head dims (default {HEADDIM}; 'all' = {','.join(map(str, HEADDIMS))}); "
                         f"nheads = 2048 / headdim")
     p.add_argument("--dtypes", default="bf16", help="comma-separated subset of bf16,fp16 (default bf16)")
+    p.add_argument("--seqlens", default="main",
+                   help="main (4096,8192,16384), short (512,1024,2048), all, or a comma-separated list of "
+                        f"divisors of {TOKENS}; batch = {TOKENS} / seqlen")
     p.add_argument("--summarize", metavar="JSON", help="print the table of a result file (with --plot: its PNG) and exit")
     a = p.parse_args(argv)
 
@@ -485,6 +499,15 @@ def main(argv=None):
     dtypes = tuple(t.strip() for t in a.dtypes.split(",") if t.strip())
     if not dtypes or any(t not in DTYPES for t in dtypes):
         p.error(f"--dtypes takes a subset of {','.join(DTYPES)}, got {a.dtypes!r}")
+    if a.seqlens.strip() in SEQLEN_SETS:
+        seqlens = SEQLEN_SETS[a.seqlens.strip()]
+    else:
+        try:
+            seqlens = tuple(int(x) for x in a.seqlens.split(",") if x.strip())
+        except ValueError:
+            seqlens = ()
+        if not seqlens or any(x <= 0 or TOKENS % x for x in seqlens):
+            p.error(f"--seqlens takes main, short, all or divisors of {TOKENS}, got {a.seqlens!r}")
     iters = a.iters if a.iters is not None else (10 if a.quick else 100)
     warmup = a.warmup if a.warmup is not None else (2 if a.quick else 10)
 
@@ -493,7 +516,7 @@ def main(argv=None):
     if problem:
         print(f"bench_attention: nothing to benchmark: {problem}.")
         return 0
-    run_sweep(impls, iters, warmup, a.repeats, a.out, a.plot, directions, headdims, dtypes)
+    run_sweep(impls, iters, warmup, a.repeats, a.out, a.plot, directions, headdims, dtypes, shapes_for(seqlens))
     return 0
 
 

@@ -159,3 +159,16 @@ def test_training_step_flops(bench):
     assert bench.attention_flops(2, 8192, 8, 256, True, "train") == fwd * 7 // 2
     with pytest.raises(ValueError):
         bench.attention_flops(2, 8192, 8, 256, True, "both")
+
+
+def test_seqlen_sets(bench):
+    assert bench.shapes_for(bench.SEQLEN_SETS["short"]) == ((32, 512), (16, 1024), (8, 2048))
+    assert bench.shapes_for(bench.SEQLEN_SETS["main"]) == bench.SHAPES
+    assert all(b * s == bench.TOKENS for b, s in bench.shapes_for(bench.SEQLEN_SETS["all"]))
+
+
+@pytest.mark.parametrize("bad", ["3000", "0", "short,main", ""])
+def test_bad_seqlens_are_an_error(bad):
+    res = _run("--seqlens", bad)
+    assert res.returncode == 2
+    assert "--seqlens" in res.stderr
