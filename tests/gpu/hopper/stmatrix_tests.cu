@@ -1,25 +1,30 @@
-// stmatrix .trans test: one warp stores a 16 x 16 bf16 matrix A, held in the mma fragment layout
-// (lane l: row l/4, columns 2(l%4), 2(l%4)+1 of each 8 x 8 block), as A^T into shared memory,
-// with .x4 (all four 8 x 8 blocks) or .x2 (the left 16 x 8 half only). The shared tile is then
-// copied out as is; the caller compares with A^T.
+// stmatrix tests: one warp stores a 16 x 16 bf16 matrix A, held in the mma fragment layout
+// (lane l: row l/4, columns 2(l%4), 2(l%4)+1 of each 8 x 8 block), into shared memory: with
+// .trans as A^T, .x4 (all four 8 x 8 blocks) or .x2 (the left 16 x 8 half only); without .trans
+// (.x4) as A. The shared tile is then copied out as is; the caller compares.
 #include "test_common.h"
 
 namespace fh = flashback::hopper;
 
 namespace {
 
-__global__ void stmatrix_trans_kernel(const uint16_t* a, uint16_t* out, int x4) {
-  __shared__ __align__(128) uint16_t tile[16 * 16];
-  const int l = threadIdx.x;
-  for (int i = l; i < 256; i += 32) tile[i] = 0xFFFF;  // NaN: unwritten elements show
-  __syncwarp();
-  // Block m: rows 8 (m & 1).., columns 8 (m >> 1)..  (the order of the A-fragment registers).
-  uint32_t r[4];
+// Lane l's registers of the four 8 x 8 blocks of A (16 x 16, row-major), block m = rows
+// 8 (m & 1).., columns 8 (m >> 1)..  (the order of the A-fragment registers).
+__device__ void load_frags(const uint16_t* a, int l, uint32_t (&r)[4]) {
   for (int m = 0; m < 4; ++m) {
     const int row = 8 * (m & 1) + l / 4;
     const int col = 8 * (m >> 1) + 2 * (l % 4);
     r[m] = static_cast<uint32_t>(a[row * 16 + col]) | (static_cast<uint32_t>(a[row * 16 + col + 1]) << 16);
   }
+}
+
+__global__ void stmatrix_trans_kernel(const uint16_t* a, uint16_t* out, int x4) {
+  __shared__ __align__(128) uint16_t tile[16 * 16];
+  const int l = threadIdx.x;
+  for (int i = l; i < 256; i += 32) tile[i] = 0xFFFF;  // NaN: unwritten elements show
+  __syncwarp();
+  uint32_t r[4];
+  load_frags(a, l, r);
   // Lane 8m + i gives the address of row i of stored block m: row (8 (m >> 1) + i) of A^T,
   // starting at column 8 (m & 1).
   const int m = (l / 8) % (x4 ? 4 : 2);
@@ -41,11 +46,7 @@ __global__ void stmatrix_plain_kernel(const uint16_t* a, uint16_t* out) {
   for (int i = l; i < 256; i += 32) tile[i] = 0xFFFF;
   __syncwarp();
   uint32_t r[4];
-  for (int m = 0; m < 4; ++m) {
-    const int row = 8 * (m & 1) + l / 4;
-    const int col = 8 * (m >> 1) + 2 * (l % 4);
-    r[m] = static_cast<uint32_t>(a[row * 16 + col]) | (static_cast<uint32_t>(a[row * 16 + col + 1]) << 16);
-  }
+  load_frags(a, l, r);
   const int m = l / 8;
   const int i = l % 8;
   fh::stmatrix_x4(fh::smem_u32(tile + (8 * (m & 1) + i) * 16 + 8 * (m >> 1)), r[0], r[1], r[2], r[3]);
