@@ -21,8 +21,9 @@ Inputs are fresh torch.randn, stored (batch, seqlen, nheads, headdim); SDPA gets
 views of the same memory (its causal mask is top-left: the same here, seqlen_q == seqlen_k).
 The yardstick is SDPA's flash backend; the table shows ours/yardstick.
 
-Results: <out>/<YYYY-MM-DD>-<gpu>-<commit>.json (written after every shape, so a run that is cut
-short keeps what it measured) and, with --plot, a PNG of the same name.
+Results: <out>/<YYYY-MM-DD>-<gpu>-<commit>[-<tag>].json (written after every shape, so a run that
+is cut short keeps what it measured; the tag names a non-default sweep, e.g. "short-d64-128")
+and, with --plot, a PNG of the same name.
 
   python3 benchmarks/bench_attention.py [--quick] [--plot] [--impls flashback,sdpa_flash] [--out DIR]
   python3 benchmarks/bench_attention.py --summarize RESULTS.json [--plot]
@@ -120,8 +121,23 @@ def git_commit(repo=REPO):
     return commit if res.returncode == 0 and commit else "unknown"
 
 
-def result_filename(device_name, commit, date):
-    return f"{date}-{gpu_slug(device_name)}-{commit}.json"
+def result_filename(device_name, commit, date, tag=""):
+    """<date>-<gpu>-<commit>[-<tag>].json; the tag names a sweep other than the default one, so
+    that a short-sequence or head-dim run of the same day and commit does not overwrite it."""
+    return f"{date}-{gpu_slug(device_name)}-{commit}{'-' + tag if tag else ''}.json"
+
+
+def sweep_tag(seqlens, headdims, dtypes):
+    """'' for the default sweep, else e.g. 'short-d64-128-fp16'."""
+    parts = []
+    if tuple(seqlens) != SEQLEN_SETS["main"]:
+        named = [k for k, v in SEQLEN_SETS.items() if tuple(seqlens) == v]
+        parts.append(named[0] if named else "s" + "-".join(map(str, seqlens)))
+    if tuple(headdims) != (HEADDIM,):
+        parts.append("d" + "-".join(map(str, headdims)))
+    if tuple(dtypes) != ("bf16",):
+        parts.append("-".join(dtypes))
+    return "-".join(parts)
 
 
 def make_payload(device, commit, date, torch_version, results, **extra):
@@ -143,7 +159,8 @@ def result_row(impl, direction, causal, batch, seqlen, nheads, headdim, ms_runs,
 
 def write_results(out_dir, payload):
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, result_filename(payload["device"], payload["commit"], payload["date"]))
+    path = os.path.join(out_dir, result_filename(payload["device"], payload["commit"], payload["date"],
+                                                 payload.get("tag", "")))
     # One result row per line: readable, and diffs of committed results stay small.
     head = {k: v for k, v in payload.items() if k != "results"}
     text = json.dumps(head, indent=1)[:-2] + ',\n "results": [\n'
@@ -387,7 +404,7 @@ def _short(e):
 
 
 def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRECTIONS, headdims=(HEADDIM,),
-              dtypes=("bf16",), shapes=SHAPES):
+              dtypes=("bf16",), shapes=SHAPES, tag=""):
     import torch
     device = torch.cuda.get_device_name()
     payload = make_payload(device, git_commit(), datetime.date.today().isoformat(), torch.__version__, [],
@@ -395,6 +412,8 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
                                              f"median of {iters} CUDA-event-timed calls after {warmup} warm-up, "
                                              f"{repeats} repeats; bwd = autograd.grad after one forward; "
                                              f"{BWD_CALL} = raw attention_backward call"))
+    if tag:
+        payload["tag"] = tag
     if "fa3" in impls:
         try:
             import flash_attn_interface  # noqa: F401
@@ -516,7 +535,8 @@ def main(argv=None):
     if problem:
         print(f"bench_attention: nothing to benchmark: {problem}.")
         return 0
-    run_sweep(impls, iters, warmup, a.repeats, a.out, a.plot, directions, headdims, dtypes, shapes_for(seqlens))
+    run_sweep(impls, iters, warmup, a.repeats, a.out, a.plot, directions, headdims, dtypes, shapes_for(seqlens),
+              sweep_tag(seqlens, headdims, dtypes))
     return 0
 
 

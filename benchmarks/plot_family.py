@@ -42,6 +42,11 @@ def load_rows(paths):
     return rows, first
 
 
+def seqlen_label(seqlen):
+    """4096 -> '4k', 512 -> '512'."""
+    return f"{seqlen // 1024}k" if seqlen % 1024 == 0 else str(seqlen)
+
+
 def point(r):
     return (r["impl"], r["direction"], r["headdim"], r.get("dtype", "bf16"), bool(r["causal"]),
             r["batch"], r["seqlen"])
@@ -110,7 +115,7 @@ def plot(rows, payload, dtype, png_path):
             for i, (causal, batch, seqlen) in enumerate(groups):
                 ours, fa3 = entry["flashback"][i], entry["fa3"][i]
                 frac = f"\n{ours[0] / fa3[0]:.3f} of FA3" if ours and fa3 else ""
-                labels.append(f"{'causal' if causal else 'full'} {seqlen // 1024}k{frac}")
+                labels.append(f"{'causal' if causal else 'full'} {seqlen_label(seqlen)}{frac}")
             ax.set_xticks(range(len(groups)))
             ax.set_xticklabels(labels, fontsize=7)
             ax.grid(axis="y", alpha=0.3)
@@ -123,9 +128,12 @@ def plot(rows, payload, dtype, png_path):
     handles, labels = next((ax.get_legend_handles_labels() for ax in axes.flat if ax.get_legend_handles_labels()[0]),
                            ([], []))
     fig.legend(handles, labels, loc="upper right", ncol=len(present), fontsize=8, frameon=False)
-    fig.suptitle(f"Kernel family, {dtype}, 16384 tokens (batch x seqlen = 4 x 4k, 2 x 8k, 1 x 16k), "
+    shapes = sorted({(r["batch"], r["seqlen"]) for r in rows}, key=lambda bs: bs[1])
+    runs = sorted({len(r["tflops"]) for r in rows})
+    fig.suptitle(f"Kernel family, {dtype}, batch x seqlen = "
+                 f"{', '.join(f'{b} x {seqlen_label(s)}' for b, s in shapes)}, "
                  f"nheads = 2048 / head dim; {payload.get('device', '?')}, commit {payload.get('commit', '?')}, "
-                 f"{payload.get('date', '?')}; median of 3 runs, whiskers min-max",
+                 f"{payload.get('date', '?')}; median of {'/'.join(map(str, runs))} runs, whiskers min-max",
                  fontsize=9, x=0.01, ha="left")
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(png_path, dpi=80)

@@ -115,7 +115,8 @@ flashback_status check_shape(const Shape& s, flashback_dtype dtype, float scale)
   if (const char* why = sm90::dtype_not_compiled(dtype))
     return fail(FLASHBACK_ERROR_NOT_SUPPORTED, "%s", why);
   if (!sm90_serves(s.headdim, dtype) && !reference_serves(s.headdim, dtype))
-    return fail(FLASHBACK_ERROR_NOT_SUPPORTED, "headdim %d in fp16 is not in this build", s.headdim);
+    return fail(FLASHBACK_ERROR_NOT_SUPPORTED, "headdim %d in %s has no kernel in this build", s.headdim,
+                dtype == FLASHBACK_DTYPE_FP16 ? "fp16" : "bf16");
   if (!std::isfinite(scale) || scale <= 0.f)
     return fail(FLASHBACK_ERROR_INVALID_VALUE, "softmax_scale must be finite and > 0, got %g",
                 static_cast<double>(scale));
@@ -258,9 +259,10 @@ flashback_status launch_direction(const Params& p, bool (*can_implement)(const P
   }
   if (!reference_serves(p.headdim, p.dtype))
     return fail(FLASHBACK_ERROR_NOT_SUPPORTED,
-                "%s: headdim %d %s runs on the Hopper kernels only, which declined: %s "
-                "(the reference kernels serve bf16 at head dims 64, 128, 256)",
-                direction, p.headdim, p.dtype == FLASHBACK_DTYPE_FP16 ? "fp16" : "bf16", why);
+                "%s: headdim %d %s runs on the Hopper kernels only, which declined: %s%s",
+                direction, p.headdim, p.dtype == FLASHBACK_DTYPE_FP16 ? "fp16" : "bf16", why,
+                FLASHBACK_SM90_HAS_BF16 ? " (the reference kernels serve bf16 at head dims 64, 128, 256)"
+                                        : " (this build has no reference kernels: bf16 is not compiled)");
   const flashback_status st = launched(run_reference(p, stream), what.c_str());
   if (st == FLASHBACK_SUCCESS) record_path(last, direction, "reference", why);
   return st;

@@ -4,8 +4,8 @@
 // Files, one per role:
 //   fwd_sm90.h             this: the config, the kernel parameters, the entry points
 //   fwd_sm90_scheduler.cuh which (Q block, head, batch) a CTA owns; the K/V blocks it walks
-//   fwd_sm90_mainloop.cuh  TMA producer and the two consumer warpgroups (S = Q K^T, online
-//                          softmax, O += P V)
+//   fwd_sm90_mainloop.cuh  TMA producer and the consumer warpgroups (S = Q K^T, online
+//                          softmax, O += P V; ping-pong turns where the config asks)
 //   fwd_sm90_epilogue.cuh  O / l to bf16 through shared memory, LSE
 //   fwd_sm90_launch.cuh    kernel, tensor maps, the launch of one config (a template)
 //   fwd_sm90_launch.cu     the table of configs, can_implement, the dispatch

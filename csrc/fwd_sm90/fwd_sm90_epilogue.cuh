@@ -29,7 +29,7 @@ __device__ __forceinline__ void store_lse(const FwdSm90Params& p, const FwdSm90W
 template <int kHeadDim, hopper::Dtype kElem>
 __device__ __forceinline__ void store_out_and_lse(const FwdSm90Params& p, const FwdSm90Work& w,
                                                   uint8_t* stage, uint32_t atom_bytes, int m0,
-                                                  int t, int wg, const float (&o)[kHeadDim / 2],
+                                                  int t, uint32_t bar, const float (&o)[kHeadDim / 2],
                                                   const float (&inv)[2], const float (&lse)[2]) {
   const int row0 = hopper::acc_row(0, t);
   store_lse(p, w, m0 + row0, t, lse);
@@ -43,7 +43,7 @@ __device__ __forceinline__ void store_out_and_lse(const FwdSm90Params& p, const 
           hopper::pack2<kElem>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
     }
   }
-  hopper::named_bar_sync(1 + wg, 128);  // this warpgroup's staged rows are complete
+  hopper::named_bar_sync(bar, 128);  // this warpgroup's staged rows are complete
   uint16_t* out = static_cast<uint16_t*>(p.out) + w.out_offset +
                        w.head * p.out_strides.head;
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row

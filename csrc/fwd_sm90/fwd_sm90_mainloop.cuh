@@ -69,10 +69,14 @@ struct FwdSm90Traits {
                 "setmaxnreg budget exceeds the register file: .inc would deadlock");
   static_assert(kHeadDim / 2 + kBlockN / 2 + kBlockN / 4 + 24 <= kCfg.consumer_regs,
                 "O, S and P fragments (plus ~24 for addresses and statistics) exceed the budget");
-  // Named barriers (id 0 is __syncthreads): 1 + w the epilogue's staging of warpgroup w
-  // (fwd_sm90_epilogue.cuh), kBarTurn0 + w warpgroup w's turn to issue GEMMs (ping-pong).
+  // Named barriers (id 0 is __syncthreads): kBarEpilogue0 + w the epilogue's staging of
+  // warpgroup w (fwd_sm90_epilogue.cuh), kBarTurn0 + w warpgroup w's turn to issue GEMMs
+  // (ping-pong).
   static constexpr bool kPingpong = kCfg.pingpong && kConsumerWgs > 1;
+  static constexpr uint32_t kBarEpilogue0 = 1;
   static constexpr uint32_t kBarTurn0 = 4;
+  static_assert(kBarEpilogue0 + kConsumerWgs <= kBarTurn0 && kBarTurn0 + kConsumerWgs <= 16,
+                "named barrier ids: 16 per CTA, the epilogue's and the turns' must not overlap");
 };
 
 struct FwdSm90Maps {
@@ -315,7 +319,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   // Q of this warpgroup is read by no wgmma any more (its last S was waited for): the O tile
   // is staged over it.
   store_out_and_lse<T::kHeadDim, T::kElem>(p, w, smem + T::kOffQ + 64 * wg * 128, T::kQAtomBytes,
-                                           m0, t, wg, o, inv, lse);
+                                           m0, t, T::kBarEpilogue0 + wg, o, inv, lse);
 }
 
 }  // namespace sm90

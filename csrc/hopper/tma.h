@@ -209,8 +209,9 @@ FB_DEVICE void tma_reduce_add(const CUtensorMap* map, const void* src, const int
 
 // Non-tensor bulk copy global -> shared of `bytes` (a multiple of 16; both addresses 16-byte
 // aligned) that completes as transaction bytes on `bar`, like a TMA tile load: the caller's
-// arrive_expect_tx counts them. No tensor map: for small contiguous rows (the backward's LSE and
-// D of a Q block). PTX ISA cp.async.bulk (sm_90).
+// arrive_expect_tx counts them. No tensor map: for small contiguous rows (e.g. a Q block's LSE
+// and D, as the measured by-keys backward in docs/perf-log.md brought them). PTX ISA
+// cp.async.bulk (sm_90).
 FB_DEVICE void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(

@@ -164,7 +164,16 @@ def test_training_step_flops(bench):
 def test_seqlen_sets(bench):
     assert bench.shapes_for(bench.SEQLEN_SETS["short"]) == ((32, 512), (16, 1024), (8, 2048))
     assert bench.shapes_for(bench.SEQLEN_SETS["main"]) == bench.SHAPES
-    assert all(b * s == bench.TOKENS for b, s in bench.shapes_for(bench.SEQLEN_SETS["all"]))
+    assert [s for _, s in bench.shapes_for(bench.SEQLEN_SETS["all"])] == [512, 1024, 2048, 4096, 8192, 16384]
+
+
+def test_sweep_tag_names_non_default_sweeps(bench):
+    main, short = bench.SEQLEN_SETS["main"], bench.SEQLEN_SETS["short"]
+    assert bench.sweep_tag(main, (256,), ("bf16",)) == ""
+    assert bench.sweep_tag(short, (256,), ("bf16",)) == "short"
+    assert bench.sweep_tag((1024,), (64, 128), ("bf16", "fp16")) == "s1024-d64-128-bf16-fp16"
+    assert bench.result_filename("NVIDIA H200", "abc1234", "2026-12-01", "short") == \
+        "2026-12-01-h200-abc1234-short.json"
 
 
 @pytest.mark.parametrize("bad", ["3000", "0", "short,main", ""])

@@ -1,6 +1,6 @@
 """stmatrix: mma-fragment registers of a 16 x 16 bf16 matrix land in shared memory transposed
 (.trans: the P^T / dS^T hand-off and the dK/dV epilogue of the Hopper backward) or as they are
-(the dS^T hand-off of the backward that splits dV / dK by keys)."""
+(no caller in the kernels today; the measured by-keys backward, docs/perf-log.md, used it)."""
 import pytest
 
 torch = pytest.importorskip("torch")
