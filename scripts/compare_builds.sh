@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# On the GPU machine: the head-dim-256 GPU tests and a short benchmark for each of several
-# builds of the library, in one call, then one table of flashback's TFLOP/s per build (same
+# On the GPU machine: GPU tests (head dim 256 unless TEST_ARGS says otherwise) and a short
+# benchmark for each of several builds of the library, in one call, then one table of flashback's TFLOP/s per build (same
 # process order for all, SDPA flash as the yardstick in every run). Builds nothing.
 #
 #   scripts/compare_builds.sh build/libflashback.so build-exp/libflashback.so
-#   scripts/compare_builds.sh build/libflashback.so FLASHBACK_FWD_PERSISTENT=1:build/libflashback.so
+#   scripts/compare_builds.sh build/libflashback.so FLASHBACK_DET_COOPERATIVE=1:build/libflashback.so
 #
 # An argument VAR=value[,VAR2=value]:LIB runs LIB with those environment variables set (the
 # library's experimental switches).
 # Environment: OUT (default ./logs), ITERS (default 50), REPEATS (default 2),
-# TESTS=0 to skip the tests, BENCH_ARGS (e.g. "--directions fwd").  Logs: $OUT/<n>-tests.log, $OUT/<n>/<result>.json.
+# TESTS=0 to skip the tests, TEST_ARGS (pytest selection, default "-k 256"), BENCH_ARGS (e.g.
+# "--directions fwd --headdims 64,128"). The table keys rows by head dim, dtype, direction, mask
+# and seqlen and ends with the change of ours / SDPA flash from the first build to the last.
+# Logs: $OUT/<n>-tests.log, $OUT/<n>/<result>.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -24,7 +27,8 @@ for arg in "$@"; do
   envs=()
   [ "$lib" != "$arg" ] && IFS=, read -r -a envs <<< "${arg%:*}"
   if [ "${TESTS:-1}" != 0 ]; then
-    env "${envs[@]}" FLASHBACK_LIBRARY="$lib" timeout -k 10 300 $PY -m pytest tests/gpu/test_attention.py -q -x -k 256 \
+    # shellcheck disable=SC2086  # TEST_ARGS is a list of pytest flags
+    env "${envs[@]}" FLASHBACK_LIBRARY="$lib" timeout -k 10 300 $PY -m pytest tests/gpu/test_attention.py -q -x ${TEST_ARGS:--k 256} \
       -p no:cacheprovider > "$OUT_DIR/$n-tests.log" 2>&1
     tail -n 1 "$OUT_DIR/$n-tests.log"
   fi
@@ -41,13 +45,19 @@ for n, lib in enumerate(libs, 1):
     if not files:
         continue
     for r in json.load(open(files[-1]))["results"]:
-        key = (r["direction"], r["causal"], r["seqlen"])
+        key = (r["headdim"], r.get("dtype", "bf16"), r["direction"], r["causal"], r["seqlen"])
         rows.setdefault(key, {})[(n, r["impl"])] = statistics.median(r["tflops"])
-print("flashback TFLOP/s (ours/sdpa_flash) per build: " + "  ".join(f"[{n}] {l}" for n, l in enumerate(libs, 1)))
-for key in sorted(rows, key=lambda k: ({"bwd": 0, "fwd": 1, "train": 2}.get(k[0], 3), not k[1], k[2])):
-    cells = []
+print("flashback TFLOP/s (ours/sdpa_flash) per build: " + "  ".join(f"[{n}] {l}" for n, l in enumerate(libs, 1))
+      + ("  | last/first ratio change" if len(libs) > 1 else ""))
+order = {"bwd": 0, "fwd": 1, "train": 2}
+for key in sorted(rows, key=lambda k: (k[0], k[1], order.get(k[2], 3), not k[3], k[4])):
+    cells, ratios = [], []
     for n in range(1, len(libs) + 1):
         ours, yard = rows[key].get((n, "flashback")), rows[key].get((n, "sdpa_flash"))
         cells.append(f"{ours:6.1f} ({ours / yard:.3f})" if ours and yard else "     -")
-    print(f"{key[0]:5} {'causal' if key[1] else 'full  '} {key[2]:6}  " + "  ".join(cells))
+        ratios.append(ours / yard if ours and yard else None)
+    change = (f"  | {ratios[-1] / ratios[0] - 1:+.1%}"
+              if len(libs) > 1 and ratios[0] and ratios[-1] else "")
+    print(f"d{key[0]:<4} {key[1]:5} {key[2]:5} {'causal' if key[3] else 'full  '} {key[4]:6}  "
+          + "  ".join(cells) + change)
 PYEOF
