@@ -142,7 +142,8 @@ def sweep_tag(seqlens, headdims, dtypes):
 
 def make_payload(device, commit, date, torch_version, results, **extra):
     """The result schema: {device, commit, date, torch, results: [{impl, direction, causal, batch,
-    seqlen, nheads, headdim, tflops: [run1, run2, run3]}]}. Rows may carry more keys (ms);
+    seqlen, nheads, headdim, tflops: [run1, run2, run3]}]}. Rows may carry more keys (ms, path, gpu:
+    the SM clock and power sampled after the timing);
     extra top-level keys (notes, method) are allowed."""
     payload = {"device": device, "commit": commit, "date": date, "torch": torch_version, "results": results}
     payload.update(extra)
@@ -352,13 +353,28 @@ def time_ms(fn, iters, warmup, repeats):
     return runs
 
 
-def measure(impl, q, k, v, dout, causal, iters, warmup, repeats, notes, paths=None, directions=DIRECTIONS):
+def gpu_state():
+    """The GPU's SM clock (MHz) and power draw (W) now, read through NVML by PyTorch, or {} where
+    that is not available. Sampled right after each timed measurement: a card at its power cap
+    runs at a lower clock, which is one way two dtypes or two builds can differ in speed."""
+    try:
+        import torch
+        return {"sm_clock_mhz": int(torch.cuda.clock_rate()), "power_w": round(torch.cuda.power_draw() / 1000.0, 1)}
+    except Exception:  # noqa: BLE001 - no GPU, no NVML binding, or an older PyTorch
+        return {}
+
+
+def measure(impl, q, k, v, dout, causal, iters, warmup, repeats, notes, paths=None, directions=DIRECTIONS,
+            states=None):
     """{direction or BWD_CALL: [ms per run]} for one implementation on one shape. An error
     before anything is measured propagates (the caller skips the implementation); one in the
     extra flashback_bwd_call measurement becomes a note. For flashback, `paths` (a dict) gets
     the backward kernels that ran ("sm90" or "reference: why") per timed key. `directions`
-    picks which of fwd, bwd, train are timed."""
+    picks which of fwd, bwd, train are timed. `states` (a dict), when given, gets gpu_state()
+    right after each timed key."""
     import torch
+    if states is None:
+        states = {}
     fwd = _forward_fn(impl, causal)
     out = fwd(q, k, v)  # also the check that the implementation takes the shape
     torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
@@ -366,11 +382,13 @@ def measure(impl, q, k, v, dout, causal, iters, warmup, repeats, notes, paths=No
     res = {}
     if "fwd" in directions:
         res["fwd"] = time_ms(lambda: fwd(q, k, v), iters, warmup, repeats)
+        states["fwd"] = gpu_state()
         if ours:
             import flashback
             paths["fwd"] = flashback.last_forward_path()
     if "bwd" in directions:
         res["bwd"] = time_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), iters, warmup, repeats)
+        states["bwd"] = gpu_state()
         if ours:
             import flashback
             paths["bwd"] = flashback.last_backward_path()
@@ -378,6 +396,7 @@ def measure(impl, q, k, v, dout, causal, iters, warmup, repeats, notes, paths=No
     if "train" in directions:
         # The training step as a model sees it: forward with autograd recording, then its backward.
         res["train"] = time_ms(lambda: torch.autograd.grad(fwd(q, k, v), (q, k, v), dout), iters, warmup, repeats)
+        states["train"] = gpu_state()
         if ours:
             import flashback
             f, b = flashback.last_forward_path(), flashback.last_backward_path()
@@ -437,10 +456,10 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
             for impl in impls:
                 if impl == "fa3" and dtype_name != "bf16":
                     continue  # the FlashAttention-3 build compared against is bf16 only
-                paths = {}
+                paths, states = {}, {}
                 try:
                     res = measure(impl, q, k, v, dout, causal, iters, warmup, repeats, payload["notes"], paths,
-                                  directions)
+                                  directions, states)
                 except Exception as e:  # noqa: BLE001 - a backend that rejects the shape is skipped
                     note = (f"{impl} d={headdim} {dtype_name} causal={causal} batch={batch} seqlen={seqlen} "
                             f"skipped: {_short(e)}")
@@ -454,6 +473,8 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
                                      dtype_name)
                     if key in paths:
                         row["path"] = paths[key]
+                    if states.get(key):
+                        row["gpu"] = states[key]
                     payload["results"].append(row)
                     print(f"{row_impl:>18} {direction} d={headdim} {dtype_name} causal={causal!s:5} "
                           f"{batch}x{seqlen:<6} TFLOP/s {'/'.join(f'{t:.1f}' for t in row['tflops'])}", flush=True)

@@ -181,3 +181,11 @@ def test_bad_seqlens_are_an_error(bad):
     res = _run("--seqlens", bad)
     assert res.returncode == 2
     assert "--seqlens" in res.stderr
+
+
+def test_gpu_state_is_empty_or_numbers(bench):
+    state = bench.gpu_state()
+    assert state == {} or (set(state) == {"sm_clock_mhz", "power_w"}
+                           and state["sm_clock_mhz"] > 0 and state["power_w"] > 0)
+    if not torch.cuda.is_available():
+        assert state == {}
