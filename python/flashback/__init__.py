@@ -10,7 +10,9 @@ from ._lib import FlashbackError, LibraryNotFoundError
 from .interface import attention, attention_backward, attention_forward
 from .varlen import attention_varlen
 from . import flash_attn_interface
-from .flash_attn_interface import flash_attn_func, flash_attn_varlen_func
+from .flash_attn_interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
+                                   flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
+                                   flash_attn_varlen_qkvpacked_func)
 from . import sdpa as _sdpa
 
 # Makes "flashback" known to torch.nn.attention.activate_flash_attention_impl; activates nothing.
@@ -20,7 +22,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "attention", "attention_forward", "attention_backward", "attention_varlen", "is_available", "last_forward_path", "last_backward_path",
-    "flash_attn_func", "flash_attn_varlen_func", "flash_attn_interface",
+    "flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "flash_attn_interface",
     "SUPPORTED_HEADDIMS", "FlashbackError", "LibraryNotFoundError", "__version__",
 ]
 

@@ -5,6 +5,15 @@ switches by changing an import.
     from flashback import flash_attn_func, flash_attn_varlen_func    # the same calls on flashback
     # or: from flashback.flash_attn_interface import ...  (as flash_attn.flash_attn_interface)
 
+The packed variants are here too: flash_attn_qkvpacked_func (qkv (batch, seqlen, 3, nheads,
+headdim)), flash_attn_kvpacked_func (kv (batch, seqlen_k, 2, nheads_k, headdim)),
+flash_attn_varlen_qkvpacked_func (qkv (total, 3, nheads, headdim)) and
+flash_attn_varlen_kvpacked_func (kv (total_k, 2, nheads_k, headdim)). They split the packed
+tensor into views (no copy: the kernels read the views of a contiguous packed tensor in place)
+and call flash_attn_func / flash_attn_varlen_func, so options, results and errors are theirs,
+after checking the packed shapes themselves. The gradient reaches the packed tensor through
+autograd (assembled from dq, dk, dv by one stack, where flash-attn 2 writes it in place).
+
 Convention: flash-attn 2.x, the `flash_attn` package (signatures as of 2.6-2.8): the same
 parameters in the same positional order, and the same results: `out`, or with
 return_attn_probs=True the triple `(out, softmax_lse, S_dmask)`. S_dmask is None: flash-attn 2
@@ -31,7 +40,8 @@ from torch import Tensor
 from . import interface as _interface
 from . import varlen as _varlen
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
+           "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func"]
 
 
 def _unsupported(option: str, value, why: str) -> NotImplementedError:
@@ -114,3 +124,106 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                         causal=causal, softmax_scale=softmax_scale,
                                         deterministic=bool(deterministic), return_lse=True)
     return (out, lse, None) if return_attn_probs else out
+
+
+# --- packed variants -------------------------------------------------------------------------
+
+def _shape_text(x) -> str:
+    return f"shape {tuple(x.shape)}" if isinstance(x, Tensor) else f"a {type(x).__name__}"
+
+
+def _unpack(name: str, x, layout: tuple[str, ...], packed_dim: int):
+    """x's views along packed_dim (q, k, v or k, v), after checking x has the layout's dims and
+    len(views) at packed_dim. layout names the dims, the packed one by its size ("3" or "2")."""
+    count = int(layout[packed_dim])
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape ({', '.join(layout)}), got {_shape_text(x)}")
+    if x.dim() != len(layout) or x.shape[packed_dim] != count:
+        raise ValueError(f"{name} must have shape ({', '.join(layout)}) with {count} at dim {packed_dim} "
+                         f"({'q, k, v' if count == 3 else 'k, v'} packed), got {_shape_text(x)}")
+    return x.unbind(packed_dim)
+
+
+def _check_q_against_kv(q, kv, dense: bool) -> None:
+    """q's layout, and the heads and head dim it shares with kv, checked with the packed names
+    (flashback.attention would name k)."""
+    layout = ("batch", "seqlen_q", "nheads", "headdim") if dense else ("total_q", "nheads", "headdim")
+    kv_layout = "(batch, seqlen_k, 2, nheads_k, headdim)" if dense else "(total_k, 2, nheads_k, headdim)"
+    if not isinstance(q, Tensor):
+        raise TypeError(f"q must be a torch.Tensor of shape ({', '.join(layout)}), got {_shape_text(q)}")
+    if q.dim() != len(layout):
+        raise ValueError(f"q must have shape ({', '.join(layout)}), got {_shape_text(q)}")
+    h, d = q.shape[-2], q.shape[-1]
+    hk, dk = kv.shape[-2], kv.shape[-1]
+    if dense and q.shape[0] != kv.shape[0]:
+        raise ValueError(f"q and kv must have the same batch size, got q {_shape_text(q)} and kv {_shape_text(kv)}")
+    if d != dk:
+        raise ValueError(f"q and kv must have the same headdim, got {d} (q {_shape_text(q)}) and {dk} "
+                         f"(kv {_shape_text(kv)}, {kv_layout})")
+    if hk < 1 or h % hk != 0:
+        raise ValueError(f"nheads of q ({h}) must be a multiple of nheads_k of kv ({hk}) (GQA/MQA); got q "
+                         f"{_shape_text(q)} and kv {_shape_text(kv)}, {kv_layout}")
+
+
+def _max_seqlen(value) -> int:
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"max_seqlen must be an int, got {type(value).__name__}") from None
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash-attn 2's flash_attn_qkvpacked_func on flashback: qkv (batch, seqlen, 3, nheads,
+    headdim), q, k, v along dim 2 (same heads; GQA is flash_attn_kvpacked_func). Returns out
+    (batch, seqlen, nheads, headdim), or (out, softmax_lse, None) when return_attn_probs."""
+    _check_options(dropout_p, softcap, alibi_slopes)
+    q, k, v = _unpack("qkv", qkv, ("batch", "seqlen", "3", "nheads", "headdim"), 2)
+    return flash_attn_func(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                           window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                           deterministic=deterministic, return_attn_probs=return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash-attn 2's flash_attn_kvpacked_func on flashback: q (batch, seqlen_q, nheads, headdim),
+    kv (batch, seqlen_k, 2, nheads_k, headdim), k and v along dim 2, nheads a multiple of nheads_k.
+    Returns out, or (out, softmax_lse, None) when return_attn_probs."""
+    _check_options(dropout_p, softcap, alibi_slopes)
+    k, v = _unpack("kv", kv, ("batch", "seqlen_k", "2", "nheads_k", "headdim"), 2)
+    _check_q_against_kv(q, kv, dense=True)
+    return flash_attn_func(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                           window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                           deterministic=deterministic, return_attn_probs=return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """flash-attn 2's flash_attn_varlen_qkvpacked_func on flashback: qkv (total, 3, nheads,
+    headdim), q, k, v along dim 1, sequence b in rows cu_seqlens[b] .. cu_seqlens[b+1] - 1 for
+    all three. Returns out (total, nheads, headdim), or (out, softmax_lse (nheads, total), None)
+    when return_attn_probs."""
+    _check_options(dropout_p, softcap, alibi_slopes)
+    q, k, v = _unpack("qkv", qkv, ("total", "3", "nheads", "headdim"), 1)
+    max_seqlen = _max_seqlen(max_seqlen)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p=dropout_p,
+                                  softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                                  softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic,
+                                  return_attn_probs=return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash-attn 2's flash_attn_varlen_kvpacked_func on flashback: q (total_q, nheads, headdim),
+    kv (total_k, 2, nheads_k, headdim), k and v along dim 1, nheads a multiple of nheads_k.
+    Returns out (total_q, nheads, headdim), or (out, softmax_lse (nheads, total_q), None) when
+    return_attn_probs."""
+    _check_options(dropout_p, softcap, alibi_slopes)
+    k, v = _unpack("kv", kv, ("total_k", "2", "nheads_k", "headdim"), 1)
+    _check_q_against_kv(q, kv, dense=False)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                                  window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                                  deterministic=deterministic, return_attn_probs=return_attn_probs)

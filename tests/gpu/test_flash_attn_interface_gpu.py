@@ -1,14 +1,18 @@
 """flashback's FlashAttention-2-compatible functions on an sm_90 GPU: FA's positional and keyword
 call patterns give what flashback.attention / flashback.attention_varlen give for the same
 arguments. Both run the same kernels, so outputs, LSE and (deterministic) gradients are compared
-bitwise; the correctness of those kernels is tests/gpu/test_attention.py's and test_varlen_gpu.py's."""
+bitwise; the correctness of those kernels is tests/gpu/test_attention.py's and test_varlen_gpu.py's.
+The packed variants (qkv / kv in one tensor) are compared with the unpacked calls on contiguous
+copies of the same q, k, v: outputs and LSE bitwise, the packed tensor's gradient against the
+unpacked gradients stacked (bitwise when deterministic)."""
 import math
 
 import pytest
 import torch
 
 import flashback
-from flashback import flash_attn_func, flash_attn_varlen_func
+from flashback import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func, flash_attn_varlen_func,
+                       flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func)
 
 pytestmark = pytest.mark.gpu
 HEADDIMS = [d for d in (128, 256) if d in flashback.SUPPORTED_HEADDIMS]
@@ -112,3 +116,122 @@ def test_unsupported_option_raises_on_the_gpu_too():
         flash_attn_func(q, k, v, 0.1)
     with pytest.raises(NotImplementedError, match="window_size"):
         flash_attn_func(q, k, v, window_size=(8, 0))
+
+
+# --- packed variants --------------------------------------------------------------------------
+
+def _unpacked(packed, dim):
+    """Contiguous leaf copies of the tensors packed along dim: what a caller of the unpacked
+    function would pass."""
+    return [t.clone(memory_format=torch.contiguous_format).requires_grad_() for t in packed.detach().unbind(dim)]
+
+
+def _check_packed(out, ref, lse, ref_lse, packed_leaves, ref_leaves, dout, deterministic):
+    """out and lse bitwise equal; packed_leaves' gradients equal to ref_leaves' gradients, the
+    packed tensor's against the unpacked ones stacked at its packed dim (given as
+    (tensor, dim, count) entries; a plain tensor compares with one ref leaf)."""
+    assert torch.equal(out, ref)
+    assert lse.dtype == torch.float32 and not lse.requires_grad and torch.equal(lse, ref_lse)
+    tensors = [p[0] if isinstance(p, tuple) else p for p in packed_leaves]
+    grads = torch.autograd.grad(out, tensors, dout)
+    ref_grads = list(torch.autograd.grad(ref, ref_leaves, dout))
+    for entry, grad in zip(packed_leaves, grads):
+        if isinstance(entry, tuple):
+            _, dim, count = entry
+            expect = torch.stack(ref_grads[:count], dim=dim)
+            del ref_grads[:count]
+        else:
+            expect = ref_grads.pop(0)
+        assert grad.shape == expect.shape
+        if deterministic:
+            assert torch.equal(grad, expect)
+        else:  # dQ summed with atomics: equal up to the order of the adds
+            torch.testing.assert_close(grad, expect, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("d", HEADDIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_qkvpacked_matches_flash_attn_func(d, causal, deterministic):
+    torch.manual_seed(1)
+    b, s, h = 2, 1000, 8
+    qkv = _randn(b, s, 3, h, d).requires_grad_()
+    q, k, v = _unpacked(qkv, 2)
+    dout, scale = _randn(b, s, h, d), 0.5 / math.sqrt(d)
+    out, lse, probs = flash_attn_qkvpacked_func(qkv, 0.0, scale, causal, deterministic=deterministic,
+                                                return_attn_probs=True)
+    assert probs is None and out.shape == (b, s, h, d) and lse.shape == (b, h, s)
+    ref, ref_lse, _ = flash_attn_func(q, k, v, 0.0, scale, causal, deterministic=deterministic,
+                                      return_attn_probs=True)
+    _check_packed(out, ref, lse, ref_lse, [(qkv, 2, 3)], [q, k, v], dout, deterministic)
+
+
+@pytest.mark.parametrize("d", HEADDIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_kvpacked_gqa_matches_flash_attn_func(d, causal, deterministic):
+    torch.manual_seed(2)
+    b, sq, sk, h, hk = 2, 517, 1000, 8, 2
+    q, kv = _randn(b, sq, h, d).requires_grad_(), _randn(b, sk, 2, hk, d).requires_grad_()
+    ref_q = q.detach().clone().requires_grad_()
+    k, v = _unpacked(kv, 2)
+    dout = _randn(b, sq, h, d)
+    out, lse, _ = flash_attn_kvpacked_func(q, kv, causal=causal, deterministic=deterministic, return_attn_probs=True)
+    ref, ref_lse, _ = flash_attn_func(ref_q, k, v, causal=causal, deterministic=deterministic,
+                                      return_attn_probs=True)
+    _check_packed(out, ref, lse, ref_lse, [q, (kv, 2, 2)], [ref_q, k, v], dout, deterministic)
+
+
+def _offsets(lengths):
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+
+
+@pytest.mark.parametrize("d", HEADDIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_varlen_qkvpacked_matches_flash_attn_varlen_func(d, causal, deterministic):
+    torch.manual_seed(3)
+    lengths, h = [17, 1000, 0, 300, 129], 8
+    cu, total, mx = _offsets(lengths), sum(lengths), max(lengths)
+    qkv = _randn(total, 3, h, d).requires_grad_()
+    q, k, v = _unpacked(qkv, 1)
+    dout, scale = _randn(total, h, d), 0.5 / math.sqrt(d)
+    out, lse, _ = flash_attn_varlen_qkvpacked_func(qkv, cu, mx, 0.0, scale, causal, deterministic=deterministic,
+                                                   return_attn_probs=True)
+    assert out.shape == (total, h, d) and lse.shape == (h, total)
+    ref, ref_lse, _ = flash_attn_varlen_func(q, k, v, cu, cu, mx, mx, 0.0, scale, causal,
+                                             deterministic=deterministic, return_attn_probs=True)
+    _check_packed(out, ref, lse, ref_lse, [(qkv, 1, 3)], [q, k, v], dout, deterministic)
+
+
+@pytest.mark.parametrize("d", HEADDIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_varlen_kvpacked_gqa_matches_flash_attn_varlen_func(d, causal, deterministic):
+    torch.manual_seed(4)
+    # Uneven lengths, queries shorter and longer than their keys (causal rows that see no key).
+    lengths_q, lengths_k, h, hk = [17, 700, 0, 300, 64], [40, 1000, 0, 128, 64], 8, 2
+    cu_q, cu_k = _offsets(lengths_q), _offsets(lengths_k)
+    q = _randn(sum(lengths_q), h, d).requires_grad_()
+    kv = _randn(sum(lengths_k), 2, hk, d).requires_grad_()
+    ref_q = q.detach().clone().requires_grad_()
+    k, v = _unpacked(kv, 1)
+    dout = _randn(sum(lengths_q), h, d)
+    mq, mk = max(lengths_q), max(lengths_k)
+    out, lse, _ = flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, mq, mk, causal=causal,
+                                                  deterministic=deterministic, return_attn_probs=True)
+    ref, ref_lse, _ = flash_attn_varlen_func(ref_q, k, v, cu_q, cu_k, mq, mk, causal=causal,
+                                             deterministic=deterministic, return_attn_probs=True)
+    _check_packed(out, ref, lse, ref_lse, [q, (kv, 1, 2)], [ref_q, k, v], dout, deterministic)
+
+
+def test_packed_shape_and_option_errors_on_the_gpu_too():
+    qkv, q = _randn(1, 64, 3, 4, 128), _randn(1, 64, 4, 128)
+    with pytest.raises(ValueError, match="qkv must have shape"):
+        flash_attn_qkvpacked_func(qkv[:, :, :2])
+    with pytest.raises(ValueError, match="nheads of q"):
+        flash_attn_kvpacked_func(q, _randn(1, 64, 2, 3, 128))
+    with pytest.raises(NotImplementedError, match="softcap"):
+        flash_attn_qkvpacked_func(qkv, softcap=30.0)
+    with pytest.raises(NotImplementedError, match="window_size"):
+        flash_attn_kvpacked_func(q, qkv[:, :, 1:], window_size=(8, 0))
