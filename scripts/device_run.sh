@@ -12,6 +12,7 @@
 #   OUT                where logs and results go (default ./logs)
 #   FLASHBACK_LIBRARY  the library under test (default build/libflashback.so)
 #   FLASHBACK_COMMIT   commit to name the result file by, for a copy of the tree without .git
+#                      or whose .git lags behind the files (set it to the commit of the build)
 #   BENCH_IMPLS        default flashback,sdpa_flash,cudnn,fa3 (fa3 when importable). "all" adds
 #                      sdpa_efficient: at ~40 TFLOP/s it alone takes ~2 minutes of the sweep, and
 #                      its numbers are in docs/perf-log.md already.
@@ -35,7 +36,7 @@ TIME_BUDGET=${TIME_BUDGET:-570}
 echo "== environment (also in $OUT_DIR/env.txt)"
 {
   date -u +"%Y-%m-%d %H:%M:%S UTC"
-  git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo "commit: ${FLASHBACK_COMMIT:-unknown (no .git)}"
+  echo "git HEAD: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo none); results named by: ${FLASHBACK_COMMIT:-git HEAD}"
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit,temperature.gpu --format=csv 2>&1
   $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())" 2>&1
   ls -l "$FLASHBACK_LIBRARY" 2>&1
