@@ -100,6 +100,9 @@ def _cases():
                 Case(4, 1000, 1000, 8, 1, d, causal),
                 Case(1, 4095, 4095, 2, 2, d, causal),
                 Case(2, 1000, 1000, 4, 4, d, causal, std=10.0),
+                # More Q blocks than SMs, most of them (causal) seeing no key: a CTA that walks
+                # several tiles meets empty ones between full ones.
+                Case(4, 2000, 113, 8, 2, d, causal),
             ]
         # fp16 at every head dim of the family.
         for d in (64, 128, 192, 256):
