@@ -138,3 +138,27 @@ def test_interface_traces_without_graph_break():
         gm_export = torch._dynamo.export(f)(q, k, k)
     targets = [str(n.target) for n in gm_export.graph_module.graph.nodes if n.op == "call_function"]
     assert any("flashback.fwd" in t for t in targets), targets
+
+
+@pytest.mark.parametrize("name", ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func"])
+def test_flash_attn_functions_trace_without_graph_break(name):
+    # FlashAttention-style calls inside torch.compile'd models: the drop-in functions, their
+    # option checks and the unpacking of packed inputs, traced by dynamo on fake CUDA tensors,
+    # end in flashback's forward op with no graph break.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from flashback import flash_attn_interface as fai
+
+    fn = getattr(fai, name)
+    with FakeTensorMode():
+        q = torch.empty(2, 64, 4, 128, dtype=BF16, device="cuda")
+        if name == "flash_attn_func":
+            args = (q, torch.empty(2, 80, 2, 128, dtype=BF16, device="cuda"),
+                    torch.empty(2, 80, 2, 128, dtype=BF16, device="cuda"))
+        elif name == "flash_attn_qkvpacked_func":
+            args = (torch.empty(2, 64, 3, 4, 128, dtype=BF16, device="cuda"),)
+        else:
+            args = (q, torch.empty(2, 80, 2, 2, 128, dtype=BF16, device="cuda"))
+        gm_export = torch._dynamo.export(lambda *a: fn(*a, causal=True))(*args)
+    targets = [str(n.target) for n in gm_export.graph_module.graph.nodes if n.op == "call_function"]
+    assert any("flashback.fwd" in t for t in targets), targets
