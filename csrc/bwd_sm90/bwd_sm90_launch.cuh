@@ -20,13 +20,7 @@
 
 #include <cstdlib>
 
-// A wrong barrier count or byte count would hang the GPU; trap instead once one wait has
-// spun for 1e12 cycles (~8 minutes at 2 GHz): far beyond any legitimate wait, even with the
-// GPU time-sliced or the process stopped in a debugger, yet a hang still ends. The GPU tests
-// build the Hopper primitives with a ~2 s limit. The spin reads clock64 only while waiting.
-#ifndef FLASHBACK_MBAR_TIMEOUT_CYCLES
-#define FLASHBACK_MBAR_TIMEOUT_CYCLES 1000000000000ll
-#endif
+#include "sm90/sm90_hang_guard.h"  // first: before anything includes the Hopper layer
 
 #include "bwd_sm90/bwd_sm90.h"
 #include "bwd_sm90/bwd_sm90_mainloop.cuh"

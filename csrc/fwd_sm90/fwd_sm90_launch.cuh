@@ -13,11 +13,7 @@
 
 #include <algorithm>
 
-// A wrong barrier count or byte count would hang the GPU; trap instead after ~8 minutes of
-// one wait (the same guard as the backward's, bwd_sm90_launch.cuh).
-#ifndef FLASHBACK_MBAR_TIMEOUT_CYCLES
-#define FLASHBACK_MBAR_TIMEOUT_CYCLES 1000000000000ll
-#endif
+#include "sm90/sm90_hang_guard.h"  // first: before anything includes the Hopper layer
 
 #include "fwd_sm90/fwd_sm90.h"
 #include "fwd_sm90/fwd_sm90_mainloop.cuh"
