@@ -229,6 +229,20 @@ def _device_error(index: int) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _build_error(lib, headdim: int, dtype_code: int | None) -> str | None:
+    """Why this build of the library cannot take the head dim (and dtype), or None. Cached per
+    library object: the answer is fixed at build time, and asking costs two foreign calls."""
+    if not lib.flashback_headdim_supported(headdim):
+        built = [d for d in SUPPORTED_HEADDIMS if lib.flashback_headdim_supported(d)]
+        return (f"headdim {headdim} is not supported by this build of flashback "
+                f"(built: {', '.join(map(str, built)) or 'none'})")
+    if dtype_code is not None and not lib.flashback_supports(headdim, dtype_code):
+        dtype = torch.float16 if dtype_code == _lib.DTYPE_FP16 else torch.bfloat16
+        return f"headdim {headdim} in {dtype} is not supported by this build of flashback"
+    return None
+
+
 def check_runtime(device: torch.device, headdim: int | None = None, dtype: torch.dtype | None = None) -> None:
     """Checks that need the real device: architecture, then the native library, then whether
     this build of it has the head dim (builds may leave head dims out)."""
@@ -237,9 +251,7 @@ def check_runtime(device: torch.device, headdim: int | None = None, dtype: torch
     if err is not None:
         raise ValueError(err)
     lib = _lib.load()
-    if headdim is not None and not lib.flashback_headdim_supported(headdim):
-        built = [d for d in SUPPORTED_HEADDIMS if lib.flashback_headdim_supported(d)]
-        raise ValueError(f"headdim {headdim} is not supported by this build of flashback "
-                         f"(built: {', '.join(map(str, built)) or 'none'})")
-    if headdim is not None and dtype is not None and not lib.flashback_supports(headdim, _lib.dtype_code(dtype)):
-        raise ValueError(f"headdim {headdim} in {dtype} is not supported by this build of flashback")
+    if headdim is not None:
+        err = _build_error(lib, headdim, None if dtype is None else _lib.dtype_code(dtype))
+        if err is not None:
+            raise ValueError(err)

@@ -28,7 +28,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_sca
     """
     _checks.check_forward_args(q, k, v, softmax_scale=softmax_scale)
     scale = _checks.check_scale(softmax_scale, q.shape[-1])
-    out, lse = torch.ops.flashback.fwd(q, k, v, scale, bool(causal), bool(deterministic))
+    if _ops.eager_ok(q, k, v):
+        out, lse = _ops.attention_eager(q, k, v, scale, bool(causal), bool(deterministic))
+    else:  # torch.compile, modes, subclasses: the op, which they see and trace
+        out, lse = torch.ops.flashback.fwd(q, k, v, scale, bool(causal), bool(deterministic))
     return (out, lse) if return_lse else out
 
 
@@ -39,6 +42,13 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     must not share memory with q, k or v."""
     d = _checks.check_forward_args(q, k, v, out, lse, softmax_scale)[-1]
     scale = _checks.check_scale(softmax_scale, d)
+    given = {n: t for n, t in (("out", out), ("lse", lse)) if t is not None}
+    if _ops.eager_ok(q, k, v, *given.values()):
+        _checks.check_no_aliasing(given, dict(q=q, k=k, v=v))
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
+        lse = _ops._empty_lse(q) if lse is None else lse
+        _ops._run_fwd(q, k, v, out, lse, scale, bool(causal))
+        return out, lse
     if out is None and lse is None:
         return torch.ops.flashback.fwd(q, k, v, scale, bool(causal), False)
     if out is None:
@@ -59,6 +69,13 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
     gradient tensor are fine)."""
     d = _checks.check_backward_args(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale)[-1]
     scale = _checks.check_scale(softmax_scale, d)
+    given = {n: t for n, t in (("dq", dq), ("dk", dk), ("dv", dv)) if t is not None}
+    if _ops.eager_ok(dout, q, k, v, out, lse, *given.values()):
+        _checks.check_no_aliasing(given, dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse))
+        dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) if g is None else g
+                      for g, x in ((dq, q), (dk, k), (dv, v)))
+        _ops._run_bwd(dout, q, k, v, out, lse, dq, dk, dv, scale, bool(causal), bool(deterministic))
+        return dq, dk, dv
     if dq is None and dk is None and dv is None:
         return torch.ops.flashback.bwd(dout, q, k, v, out, lse, scale, bool(causal), bool(deterministic))
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if dq is None else dq

@@ -162,3 +162,26 @@ def test_flash_attn_functions_trace_without_graph_break(name):
         gm_export = torch._dynamo.export(lambda *a: fn(*a, causal=True))(*args)
     targets = [str(n.target) for n in gm_export.graph_module.graph.nodes if n.op == "call_function"]
     assert any("flashback.fwd" in t for t in targets), targets
+
+
+def test_eager_fast_path_only_for_plain_cuda_tensors():
+    # What must still see flashback::fwd (fake tensors, dispatch modes, CPU tensors that the op
+    # rejects with its own message) is kept off the dispatcher-free path.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from flashback import ops
+
+    q, k, v = inputs()
+    assert not ops.eager_ok(q, k, v)  # CPU
+    with FakeTensorMode():
+        fq = torch.empty(1, 32, 4, 128, dtype=BF16, device="cuda")
+        assert not ops.eager_ok(fq, fq, fq)
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Passthrough():
+        assert ops._dispatch_stack_len() > 0
+    assert ops._dispatch_stack_len() == 0 and not ops._function_mode_on()

@@ -383,6 +383,49 @@ def test_torch_compile_matches_eager():
             assert torch.equal(c, e), f"{ctx}: compiled {name} differs from eager in {int((c != e).sum())} elements"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_eager_path_matches_the_op(causal):
+    """Eager calls on plain tensors skip the dispatcher (ops.eager_ok); the op path (what
+    torch.compile and modes see) must give the same bits: same kernels, deterministic dQ."""
+    from flashback import ops
+
+    case = Case(2, 1000, 700, 8, 2, 128, causal)
+    x = _make_inputs(case)
+    assert ops.eager_ok(x.q, x.k, x.v)
+
+    def through_op(q, k, v, causal, deterministic, return_lse):
+        out, lse = torch.ops.flashback.fwd(q, k, v, 1 / math.sqrt(q.shape[-1]), causal, deterministic)
+        return (out, lse) if return_lse else out
+
+    out_e, lse_e, grads_e = _attention_and_grads(flashback.attention, x, causal, True)
+    out_o, lse_o, grads_o = _attention_and_grads(through_op, x, causal, True)
+    assert out_e.grad_fn is not None and not lse_e.requires_grad
+    assert torch.equal(out_e, out_o) and torch.equal(lse_e, lse_o)
+    for name, e, o in zip(("dq", "dk", "dv"), grads_e, grads_o):
+        assert torch.equal(e, o), f"{name}: eager path differs from the op in {int((e != o).sum())} elements"
+    # The no-autograd entry points take the same path and give the same bits.
+    out_f, lse_f = flashback.attention_forward(x.q, x.k, x.v, causal=causal)
+    assert out_f.grad_fn is None and torch.equal(out_f, out_o) and torch.equal(lse_f, lse_o)
+    grads_b = flashback.attention_backward(x.dout, x.q, x.k, x.v, out_f, lse_f, causal=causal,
+                                           deterministic=True)
+    for name, b, o in zip(("dq", "dk", "dv"), grads_b, grads_o):
+        assert torch.equal(b, o), f"{name}: attention_backward differs from the op"
+    # Without grad mode the eager forward records nothing.
+    with torch.no_grad():
+        assert flashback.attention(*(t.clone().requires_grad_() for t in (x.q, x.k, x.v))).grad_fn is None
+
+
+@pytest.mark.gpu
+def test_eager_path_refuses_aliasing_outputs():
+    x = _make_inputs(Case(1, 128, 128, 2, 2, 128, False))
+    with pytest.raises(ValueError, match="overlaps the memory of input q"):
+        flashback.attention_forward(x.q, x.k, x.v, out=x.q)
+    out, lse = flashback.attention_forward(x.q, x.k, x.v)
+    with pytest.raises(ValueError, match="dk overlaps the memory of input k"):
+        flashback.attention_backward(x.dout, x.q, x.k, x.v, out, lse, dk=x.k)
+
+
 def _op_arguments(op, values):
     """Positional arguments for a custom op, picked by name from `values` in its schema's order
     (so the test follows the schema rather than repeating it)."""
