@@ -53,6 +53,18 @@ bool fwd_sm90_can_implement(const flashback_fwd_params& p, const char** why) {
   return reason == nullptr;
 }
 
+int fwd_sm90_sm_count() {
+  static int counts[64] = {};  // per device ordinal; 0 = not read yet (a race only reads twice)
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
+  if (counts[dev] == 0) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 132;
+    counts[dev] = n;
+  }
+  return counts[dev];
+}
+
 cudaError_t run_fwd_sm90(const flashback_fwd_params& p, cudaStream_t stream) {
   const FwdSm90Row* row = find_row(kTable, p.headdim);
   if (row == nullptr) return cudaErrorNotSupported;

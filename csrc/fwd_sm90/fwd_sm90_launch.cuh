@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                     const __grid_constant__ CUtensorMap map_v, const FwdSm90Params p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = fh::align_smem(smem_raw);
-  uint64_t* q_bar = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
+  auto* pipe_q = reinterpret_cast<fh::TmaPipeline<T::kQStages>*>(smem + T::kOffPipeQ);
   auto* pipe_k = reinterpret_cast<fh::TmaPipeline<T::kStages>*>(smem + T::kOffPipeK);
   auto* pipe_v = reinterpret_cast<fh::TmaPipeline<T::kStages>*>(smem + T::kOffPipeV);
 
@@ -40,23 +40,34 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     fh::tma_prefetch_map(&map_q);
     fh::tma_prefetch_map(&map_k);
     fh::tma_prefetch_map(&map_v);
-    fh::mbar_init(q_bar, 1);
+    pipe_q->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp after its O left
     pipe_k->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp
     pipe_v->init(T::kConsumerWarps);
   }
   __syncthreads();
 
-  const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, static_cast<int>(blockIdx.x));
-  if (!w.active) return;  // varlen: past the end of a shorter sequence (the whole CTA)
+  // Tiles blockIdx.x, + gridDim.x, ...: one per CTA unless the launch is persistent (a grid of
+  // one CTA per SM). Every thread computes the same work item, so all skip the same ones.
   if (wg == 0) {
     fh::setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == 0) {
       const FwdSm90Maps maps{&map_q, &map_k, &map_v};
-      fwd_sm90_producer<T>(p, maps, w, smem, q_bar, pipe_k, pipe_v);
+      fh::PipelineState<T::kQStages> sq;
+      fh::PipelineState<T::kStages> st;
+      for (int id = blockIdx.x; id < p.num_tiles; id += gridDim.x) {
+        const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
+        if (w.active) fwd_sm90_producer<T>(p, maps, w, smem, pipe_q, sq, pipe_k, pipe_v, st);
+      }
     }
   } else {
     fh::setmaxnreg_inc<T::kConsumerRegs>();
-    fwd_sm90_consumer<T>(p, w, smem, q_bar, pipe_k, pipe_v, wg - 1);
+    fh::PipelineState<T::kQStages> sq;
+    fh::PipelineState<T::kStages> st;
+    for (int id = blockIdx.x; id < p.num_tiles; id += gridDim.x) {
+      // varlen: a Q block past the end of a shorter sequence is no work (for the whole CTA)
+      const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
+      if (w.active) fwd_sm90_consumer<T>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg - 1);
+    }
   }
 }
 
@@ -100,7 +111,8 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(T::kSmemBytes));
   if (err != cudaSuccess) return err;
-  kernel<<<dim3(kp.num_tiles), T::kThreads, T::kSmemBytes, stream>>>(map_q, map_k, map_v, kp);
+  const int grid = T::kPersistent ? std::min(kp.num_tiles, fwd_sm90_sm_count()) : kp.num_tiles;
+  kernel<<<dim3(grid), T::kThreads, T::kSmemBytes, stream>>>(map_q, map_k, map_v, kp);
   return cudaGetLastError();
 }
 

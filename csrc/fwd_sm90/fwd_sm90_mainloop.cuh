@@ -10,8 +10,10 @@
 // GEMMs keep the tensor cores busy.
 //
 // Shared memory (128B-swizzled, 1024-aligned, all written by TMA; d/64 atom-columns each):
-//   Q            block_m rows x 128 B per atom-column (warpgroup w: rows 64w.., +8 KB)
+//   Q            kQStages x block_m rows x 128 B per atom-column (warpgroup w: rows 64w..,
+//                +8 KB); a tile's O is staged over its Q stage, which the epilogue then frees
 //   K_j, V_j     kv_stages x block_n rows x 128 B per atom-column
+// The rings run on across the tiles of a persistent CTA (fwd_sm90_launch.cuh).
 // (sizes per config in fwd_sm90.h).
 #pragma once
 
@@ -49,11 +51,17 @@ struct FwdSm90Traits {
   static constexpr uint32_t kKvAtomBytes = kBlockN * 128;
   static constexpr uint32_t kQBytes = kAtomCols * kQAtomBytes;
   static constexpr uint32_t kKvTileBytes = kAtomCols * kKvAtomBytes;
+  // Q goes through a ring too: its stage is freed by the tile's epilogue (O is staged over it),
+  // so with two stages a persistent CTA loads the next tile's Q while it stores this tile's O.
+  // Two when they fit (d <= 128), else one (the next Q then waits for the O copy-out).
+  static constexpr bool kPersistent = kCfg.persistent;
+  static constexpr int kQStages =
+      kAtomCols * kQAtomBytes * 2 + kStages * 2 * kKvTileBytes + 2048 <= 232448 ? 2 : 1;
   static constexpr uint32_t kOffQ = 0;
-  static constexpr uint32_t kOffK = kOffQ + kQBytes;
+  static constexpr uint32_t kOffK = kOffQ + kQStages * kQBytes;
   static constexpr uint32_t kOffV = kOffK + kStages * kKvTileBytes;
-  static constexpr uint32_t kOffBar = kOffV + kStages * kKvTileBytes;  // the Q barrier
-  static constexpr uint32_t kOffPipeK = kOffBar + 16;
+  static constexpr uint32_t kOffPipeQ = kOffV + kStages * kKvTileBytes;
+  static constexpr uint32_t kOffPipeK = kOffPipeQ + sizeof(fh::TmaPipeline<kQStages>);
   static constexpr uint32_t kOffPipeV = kOffPipeK + sizeof(fh::TmaPipeline<kStages>);
   static constexpr size_t kSmemBytes =
       1024 /* alignment slack */ + kOffPipeV + sizeof(fh::TmaPipeline<kStages>);
@@ -86,21 +94,19 @@ struct FwdSm90Maps {
 };
 
 // ------------------------------------------------------------------------------ producer ---
-// One thread: Q once (boxes of 64 d x block_m rows), then K_j and V_j (64 d x block_n rows) of
-// every step into their rings; K first, so S can start while V is still on its way.
+// One thread, one tile: K_0 and V_0 first (they stream while the consumers finish the previous
+// tile), then Q (once its stage is free: the previous user's O has left), then K_j and V_j of
+// every further step. The ring states carry over from tile to tile.
 template <class T>
 __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const FwdSm90Maps& m,
                                                   const FwdSm90Work& w, uint8_t* smem,
-                                                  uint64_t* q_bar,
+                                                  fh::TmaPipeline<T::kQStages>* pipe_q,
+                                                  fh::PipelineState<T::kQStages>& sq,
                                                   fh::TmaPipeline<T::kStages>* pipe_k,
-                                                  fh::TmaPipeline<T::kStages>* pipe_v) {
-  if (w.n_count == 0) return;  // nobody would wait for the copies
+                                                  fh::TmaPipeline<T::kStages>* pipe_v,
+                                                  fh::PipelineState<T::kStages>& st) {
   const int kv_head = w.head / p.group;
-  fh::mbar_arrive_expect_tx(q_bar, T::kQBytes);
-  tma_tile<T::kAtomCols>(smem + T::kOffQ, T::kQAtomBytes, m.q, q_bar, p.head_inner & 1,
-                         w.row_q + w.m_block * T::kBlockM, w.head, w.map_batch);
-  fh::PipelineState<T::kStages> st;
-  for (int j = 0; j < w.n_count; ++j) {
+  auto load_kv = [&](int j) {
     const int n0 = j * T::kBlockN;
     pipe_k->producer_acquire(st);
     pipe_k->producer_expect(st, T::kKvTileBytes);
@@ -113,7 +119,16 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
                            pipe_v->full_barrier(st), p.head_inner & 4, w.row_k + n0, kv_head,
                            w.map_batch);
     st.advance();
-  }
+  };
+  if (w.n_count > 0) load_kv(0);
+  // Q even when no key is seen (n_count = 0): the consumers stage that tile's O over it too.
+  pipe_q->producer_acquire(sq);
+  pipe_q->producer_expect(sq, T::kQBytes);
+  tma_tile<T::kAtomCols>(smem + T::kOffQ + sq.stage * T::kQBytes, T::kQAtomBytes, m.q,
+                         pipe_q->full_barrier(sq), p.head_inner & 1, w.row_q + w.m_block * T::kBlockM,
+                         w.head, w.map_batch);
+  sq.advance();
+  for (int j = 1; j < w.n_count; ++j) load_kv(j);
 }
 
 // ------------------------------------------------------------------------------ consumer ---
@@ -130,16 +145,20 @@ __device__ __forceinline__ float quad_sum(float x) {
 // One tile: this warpgroup's 64 query rows against K/V blocks 0 .. n_count - 1.
 template <class T>
 __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const FwdSm90Work& w,
-                                                  uint8_t* smem, uint64_t* q_bar,
+                                                  uint8_t* smem,
+                                                  fh::TmaPipeline<T::kQStages>* pipe_q,
+                                                  fh::PipelineState<T::kQStages>& sq,
                                                   fh::TmaPipeline<T::kStages>* pipe_k,
-                                                  fh::TmaPipeline<T::kStages>* pipe_v, int wg) {
+                                                  fh::TmaPipeline<T::kStages>* pipe_v,
+                                                  fh::PipelineState<T::kStages>& st, int wg) {
   constexpr int kS = T::kBlockN / 2;  // S accumulator registers (64 x block_n)
   const int t = threadIdx.x % 128;
   const bool warp_leader = (threadIdx.x % 32) == 0;
   const int m0 = w.m_block * T::kBlockM + 64 * wg;  // this warpgroup's first query row
   const int diag = w.seqlen_k - w.seqlen_q;         // causal: query i sees keys <= i + diag
   const int row0 = fh::acc_row(0, t);               // this thread's rows: row0, row0 + 8
-  const uint8_t* q_w = smem + T::kOffQ + 64 * wg * 128;
+  uint8_t* q_stage = smem + T::kOffQ + sq.stage * T::kQBytes;  // this tile's Q, then its O
+  const uint8_t* q_w = q_stage + 64 * wg * 128;
 
   // Ping-pong: the warpgroups issue their GEMM groups in turn (0, 1, .., 0, 1, ..), so the
   // tensor cores finish one warpgroup's S (and P V) before the next one's and that warpgroup's
@@ -171,7 +190,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   fh::zero_acc(o);
   float m_raw[2] = {-INFINITY, -INFINITY};  // running row max of S (unscaled)
   float l_part[2] = {0.f, 0.f};             // this thread's part of the row sums
-  if (w.n_count > 0) fh::mbar_wait(q_bar, 0);
+  pipe_q->consumer_wait(sq);
 
   // S = Q_w K_j^T into `acc` (one commit group). Zeroed first although the first wgmma ignores
   // it: its asm reads the accumulators; the operand fence keeps the zeroing before
@@ -270,7 +289,6 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   // while `a` (P_j) is still read by the wgmma in flight. Every wgmma group is waited for
   // inside its iteration: ptxas serialized all wgmmas when a group stayed in flight across the
   // back edge (docs/perf-log.md, backward v5), so the last block's P V is issued after the loop.
-  fh::PipelineState<T::kStages> st;
   if (w.n_count > 0) {
     turn_begin();
     issue_s(s, st);
@@ -305,6 +323,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(o);
     if (warp_leader) pipe_v->consumer_release(st);
+    st.advance();  // the next tile's first block
   }
 
   // Row sums over the quad; O / l and LSE = (m * scale_log2 + log2 l) * ln 2. A row that saw no
@@ -318,8 +337,14 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   }
   // Q of this warpgroup is read by no wgmma any more (its last S was waited for): the O tile
   // is staged over it.
-  store_out_and_lse<T::kHeadDim, T::kElem>(p, w, smem + T::kOffQ + 64 * wg * 128, T::kQAtomBytes,
+  store_out_and_lse<T::kHeadDim, T::kElem>(p, w, q_stage + 64 * wg * 128, T::kQAtomBytes,
                                            m0, t, T::kBarEpilogue0 + wg, o, inv, lse);
+  // This warp's reads of the staged O are done: the stage may take the next Q (a TMA write,
+  // async proxy, after generic-proxy writes and reads of the same bytes: fence first).
+  __syncwarp();
+  fh::fence_proxy_async_shared();
+  if (warp_leader) pipe_q->consumer_release(sq);
+  sq.advance();
 }
 
 }  // namespace sm90
