@@ -1,5 +1,7 @@
 // Hopper forward: which config serves a call (the table), whether the fast path takes it
 // (can_implement), and the dispatch to the instance.
+#include <atomic>
+
 #include "fwd_sm90/fwd_sm90.h"
 #include "sm90/sm90_common.h"
 #include "sm90/sm90_family.h"
@@ -54,15 +56,15 @@ bool fwd_sm90_can_implement(const flashback_fwd_params& p, const char** why) {
 }
 
 int fwd_sm90_sm_count() {
-  static int counts[64] = {};  // per device ordinal; 0 = not read yet (a race only reads twice)
+  static std::atomic<int> counts[64] = {};  // per device ordinal; 0 = not read yet
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
-  if (counts[dev] == 0) {
-    int n = 0;
+  int n = counts[dev].load(std::memory_order_relaxed);
+  if (n == 0) {
     if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 132;
-    counts[dev] = n;
+    counts[dev].store(n, std::memory_order_relaxed);  // two threads at once both store the same
   }
-  return counts[dev];
+  return n;
 }
 
 cudaError_t run_fwd_sm90(const flashback_fwd_params& p, cudaStream_t stream) {

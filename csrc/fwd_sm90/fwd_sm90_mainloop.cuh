@@ -6,8 +6,8 @@
 //   online softmax          row max / sum in registers (a row lives in the 4 lanes of a quad)
 //   O = alpha O + P V_j     RS, m64 n(d), K = block_n; A = P as 16-bit fragments converted in
 //                           place from the S accumulator, B = V_j read N-major (trans-b)
-// The warpgroups share nothing but the K/V stages, so while one does its softmax the others'
-// GEMMs keep the tensor cores busy.
+// The warpgroups share nothing but the Q and K/V stages, so while one does its softmax the
+// others' GEMMs keep the tensor cores busy.
 //
 // Shared memory (128B-swizzled, 1024-aligned, all written by TMA; d/64 atom-columns each):
 //   Q            kQStages x block_m rows x 128 B per atom-column (warpgroup w: rows 64w..,
@@ -56,7 +56,7 @@ struct FwdSm90Traits {
   // Two when they fit (d <= 128), else one (the next Q then waits for the O copy-out).
   static constexpr bool kPersistent = kCfg.persistent;
   static constexpr int kQStages =
-      kAtomCols * kQAtomBytes * 2 + kStages * 2 * kKvTileBytes + 2048 <= 232448 ? 2 : 1;
+      kPersistent && kAtomCols * kQAtomBytes * 2 + kStages * 2 * kKvTileBytes + 2048 <= 232448 ? 2 : 1;
   static constexpr uint32_t kOffQ = 0;
   static constexpr uint32_t kOffK = kOffQ + kQStages * kQBytes;
   static constexpr uint32_t kOffV = kOffK + kStages * kKvTileBytes;
@@ -341,8 +341,8 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
                                            m0, t, T::kBarEpilogue0 + wg, o, inv, lse);
   // This warp's reads of the staged O are done: the stage may take the next Q (a TMA write,
   // async proxy, after generic-proxy writes and reads of the same bytes: fence first).
+  fh::fence_proxy_async_shared();  // every lane, before the warp's release
   __syncwarp();
-  fh::fence_proxy_async_shared();
   if (warp_leader) pipe_q->consumer_release(sq);
   sq.advance();
 }
