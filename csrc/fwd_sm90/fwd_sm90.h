@@ -30,7 +30,6 @@ struct FwdSm90Config {
   int producer_regs;  // setmaxnreg of the TMA warpgroup
   int consumer_regs;  // setmaxnreg of the MMA warpgroups
   bool pingpong;      // the consumer warpgroups take turns issuing their GEMMs (mainloop)
-  bool persistent;    // one CTA per SM walks many tiles (else one CTA per tile)
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -46,10 +45,10 @@ struct FwdSm90Config {
 // Ping-pong (the warpgroups issue their GEMMs in turn) measured +3 to +8% at d = 64 (three
 // warpgroups, softmax as costly as the GEMMs) and -0 to -6% at d = 128 and 256, mixed at 192
 // (docs/perf-log.md, "Forward ping-pong"): on at d = 64 only.
-constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true};
+constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false};
+constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false};
+constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false};
 
 struct FwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k
@@ -78,6 +77,10 @@ bool fwd_sm90_can_implement(const flashback_fwd_params& p, const char** why);
 
 // SMs of the current device, read once per process and device (the persistent grid).
 int fwd_sm90_sm_count();
+
+// Whether the call runs a persistent grid (one CTA per SM walking tiles) rather than one CTA
+// per tile (fwd_sm90_launch.cu says when and why).
+bool fwd_sm90_persistent(const flashback_fwd_params& p);
 
 // Runs the forward on `stream`. Returns cudaErrorNotSupported without launching anything when
 // a tensor map cannot be encoded (the caller then takes the reference path).

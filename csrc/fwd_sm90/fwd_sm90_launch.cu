@@ -55,6 +55,18 @@ bool fwd_sm90_can_implement(const flashback_fwd_params& p, const char** why) {
   return reason == nullptr;
 }
 
+// A tile's fixed costs (its Q load and the wait for the first K/V, the epilogue) are hidden by
+// a persistent CTA under its previous tile, which pays when tiles are short: measured (H200,
+// docs/perf-log.md "Persistent forward") +8 to +21% at seqlen 512-1024 and up to +9% at 2048.
+// With long rows the fixed costs are small and the static tile stride costs more than they do:
+// causal tiles then vary in length, and the longest-first order that a one-CTA-per-tile grid
+// keeps (the hardware hands a free SM the next tile) is lost, -4 to -32% at 4096-16384 and
+// already -7 to -23% at 1024-2048 for the causal d = 192 / 256 rows (few, long tiles).
+bool fwd_sm90_persistent(const flashback_fwd_params& p) {
+  if (p.seqlen_k > 2048) return false;  // varlen: the longest sequence
+  return !p.causal || p.headdim <= 128;
+}
+
 int fwd_sm90_sm_count() {
   static std::atomic<int> counts[64] = {};  // per device ordinal; 0 = not read yet
   int dev = 0;

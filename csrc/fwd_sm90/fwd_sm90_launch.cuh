@@ -111,7 +111,7 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(T::kSmemBytes));
   if (err != cudaSuccess) return err;
-  const int grid = T::kPersistent ? std::min(kp.num_tiles, fwd_sm90_sm_count()) : kp.num_tiles;
+  const int grid = fwd_sm90_persistent(p) ? std::min(kp.num_tiles, fwd_sm90_sm_count()) : kp.num_tiles;
   kernel<<<dim3(grid), T::kThreads, T::kSmemBytes, stream>>>(map_q, map_k, map_v, kp);
   return cudaGetLastError();
 }

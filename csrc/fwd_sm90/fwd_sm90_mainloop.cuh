@@ -54,9 +54,8 @@ struct FwdSm90Traits {
   // Q goes through a ring too: its stage is freed by the tile's epilogue (O is staged over it),
   // so with two stages a persistent CTA loads the next tile's Q while it stores this tile's O.
   // Two when they fit (d <= 128), else one (the next Q then waits for the O copy-out).
-  static constexpr bool kPersistent = kCfg.persistent;
   static constexpr int kQStages =
-      kPersistent && kAtomCols * kQAtomBytes * 2 + kStages * 2 * kKvTileBytes + 2048 <= 232448 ? 2 : 1;
+      kAtomCols * kQAtomBytes * 2 + kStages * 2 * kKvTileBytes + 2048 <= 232448 ? 2 : 1;
   static constexpr uint32_t kOffQ = 0;
   static constexpr uint32_t kOffK = kOffQ + kQStages * kQBytes;
   static constexpr uint32_t kOffV = kOffK + kStages * kKvTileBytes;
