@@ -93,8 +93,11 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
   // (batch, q head) pairs whose K and V (4 d bytes per key row and kv head) fill ~32 MB of L2.
   const int pairs = p.batch * p.nheads;
   const int64_t kv_bytes_per_pair = int64_t{4} * T::kHeadDim * std::max(1, p.seqlen_k);
-  kp.l2_group = static_cast<int>(std::max<int64_t>(
-      1, std::min<int64_t>(pairs, (int64_t{32} << 20) * kp.group / kv_bytes_per_pair)));
+  // Without causal masking every Q block of a pair walks the same K/V: the Q blocks of one pair
+  // go fastest (a group of one pair), so the CTAs sharing a K/V block run at the same time and
+  // it comes from DRAM once. Causal keeps the groups for its longest-first order.
+  kp.l2_group = p.causal ? static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>(pairs, (int64_t{32} << 20) * kp.group / kv_bytes_per_pair))) : 1;
   kp.causal = p.causal ? 1 : 0;
   kp.head_inner = (hi[0] ? 1 : 0) | (hi[1] ? 2 : 0) | (hi[2] ? 4 : 0);
   kp.scale_log2 = p.softmax_scale * 1.4426950408889634f;
