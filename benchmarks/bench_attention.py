@@ -334,8 +334,21 @@ def _forward_fn(impl, causal):
     return sdpa
 
 
+# --queue-ahead: the GPU first sleeps this long per timed call (clock cycles at ~2 GHz, 1.5 ms:
+# longer than the host needs to issue one training step),
+# so the host has queued every call before the first one runs.
+QUEUE_AHEAD_CYCLES_PER_CALL = 3_000_000
+QUEUE_AHEAD = False
+
+
 def time_ms(fn, iters, warmup, repeats):
-    """Median milliseconds of `iters` calls, measured with CUDA events per call, `repeats` times."""
+    """Median milliseconds of `iters` calls, measured with CUDA events per call, `repeats` times.
+
+    Each event pair brackets one call on the GPU. When a call's kernels take less time than the
+    host needs to issue the next call, the GPU waits for the host between the events and the
+    pair measures host time too (what an eager program that cannot run ahead sees). With
+    QUEUE_AHEAD (--queue-ahead) the GPU sleeps before each run until all its calls are queued,
+    so the pairs measure GPU time only (what a program whose host runs ahead sees)."""
     import torch
     for _ in range(warmup):
         fn()
@@ -344,6 +357,8 @@ def time_ms(fn, iters, warmup, repeats):
     for _ in range(repeats):
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        if QUEUE_AHEAD:
+            torch.cuda._sleep(QUEUE_AHEAD_CYCLES_PER_CALL * iters)
         for s, e in zip(starts, ends):
             s.record()
             fn()
@@ -430,7 +445,9 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
                            notes=[], method=(f"FlashAttention FLOP convention (fwd 4*b*s^2*h*d, /2 causal; bwd 2.5x); "
                                              f"median of {iters} CUDA-event-timed calls after {warmup} warm-up, "
                                              f"{repeats} repeats; bwd = autograd.grad after one forward; "
-                                             f"{BWD_CALL} = raw attention_backward call"))
+                                             f"{BWD_CALL} = raw attention_backward call"
+                                             + ("; queue-ahead: the GPU sleeps until every timed call of a run "
+                                                "is queued (GPU time, no host time)" if QUEUE_AHEAD else "")))
     if tag:
         payload["tag"] = tag
     if "fa3" in impls:
@@ -512,6 +529,9 @@ def main(argv=None):
     p.add_argument("--seqlens", default="main",
                    help="main (4096,8192,16384), short (512,1024,2048), all, or a comma-separated list of "
                         f"divisors of {TOKENS}; batch = {TOKENS} / seqlen")
+    p.add_argument("--queue-ahead", action="store_true",
+                   help="let the host queue every timed call before the GPU runs the first (GPU time only; "
+                        "without it, calls shorter than the host's work per call measure the host too)")
     p.add_argument("--summarize", metavar="JSON", help="print the table of a result file (with --plot: its PNG) and exit")
     a = p.parse_args(argv)
 
@@ -556,8 +576,10 @@ def main(argv=None):
     if problem:
         print(f"bench_attention: nothing to benchmark: {problem}.")
         return 0
-    run_sweep(impls, iters, warmup, a.repeats, a.out, a.plot, directions, headdims, dtypes, shapes_for(seqlens),
-              sweep_tag(seqlens, headdims, dtypes))
+    global QUEUE_AHEAD
+    QUEUE_AHEAD = a.queue_ahead
+    tag = "-".join(t for t in (sweep_tag(seqlens, headdims, dtypes), "qa" if a.queue_ahead else "") if t)
+    run_sweep(impls, iters, warmup, a.repeats, a.out, a.plot, directions, headdims, dtypes, shapes_for(seqlens), tag)
     return 0
 
 
