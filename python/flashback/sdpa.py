@@ -86,13 +86,19 @@ class _Backend:
         return None
 
     def forward(self, q, k, v, out, lse, scale, causal) -> None:
+        """For q, k, v and scale that `accepts` took in the same call, into out and lse freshly
+        allocated by the override: the argument checks and the aliasing check would find
+        nothing, so only the launch runs."""
         from . import ops
 
-        ops._launch_fwd(q, k, v, out, lse, scale, causal)
+        ops._run_fwd(q, k, v, out, lse, scale, causal)
 
     def backward(self, dout, q, k, v, out, lse, dq, dk, dv, scale, causal, deterministic) -> None:
         from . import ops
 
+        # The full check, unlike forward: dout, out and lse come from whoever called the public
+        # aten op, and _backward_inputs_decline looks at their shape and dtype only (not their
+        # device, nor out's last-dim stride).
         ops._launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, scale, causal, deterministic)
 
     def accepts_varlen(self, q, k, v, cu_q, cu_k, max_q, max_k, scale) -> str | None:
@@ -110,25 +116,15 @@ class _Backend:
         from . import varlen
 
         varlen.check_offset_values(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k)
-        if q.shape[0] == 0:
-            return
-        if k.shape[0] == 0:
-            out.zero_()
-            lse.fill_(float("inf"))
-            return
-        varlen._launch_fwd(q, k, v, cu_q, cu_k, max(max_q, 1), max(max_k, 1), out, lse, scale, causal)
+        varlen._run_fwd(q, k, v, cu_q, cu_k, max_q, max_k, out, lse, scale, causal)
 
     def varlen_backward(self, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dq, dk, dv, scale,
                         causal, deterministic) -> None:
         from . import varlen
 
         varlen.check_offset_values(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k)
-        if q.shape[0] == 0 or k.shape[0] == 0:
-            for g in (dq, dk, dv):
-                g.zero_()
-            return
-        varlen._launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max(max_q, 1), max(max_k, 1), dq, dk, dv,
-                           scale, causal, deterministic)
+        varlen._run_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dq, dk, dv, scale, causal,
+                        deterministic)
 
 
 @functools.lru_cache(maxsize=None)

@@ -15,6 +15,11 @@ The offsets' values are checked on the host (one small device-to-host copy per c
 synchronises with the current stream) so that bad offsets raise a clear error instead of
 giving wrong answers; the custom ops (flashback::varlen_fwd, varlen_bwd) have fake kernels, so
 torch.compile traces them (the value check then runs when the compiled graph executes).
+
+Eager calls on plain CUDA tensors skip the dispatcher as flashback.attention does (see ops): the
+custom-op wrapper and its autograd glue cost more host time than a short batch takes on the GPU.
+They run _VarlenAttention, over the same launch code as the ops, so both give the same bits;
+torch.compile, dispatch or function modes and tensor subclasses still get flashback::varlen_fwd.
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ import ctypes
 import torch
 from torch import Tensor
 
-from . import _checks, _lib
+from . import _checks, _lib, ops as _ops
 
 
 # --- validation ----------------------------------------------------------------------------
@@ -162,7 +167,27 @@ def _launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dq, dk, dv, s
         _lib.check(lib, lib.flashback_attention_backward(ctypes.byref(p)), "varlen backward")
 
 
-# --- custom ops ----------------------------------------------------------------------------
+def _run_fwd(q, k, v, cu_q, cu_k, max_q, max_k, out, lse, scale, causal) -> None:
+    """Into out and lse, for arguments whose metadata, offset values and device are checked."""
+    if q.shape[0] == 0:
+        return
+    if k.shape[0] == 0:  # no keys anywhere: every row sees none
+        out.zero_()
+        lse.fill_(float("inf"))
+        return
+    _launch_fwd(q, k, v, cu_q, cu_k, max(max_q, 1), max(max_k, 1), out, lse, scale, causal)
+
+
+def _run_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dq, dk, dv, scale, causal,
+             deterministic) -> None:
+    """Into dq, dk and dv, for arguments checked as for _run_fwd."""
+    if q.shape[0] == 0 or k.shape[0] == 0:  # no query sees a key: all gradients are 0
+        for g in (dq, dk, dv):
+            g.zero_()
+        return
+    _launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max(max_q, 1), max(max_k, 1), dq, dk, dv, scale,
+                causal, deterministic)
+
 
 def _outputs_fwd(q):
     total_q, h, _ = q.shape
@@ -170,24 +195,37 @@ def _outputs_fwd(q):
             torch.empty((h, total_q), dtype=torch.float32, device=q.device))
 
 
+def _varlen_forward_impl(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal):
+    """(out, lse) of arguments whose metadata is checked. The checks left need the offsets'
+    values and the real device, so they run here, on every path that launches."""
+    check_offset_values(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k)
+    _checks.check_runtime(q.device, q.shape[-1], q.dtype)
+    out, lse = _outputs_fwd(q)
+    _run_fwd(q, k, v, cu_q, cu_k, max_q, max_k, out, lse, scale, causal)
+    return out, lse
+
+
+def _varlen_backward_impl(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal,
+                          deterministic):
+    """(dq, dk, dv) of arguments whose metadata is checked (see _varlen_forward_impl)."""
+    check_offset_values(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k)
+    _checks.check_runtime(q.device, q.shape[-1], q.dtype)
+    dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+    _run_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dq, dk, dv, scale, causal, deterministic)
+    return dq, dk, dv
+
+
+# --- custom ops ----------------------------------------------------------------------------
+
 @torch.library.custom_op("flashback::varlen_fwd", mutates_args=(), device_types="cuda")
 def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
                deterministic: bool) -> tuple[Tensor, Tensor]:
     """(out, lse (nheads, total_q)). `deterministic` is for the autograd formula."""
+    # The op is public (torch.ops.flashback.varlen_fwd): it checks its arguments itself.
     check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale)
-    check_offset_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
-    _checks.check_runtime(q.device, q.shape[-1], q.dtype)
-    out, lse = _outputs_fwd(q)
-    if q.shape[0] == 0:
-        return out, lse
-    if k.shape[0] == 0:  # no keys anywhere: every row sees none
-        out.zero_()
-        lse.fill_(float("inf"))
-        return out, lse
-    _launch_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max(max_seqlen_q, 1), max(max_seqlen_k, 1), out, lse,
-                softmax_scale, causal)
-    return out, lse
+    return _varlen_forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                softmax_scale, causal)
 
 
 @varlen_fwd.register_fake
@@ -203,14 +241,8 @@ def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
                softmax_scale: float, causal: bool, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale)
     _check_bwd_like(dout, out, lse, q)
-    check_offset_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
-    _checks.check_runtime(q.device, q.shape[-1], q.dtype)
-    if q.shape[0] == 0 or k.shape[0] == 0:  # no query sees a key: all gradients are 0
-        return tuple(torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
-    dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
-    _launch_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max(max_seqlen_q, 1),
-                max(max_seqlen_k, 1), dq, dk, dv, softmax_scale, causal, deterministic)
-    return dq, dk, dv
+    return _varlen_backward_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                 max_seqlen_k, softmax_scale, causal, deterministic)
 
 
 def _check_bwd_like(dout, out, lse, q) -> None:
@@ -251,6 +283,41 @@ def _backward(ctx, dout, _dlse):
 torch.library.register_autograd("flashback::varlen_fwd", _backward, setup_context=_setup_context)
 
 
+# --- eager fast path -----------------------------------------------------------------------
+
+class _VarlenAttention(torch.autograd.Function):
+    """flashback::varlen_fwd with its autograd formula, minus the dispatcher (eager_ok inputs
+    whose metadata attention_varlen has checked)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, deterministic):
+        out, lse = _varlen_forward_impl(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.args = (max_q, max_k, scale, causal, deterministic)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        max_q, max_k, scale, causal, deterministic = ctx.args
+        # Autograd hands over dout with out's shape, dtype and device, which is what varlen_bwd's
+        # own metadata check would confirm; contiguous() as the op path's formula does, so both
+        # paths launch on the same tensors.
+        dq, dk, dv = _varlen_backward_impl(dout.contiguous(), q, k, v, out, lse, cu_q, cu_k, max_q,
+                                           max_k, scale, causal, deterministic)
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
+def _attention_varlen_eager(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, deterministic):
+    """(out, lse) of checked eager_ok inputs: what torch.ops.flashback.varlen_fwd returns, at
+    less host cost."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _VarlenAttention.apply(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, deterministic)
+    return _varlen_forward_impl(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal)
+
+
 # --- public API ----------------------------------------------------------------------------
 
 def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
@@ -262,6 +329,10 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_s
     d = check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                           softmax_scale)[-1]
     scale = _checks.check_scale(softmax_scale, d)
-    out, lse = torch.ops.flashback.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
-                                              int(max_seqlen_k), scale, bool(causal), bool(deterministic))
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), scale,
+            bool(causal), bool(deterministic))
+    if _ops.eager_ok(q, k, v, cu_seqlens_q, cu_seqlens_k):
+        out, lse = _attention_varlen_eager(*args)
+    else:  # torch.compile, modes, subclasses: the op, which they see and trace
+        out, lse = torch.ops.flashback.varlen_fwd(*args)
     return (out, lse) if return_lse else out

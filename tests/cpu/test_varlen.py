@@ -204,3 +204,130 @@ def test_varlen_autograd_and_compile(cpu_varlen_kernels):
                          dout=torch.full(q.shape, 2.0))
     for g, w in zip(grads, want):
         torch.testing.assert_close(g.float(), w.float(), atol=2e-2, rtol=2e-2)
+
+
+# --- eager fast path ------------------------------------------------------------------------
+
+def _fake_cuda_varlen():
+    q = torch.empty(30, 4, 128, dtype=BF16, device="cuda")
+    k = torch.empty(40, 2, 128, dtype=BF16, device="cuda")
+    cu_q = torch.empty(3, dtype=torch.int32, device="cuda")
+    cu_k = torch.empty(3, dtype=torch.int32, device="cuda")
+    return q, k, cu_q, cu_k
+
+
+def test_varlen_eager_path_only_for_plain_cuda_tensors(monkeypatch):
+    # CPU and fake tensors (torch.compile, FakeTensorMode) must reach flashback::varlen_fwd: the
+    # eager path reads the offsets on the host, which a fake tensor cannot give.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from flashback import ops
+
+    q, k, v = _packed()
+    assert not ops.eager_ok(q, k, v, _cu(0, 10, 30), _cu(0, 15, 40))
+
+    def no_eager(*args):
+        raise AssertionError("the eager path ran on fake tensors")
+
+    monkeypatch.setattr(fv, "_attention_varlen_eager", no_eager)
+    with FakeTensorMode():
+        fq, fk, cu_q, cu_k = _fake_cuda_varlen()
+        assert not ops.eager_ok(fq, fk, fk, cu_q, cu_k)
+        out, lse = flashback.attention_varlen(fq, fk, fk, cu_q, cu_k, 20, 25, causal=True, return_lse=True)
+    assert out.shape == (30, 4, 128) and lse.shape == (4, 30)
+
+
+def test_attention_varlen_traces_to_the_op():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def f(q, k, v, cu_q, cu_k):
+        return flashback.attention_varlen(q, k, v, cu_q, cu_k, 20, 25, causal=True)
+
+    with FakeTensorMode():
+        fq, fk, cu_q, cu_k = _fake_cuda_varlen()
+        gm = torch._dynamo.export(f)(fq, fk, fk, cu_q, cu_k).graph_module
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert any("flashback.varlen_fwd" in t for t in targets), targets
+
+
+@pytest.fixture
+def cpu_varlen_launches(monkeypatch):
+    """The eager path on CPU tensors: its launches replaced by the reference the test-only CPU
+    kernels compute, and no device check. Records the dout each backward launch got."""
+    douts = []
+
+    def launch_fwd(q, k, v, cu_q, cu_k, mq, mk, out, lse, scale, causal):
+        o, l = _per_sequence(q, k, v, cu_q, cu_k, scale, causal)
+        out.copy_(o)
+        lse.copy_(l)
+
+    def launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, mq, mk, dq, dk, dv, scale, causal, deterministic):
+        douts.append(dout)
+        for dst, g in zip((dq, dk, dv), _per_sequence(q, k, v, cu_q, cu_k, scale, causal, dout)):
+            dst.copy_(g)
+
+    monkeypatch.setattr(fv, "_launch_fwd", launch_fwd)
+    monkeypatch.setattr(fv, "_launch_bwd", launch_bwd)
+    monkeypatch.setattr(fv._checks, "check_runtime", lambda *a, **kw: None)
+    return douts
+
+
+def test_varlen_eager_autograd_matches_the_op(cpu_varlen_kernels, cpu_varlen_launches):
+    # The autograd.Function against the op's registered formula, on the same (reference) math:
+    # the same outputs, an lse without gradient, gradients for q, k, v only, and a dout made
+    # contiguous before the launch as the op path's formula does.
+    q, k, v = _packed()
+    cu_q, cu_k = _cu(0, 10, 10, 30), _cu(0, 15, 15, 40)
+    args = (cu_q, cu_k, 20, 25, 0.125, True, True)
+    leaves_e = [t.clone().requires_grad_() for t in (q, k, v)]
+    leaves_o = [t.clone().requires_grad_() for t in (q, k, v)]
+    out_e, lse_e = fv._attention_varlen_eager(*leaves_e, *args)
+    out_o, lse_o = torch.ops.flashback.varlen_fwd(*leaves_o, *args)
+    assert out_e.grad_fn is not None and not lse_e.requires_grad
+    assert torch.equal(out_e, out_o) and torch.equal(lse_e, lse_o)
+    dout = torch.randn(1, 4, 1).to(BF16).expand(q.shape)  # zero strides, as a broadcast loss gives
+    grads_e = torch.autograd.grad(out_e, leaves_e, dout)
+    grads_o = torch.autograd.grad(out_o, leaves_o, dout)
+    assert len(cpu_varlen_launches) == 1 and cpu_varlen_launches[0].is_contiguous()
+    for name, e, o in zip(("dq", "dk", "dv"), grads_e, grads_o):
+        assert torch.equal(e, o), name
+
+
+def test_varlen_eager_without_autograd_skips_the_function(cpu_varlen_launches, monkeypatch):
+    class NoFunction:
+        @staticmethod
+        def apply(*args):
+            raise AssertionError("the autograd.Function ran with nothing to record")
+
+    q, k, v = _packed()
+    args = (_cu(0, 10, 30), _cu(0, 15, 40), 20, 25, 0.125, False, False)
+    want = fv._attention_varlen_eager(q, k, v, *args)
+    monkeypatch.setattr(fv, "_VarlenAttention", NoFunction)
+    with torch.no_grad():
+        got = fv._attention_varlen_eager(*(t.clone().requires_grad_() for t in (q, k, v)), *args)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert fv._attention_varlen_eager(q, k, v, *args)[0].grad_fn is None  # nothing requires grad
+
+
+def test_varlen_eager_empty_batches_skip_the_launch(cpu_varlen_launches, monkeypatch):
+    # No keys at all: out 0, lse +inf, zero gradients, and nothing launched either way.
+    def no_launch(*args):
+        raise AssertionError("launched with no keys")
+
+    monkeypatch.setattr(fv, "_launch_fwd", no_launch)
+    monkeypatch.setattr(fv, "_launch_bwd", no_launch)
+    q, k, v = (t.requires_grad_() for t in _packed(total_k=0))
+    out, lse = fv._attention_varlen_eager(q, k, v, _cu(0, 10, 30), _cu(0, 0, 0), 20, 0, 0.125, False, False)
+    assert torch.equal(out, torch.zeros_like(out)) and bool(torch.isinf(lse).all())
+    grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    assert all(torch.equal(g, torch.zeros_like(g)) for g in grads)
+    q0 = torch.empty(0, 4, 64, dtype=BF16, requires_grad=True)
+    out0, lse0 = fv._attention_varlen_eager(q0, k, v, _cu(0, 0, 0), _cu(0, 0, 0), 0, 0, 0.125, True, False)
+    assert out0.shape == (0, 4, 64) and lse0.shape == (4, 0)
+
+
+def test_varlen_eager_checks_offset_values(cpu_varlen_launches):
+    # attention_varlen checks metadata only; the offsets' values are the eager path's to check.
+    q, k, v = _packed()
+    with pytest.raises(ValueError, match="must end at the number of rows"):
+        fv._attention_varlen_eager(q, k, v, _cu(0, 10, 29), _cu(0, 15, 40), 20, 25, 0.125, False, False)

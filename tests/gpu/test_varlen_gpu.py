@@ -125,3 +125,52 @@ def test_varlen_bad_offsets_raise_before_launch():
     bad[1] = bad[2] + 1
     with pytest.raises(ValueError, match="non-decreasing"):
         flashback.attention_varlen(q, k, v, bad, cu_k, mq, mk)
+
+
+EAGER_CASES = [
+    # lengths_q, lengths_k, nheads, nheads_k, headdim: empty sequences on either side, and
+    # a batch with no keys at all (handled without a launch, on both paths).
+    ([17, 0, 1000, 64], [1000, 9, 0, 200], 4, 2, 128),
+    ([17, 0, 1000, 64], [1000, 9, 0, 200], 4, 2, 256),
+    ([5, 7], [0, 0], 2, 1, 128),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", EAGER_CASES, ids=lambda c: _case_id((*c, False))[:-5])
+def test_eager_path_matches_the_op(case, causal):
+    """attention_varlen on plain tensors skips the dispatcher (ops.eager_ok); the op that
+    torch.compile and modes see must give the same bits: same launches, deterministic dQ."""
+    from flashback import ops
+
+    q, k, v, dout, cu_q, cu_k, mq, mk, causal = _make((*case, causal))
+    assert ops.eager_ok(q, k, v, cu_q, cu_k)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+
+    leaves_e = [t.clone().requires_grad_() for t in (q, k, v)]
+    out_e, lse_e = flashback.attention_varlen(*leaves_e, cu_q, cu_k, mq, mk, causal=causal,
+                                              deterministic=True, return_lse=True)
+    assert type(out_e.grad_fn).__name__ == "_VarlenAttentionBackward", out_e.grad_fn
+    assert not lse_e.requires_grad
+    grads_e = torch.autograd.grad(out_e, leaves_e, dout)
+
+    leaves_o = [t.clone().requires_grad_() for t in (q, k, v)]
+    out_o, lse_o = torch.ops.flashback.varlen_fwd(*leaves_o, cu_q, cu_k, mq, mk, scale, causal, True)
+    assert not lse_o.requires_grad
+    grads_o = torch.autograd.grad(out_o, leaves_o, dout)
+
+    assert torch.equal(out_e, out_o), f"out: eager path differs from the op in {int((out_e != out_o).sum())} elements"
+    assert torch.equal(lse_e, lse_o), "lse: eager path differs from the op"
+    for name, e, o in zip(("dq", "dk", "dv"), grads_e, grads_o):
+        assert torch.equal(e, o), f"{name}: eager path differs from the op in {int((e != o).sum())} elements"
+    # Without grad mode the eager forward records nothing and gives the same bits.
+    with torch.no_grad():
+        out_n = flashback.attention_varlen(*leaves_e, cu_q, cu_k, mq, mk, causal=causal)
+    assert out_n.grad_fn is None and torch.equal(out_n, out_o)
+
+
+def test_eager_path_checks_offset_values():
+    q, k, v, dout, cu_q, cu_k, mq, mk, causal = _make(EAGER_CASES[0] + (True,))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    with pytest.raises(ValueError, match="max_seqlen_k"):
+        flashback.attention_varlen(*leaves, cu_q, cu_k, mq, mk - 1, causal=True)
