@@ -11,8 +11,9 @@ max_seqlen_q / max_seqlen_k are at least the longest sequence length. The LSE is
 (nheads, total_q), fp32. Causal masking is bottom-right per sequence. No sequence reads or
 writes another's rows.
 
-The offsets' values are checked on the host (one small device-to-host copy per call, which
-synchronises with the current stream) so that bad offsets raise a clear error instead of
+The offsets' values are checked on the host (one small device-to-host copy per forward, which
+synchronises with the current stream; the eager backward trusts the forward's check of the
+offsets autograd saved) so that bad offsets raise a clear error instead of
 giving wrong answers; the custom ops (flashback::varlen_fwd, varlen_bwd) have fake kernels, so
 torch.compile traces them (the value check then runs when the compiled graph executes).
 
@@ -206,9 +207,13 @@ def _varlen_forward_impl(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal):
 
 
 def _varlen_backward_impl(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal,
-                          deterministic):
-    """(dq, dk, dv) of arguments whose metadata is checked (see _varlen_forward_impl)."""
-    check_offset_values(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k)
+                          deterministic, check_offsets=True):
+    """(dq, dk, dv) of arguments whose metadata is checked (see _varlen_forward_impl).
+    check_offsets=False: the offsets are the ones the forward checked, saved by autograd (whose
+    version check refuses them if they were modified in place since), so their values need no
+    second device-to-host read."""
+    if check_offsets:
+        check_offset_values(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k)
     _checks.check_runtime(q.device, q.shape[-1], q.dtype)
     dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
     _run_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dq, dk, dv, scale, causal, deterministic)
@@ -306,7 +311,7 @@ class _VarlenAttention(torch.autograd.Function):
         # own metadata check would confirm; contiguous() as the op path's formula does, so both
         # paths launch on the same tensors.
         dq, dk, dv = _varlen_backward_impl(dout.contiguous(), q, k, v, out, lse, cu_q, cu_k, max_q,
-                                           max_k, scale, causal, deterministic)
+                                           max_k, scale, causal, deterministic, check_offsets=False)
         return dq, dk, dv, None, None, None, None, None, None, None
 
 

@@ -331,3 +331,20 @@ def test_varlen_eager_checks_offset_values(cpu_varlen_launches):
     q, k, v = _packed()
     with pytest.raises(ValueError, match="must end at the number of rows"):
         fv._attention_varlen_eager(q, k, v, _cu(0, 10, 29), _cu(0, 15, 40), 20, 25, 0.125, False, False)
+
+
+def test_varlen_eager_backward_reads_the_offsets_once(cpu_varlen_launches, monkeypatch):
+    # The forward checked the offsets' values (a device-to-host read); the backward gets the
+    # same tensors from autograd, which refuses them if they were modified in place since, so
+    # it does not read them again.
+    reads = []
+    check = fv.check_offset_values
+    monkeypatch.setattr(fv, "check_offset_values", lambda *a: (reads.append(1), check(*a))[1])
+    q, k, v = (t.requires_grad_() for t in _packed())
+    cu_q, cu_k = _cu(0, 10, 30), _cu(0, 15, 40)
+    out, _ = fv._attention_varlen_eager(q, k, v, cu_q, cu_k, 20, 25, 0.125, True, False)
+    torch.autograd.grad(out, (q, k, v), torch.ones_like(out), retain_graph=True)
+    assert len(reads) == 1
+    cu_k.add_(0)  # an in-place write: the saved offsets are stale now
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
