@@ -11,9 +11,10 @@ max_seqlen_q / max_seqlen_k are at least the longest sequence length. The LSE is
 (nheads, total_q), fp32. Causal masking is bottom-right per sequence. No sequence reads or
 writes another's rows.
 
-The offsets' values are checked on the host (one small device-to-host copy per forward, which
-synchronises with the current stream; the eager backward trusts the forward's check of the
-offsets autograd saved) so that bad offsets raise a clear error instead of
+The offsets' values are checked on the host (one small device-to-host copy, which synchronises
+with the current stream, per offsets tensor and version: the layers of a model that share their
+offsets pay it once; the eager backward trusts the forward's check of the offsets autograd
+saved) so that bad offsets raise a clear error instead of
 giving wrong answers; the custom ops (flashback::varlen_fwd, varlen_bwd) have fake kernels, so
 torch.compile traces them (the value check then runs when the compiled graph executes).
 
@@ -25,6 +26,7 @@ torch.compile, dispatch or function modes and tensor subclasses still get flashb
 from __future__ import annotations
 
 import ctypes
+import weakref
 
 import torch
 from torch import Tensor
@@ -101,22 +103,50 @@ def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 def check_offset_values(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, total_q: int, total_k: int,
                         max_seqlen_q: int, max_seqlen_k: int) -> None:
     """The offsets' values: first 0, non-decreasing, last = total, no sequence longer than
-    max_seqlen. Reads them on the host."""
+    max_seqlen. Reads them on the host, once per offsets tensor and version (_offset_facts)."""
     for name, cu, total, mx, mx_name in (("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q, "max_seqlen_q"),
                                          ("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k, "max_seqlen_k")):
-        vals = cu.tolist()
-        if vals[0] != 0:
-            raise ValueError(f"{name} must start at 0, got {vals[0]}")
-        lengths = [b - a for a, b in zip(vals, vals[1:])]
-        bad = next((i for i, n in enumerate(lengths) if n < 0), None)
-        if bad is not None:
-            raise ValueError(f"{name} must be non-decreasing: entry {bad + 1} ({vals[bad + 1]}) is smaller "
-                             f"than entry {bad} ({vals[bad]})")
-        if vals[-1] != total:
-            raise ValueError(f"{name} must end at the number of rows ({total}), got {vals[-1]}")
-        if max(lengths) > mx:
-            raise ValueError(f"{mx_name} ({mx}) is smaller than the longest sequence ({max(lengths)}) "
+        last, longest = _offset_facts(name, cu)
+        if last != total:
+            raise ValueError(f"{name} must end at the number of rows ({total}), got {last}")
+        if longest > mx:
+            raise ValueError(f"{mx_name} ({mx}) is smaller than the longest sequence ({longest}) "
                              f"in {name}")
+
+
+# Offsets tensors whose values were read and found well-formed: id -> (weak reference, version
+# counter, data pointer, last offset, longest sequence). A model passes the same offsets to
+# every layer, and each read waits for the stream: one read per tensor and version instead of
+# one per call. An in-place write bumps the version and forces a new read; a tensor that has
+# died is never matched (its weak reference is dead), whatever reuses its id or memory.
+_OFFSET_FACTS: dict = {}
+_OFFSET_FACTS_MAX = 16
+
+
+def _offset_facts(name: str, cu: Tensor) -> tuple[int, int]:
+    """(last offset, longest sequence) of well-formed offsets (first 0, non-decreasing), read on
+    the host unless this tensor at this version was read before; raises on malformed ones."""
+    try:
+        key = (cu._version, cu.data_ptr())
+    except RuntimeError:  # inference tensors keep no version counter: always read
+        key = None
+    hit = _OFFSET_FACTS.get(id(cu)) if key is not None else None
+    if hit is not None and hit[0]() is cu and hit[1] == key:
+        return hit[2]
+    vals = cu.tolist()
+    if vals[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {vals[0]}")
+    lengths = [b - a for a, b in zip(vals, vals[1:])]
+    bad = next((i for i, n in enumerate(lengths) if n < 0), None)
+    if bad is not None:
+        raise ValueError(f"{name} must be non-decreasing: entry {bad + 1} ({vals[bad + 1]}) is smaller "
+                         f"than entry {bad} ({vals[bad]})")
+    facts = (vals[-1], max(lengths, default=0))
+    if key is not None:
+        if len(_OFFSET_FACTS) >= _OFFSET_FACTS_MAX:
+            _OFFSET_FACTS.pop(next(iter(_OFFSET_FACTS)))  # the oldest entry
+        _OFFSET_FACTS[id(cu)] = (weakref.ref(cu), key, facts)
+    return facts
 
 
 # --- launches ------------------------------------------------------------------------------

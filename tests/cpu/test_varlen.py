@@ -348,3 +348,27 @@ def test_varlen_eager_backward_reads_the_offsets_once(cpu_varlen_launches, monke
     cu_k.add_(0)  # an in-place write: the saved offsets are stale now
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+
+
+def test_offsets_are_read_once_per_tensor_and_version(monkeypatch):
+    # Each read of the offsets waits for the stream; a model passes the same offsets to every
+    # layer, so they are read once per tensor and version. A write in place is seen.
+    reads = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: (reads.append(1), tolist(t))[1])
+    cu_q, cu_k = _cu(0, 10, 30), _cu(0, 15, 40)
+    for _ in range(3):
+        fv.check_offset_values(cu_q, cu_k, 30, 40, 20, 25)
+    assert len(reads) == 2
+    # The facts stay checked against each call's totals and maxima.
+    with pytest.raises(ValueError, match="max_seqlen_k"):
+        fv.check_offset_values(cu_q, cu_k, 30, 40, 20, 24)
+    with pytest.raises(ValueError, match="must end at the number of rows"):
+        fv.check_offset_values(cu_q, cu_k, 31, 40, 20, 25)
+    assert len(reads) == 2
+    cu_k[1] = 41  # in place: the version moves, the values are read again
+    with pytest.raises(ValueError, match="non-decreasing"):
+        fv.check_offset_values(cu_q, cu_k, 30, 40, 20, 25)
+    assert len(reads) == 3  # cu_k only
+    fv.check_offset_values(cu_q, _cu(0, 15, 40), 30, 40, 20, 25)  # another tensor: read
+    assert len(reads) == 4
