@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Where a kernel's warps wait, by SASS instruction: a summary of an Nsight Compute source page.
+
+    ncu --set full -k regex:fwd_sm90_kernel -s 1 -c 1 -o prof python3 scripts/profile_attention.py ...
+    ncu -i prof.ncu-rep --page source --csv --print-source sass > prof-sass.csv
+    python3 scripts/sass_hotspots.py prof-sass.csv [--top 25]
+
+Prints the stall samples per reason over the whole kernel, then the instructions with the most
+samples (address, SASS, samples, the main reasons), then the samples per opcode.
+"""
+import argparse
+import collections
+import csv
+import re
+
+
+def rows(path):
+    with open(path, newline="") as f:
+        lines = list(csv.reader(f))
+    # The first line names the kernel; the header is the first line with "Address" and "Source".
+    start = next(i for i, r in enumerate(lines) if r[:2] == ["Address", "Source"])
+    header = lines[start]
+    for r in lines[start + 1:]:
+        if len(r) == len(header):
+            yield dict(zip(header, r))
+
+
+def num(x):
+    try:
+        return float(x.replace(",", ""))
+    except (ValueError, AttributeError):
+        return 0.0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("csv")
+    ap.add_argument("--top", type=int, default=25)
+    a = ap.parse_args()
+    data = list(rows(a.csv))
+    reasons = [k for k in data[0] if k.startswith("stall_") and "Not Issued" not in k]
+    total = sum(num(r["Warp Stall Sampling (All Samples)"]) for r in data)
+    print(f"{len(data)} instructions, {total:.0f} samples")
+    by_reason = {k: sum(num(r[k]) for r in data) for k in reasons}
+    print("samples per reason: " + ", ".join(f"{k[6:]} {v / total:.1%}" for k, v in
+                                              sorted(by_reason.items(), key=lambda kv: -kv[1]) if v > 0.005 * total))
+    print(f"\ntop {a.top} instructions (share of samples; main reasons)")
+    for r in sorted(data, key=lambda r: -num(r["Warp Stall Sampling (All Samples)"]))[:a.top]:
+        s = num(r["Warp Stall Sampling (All Samples)"])
+        main_reasons = sorted(((num(r[k]), k[6:]) for k in reasons), reverse=True)[:3]
+        why = ", ".join(f"{n} {v / s:.0%}" for v, n in main_reasons if v > 0)
+        print(f"  {r['Address']:>6} {s / total:6.1%}  {r['Source'][:60]:60}  {why}")
+    ops = collections.Counter()
+    for r in data:
+        m = re.match(r"\s*(@!?U?P\w+\s+)?([A-Z0-9_]+(\.[A-Z0-9_]+)?)", r["Source"])
+        ops[m.group(2) if m else "?"] += num(r["Warp Stall Sampling (All Samples)"])
+    print("\nsamples per opcode: " + ", ".join(f"{k} {v / total:.1%}" for k, v in ops.most_common(15)))
+
+
+if __name__ == "__main__":
+    main()
