@@ -21,10 +21,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_sca
               deterministic: bool = False, return_lse: bool = False):
     """Differentiable softmax(scale * q k^T) v. Returns out, or (out, lse) when return_lse.
 
-    deterministic: the gradients are bitwise reproducible run to run (head dim 256: the Hopper
-    backward with the dQ adds in a fixed order, ~0.9x the default speed; other head dims: the
-    atomic-free reference backward). When False, dQ is summed with atomics. The returned lse
-    carries no gradient.
+    deterministic: the gradients are bitwise reproducible run to run (the Hopper backward with
+    the dQ adds of each tile in a fixed order: ~0.9x the default speed at head dim 256; the
+    reference backward, which has no atomics, where the Hopper path declines the layout). When
+    False, dQ is summed with atomics. The returned lse carries no gradient.
     """
     _checks.check_forward_args(q, k, v, softmax_scale=softmax_scale)
     scale = _checks.check_scale(softmax_scale, q.shape[-1])
