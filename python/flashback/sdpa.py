@@ -268,14 +268,17 @@ def _deterministic_decline(is_causal) -> str | None:
 
 def _backward_inputs_decline(grad_out, query, out, logsumexp, lse_shape) -> str | None:
     """What a served backward needs besides q, k, v: dout and out of q's shape and dtype, and
-    the fp32 LSE of the forward's shape (any strides: it is made contiguous). Otherwise the call
-    falls through (e.g. an LSE merged by a caller in another layout)."""
+    the fp32 LSE of the forward's shape (any strides: it is made contiguous), all on q's device
+    (the kernels would take another device's pointer as their own). Otherwise the call falls
+    through (e.g. an LSE merged by a caller in another layout)."""
     for x in (grad_out, out):
         if not isinstance(x, torch.Tensor) or x.shape != query.shape or x.dtype != query.dtype:
             return "dout or out not of q's shape and dtype"
     if (not isinstance(logsumexp, torch.Tensor) or logsumexp.dtype != torch.float32
             or tuple(logsumexp.shape) != tuple(lse_shape)):
         return "logsumexp not fp32 of the forward's shape"
+    if any(x.device != query.device for x in (grad_out, out, logsumexp)):
+        return "dout, out or logsumexp on another device than q"
     return None
 
 

@@ -502,3 +502,17 @@ def test_backward_takes_a_strided_lse_and_declines_a_foreign_one(cpu_provider):
     BWD(dout, q, k, v, out, lse.double(), None, None, 33, 33, 0.0, True, torch.zeros(2, dtype=torch.uint64),
         torch.zeros((), dtype=torch.uint64), scale=0.0625)
     assert (backend.backward_calls, torch_kernel.calls) == (1, 1)
+
+
+def test_backward_inputs_on_another_device_fall_through():
+    # The kernels would take a pointer of another device as their own: such a backward call
+    # goes to PyTorch's kernel instead.
+    q = torch.randn(2, 4, 16, 64)
+    lse_shape = (2, 4, 16)
+    ok = sdpa._backward_inputs_decline(q.clone(), q, q.clone(), torch.zeros(lse_shape), lse_shape)
+    assert ok is None
+    for i in range(3):
+        args = [q.clone(), q.clone(), torch.zeros(lse_shape)]
+        args[i] = args[i].to("meta")
+        why = sdpa._backward_inputs_decline(args[0], q, args[1], args[2], lse_shape)
+        assert why == "dout, out or logsumexp on another device than q", i
