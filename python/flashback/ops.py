@@ -224,13 +224,18 @@ def _new_fwd(q, k, v, softmax_scale, causal):
 class _Attention(torch.autograd.Function):
     """flashback::fwd with its autograd formula, minus the dispatcher (eager_ok inputs only)."""
 
+    # forward without ctx plus setup_context: the form torch.func transforms (grad) accept.
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale, causal, deterministic):
-        out, lse = _new_fwd(q, k, v, softmax_scale, causal)
+    def forward(q, k, v, softmax_scale, causal, deterministic):
+        return _new_fwd(q, k, v, softmax_scale, causal)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, softmax_scale, causal, deterministic = inputs
+        out, lse = output
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
         ctx.mark_non_differentiable(lse)
-        return out, lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable

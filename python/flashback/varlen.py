@@ -324,13 +324,18 @@ class _VarlenAttention(torch.autograd.Function):
     """flashback::varlen_fwd with its autograd formula, minus the dispatcher (eager_ok inputs
     whose metadata attention_varlen has checked)."""
 
+    # forward without ctx plus setup_context: the form torch.func transforms (grad) accept.
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, deterministic):
-        out, lse = _varlen_forward_impl(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal)
+    def forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, deterministic):
+        return _varlen_forward_impl(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, deterministic = inputs
+        out, lse = output
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
         ctx.args = (max_q, max_k, scale, causal, deterministic)
         ctx.mark_non_differentiable(lse)
-        return out, lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable

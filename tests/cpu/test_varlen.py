@@ -372,3 +372,16 @@ def test_offsets_are_read_once_per_tensor_and_version(monkeypatch):
     assert len(reads) == 3  # cu_k only
     fv.check_offset_values(cu_q, _cu(0, 15, 40), 30, 40, 20, 25)  # another tensor: read
     assert len(reads) == 4
+
+
+def test_varlen_eager_path_under_torch_func_grad(cpu_varlen_launches):
+    # torch.func transforms take the eager path's autograd.Function (forward + setup_context
+    # form) and give autograd's gradient.
+    q, k, v = _packed()
+    cu_q, cu_k = _cu(0, 10, 30), _cu(0, 15, 40)
+
+    def loss(q):
+        return fv._attention_varlen_eager(q, k, v, cu_q, cu_k, 20, 25, 0.125, True, False)[0].float().sum()
+
+    leaf = q.clone().requires_grad_()
+    assert torch.equal(torch.func.grad(loss)(q), torch.autograd.grad(loss(leaf), leaf)[0])
