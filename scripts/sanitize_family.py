@@ -5,8 +5,10 @@
   compute-sanitizer --tool racecheck python3 scripts/sanitize_family.py --headdims 64,128 --dtypes bf16
 
 Each (head dim, dtype): forward, then the backward in both modes, causal, GQA, seqlen 200 (not
-a multiple of any tile). Asserts that the Hopper kernels ran and that nothing is NaN; the
-sanitizer reports memory errors and shared-memory races. Numbers are checked by the GPU tests.
+a multiple of any tile); then forwards with more tiles than SMs at seqlen 300, causal and not,
+so that the persistent grid's CTAs walk several tiles (the Q, K/V rings carried from tile to
+tile). Asserts that the Hopper kernels ran and that nothing is NaN; the sanitizer reports memory
+errors and shared-memory races. Numbers are checked by the GPU tests.
 """
 import argparse
 import os
@@ -36,6 +38,12 @@ def main():
                 grads = flashback.attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=det)
                 assert flashback.last_backward_path() == "sm90", flashback.last_backward_path()
                 assert not any(torch.isnan(t).any() for t in (out, *grads)), (d, name, det)
+            # 3 Q blocks of 128 (2 of 192 at d = 64) x 96 heads: more tiles than SMs.
+            q, k, v = (torch.randn(1, 300, 96, d, generator=g, device="cuda").to(dtype) for _ in range(3))
+            for causal in (True, False):
+                out, _ = flashback.attention_forward(q, k, v, causal=causal)
+                assert flashback.last_forward_path() == "sm90", flashback.last_forward_path()
+                assert not torch.isnan(out).any(), (d, name, causal)
             torch.cuda.synchronize()
             print(f"d={d} {name}: ok", flush=True)
 
