@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 root=$PWD
 for branch in "$@"; do
   wt="$root/../wt-$branch"
-  [ -d "$wt" ] || git worktree add -q "$wt" "$branch"
+  [ -d "$wt" ] || git worktree add -q --detach "$wt" "$branch"
   args=()
   [ -n "${FLASHBACK_HEADDIMS:-}" ] && args+=("-DFLASHBACK_HEADDIMS=$FLASHBACK_HEADDIMS")
   [ -n "${FLASHBACK_DTYPES:-}" ] && args+=("-DFLASHBACK_DTYPES=$FLASHBACK_DTYPES")
