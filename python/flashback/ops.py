@@ -229,13 +229,7 @@ class _Attention(torch.autograd.Function):
     def forward(q, k, v, softmax_scale, causal, deterministic):
         return _new_fwd(q, k, v, softmax_scale, causal)
 
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        q, k, v, softmax_scale, causal, deterministic = inputs
-        out, lse = output
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
-        ctx.mark_non_differentiable(lse)
+    setup_context = staticmethod(_fwd_setup_context)  # the op's, so both paths save the same
 
     @staticmethod
     @torch.autograd.function.once_differentiable

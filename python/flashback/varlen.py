@@ -174,8 +174,7 @@ def _launch_fwd(q, k, v, cu_q, cu_k, max_q, max_k, out, lse, scale, causal) -> N
                        lse=lse.data_ptr(), q_strides=_strides(q), k_strides=_strides(k),
                        v_strides=_strides(v), out_strides=_strides(out), softmax_scale=scale,
                        causal=int(causal), **_common(q, k, cu_q, cu_k, max_q, max_k))
-    with torch.cuda.device(q.device):
-        _lib.check(lib, lib.flashback_attention_forward(ctypes.byref(p)), "varlen forward")
+    _ops._call(lib, lib.flashback_attention_forward, p, q.device, "varlen forward")
 
 
 def _launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dq, dk, dv, scale, causal,
@@ -194,8 +193,7 @@ def _launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dq, dk, dv, s
     nbytes = lib.flashback_bwd_workspace_size(ctypes.byref(p))
     workspace = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=q.device)
     p.workspace, p.workspace_bytes = workspace.data_ptr(), nbytes
-    with torch.cuda.device(q.device):
-        _lib.check(lib, lib.flashback_attention_backward(ctypes.byref(p)), "varlen backward")
+    _ops._call(lib, lib.flashback_attention_backward, p, q.device, "varlen backward")
 
 
 def _run_fwd(q, k, v, cu_q, cu_k, max_q, max_k, out, lse, scale, causal) -> None:
@@ -329,13 +327,7 @@ class _VarlenAttention(torch.autograd.Function):
     def forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, deterministic):
         return _varlen_forward_impl(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal)
 
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, deterministic = inputs
-        out, lse = output
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-        ctx.args = (max_q, max_k, scale, causal, deterministic)
-        ctx.mark_non_differentiable(lse)
+    setup_context = staticmethod(_setup_context)  # the op's, so both paths save the same
 
     @staticmethod
     @torch.autograd.function.once_differentiable
