@@ -278,6 +278,19 @@ def valid_fwd_params(d=128, b=2, sq=100, sk=80, h=4, hk=2):
                           softmax_scale=0.1, causal=1, dtype=_lib.DTYPE_BF16, stream=None)
 
 
+def bwd_params_like(f, dtype=0):
+    """Backward params for the shapes, strides and inputs of forward params `f`, with fresh fake
+    addresses for dout, dq, dk, dv and no workspace."""
+    addr = iter(range(1 << 31, 1 << 33, 1 << 20))
+    return _lib.BwdParams(q=f.q, k=f.k, v=f.v, out=f.out, dout=next(addr), lse=f.lse, dq=next(addr),
+                          dk=next(addr), dv=next(addr), q_strides=f.q_strides, k_strides=f.k_strides,
+                          v_strides=f.v_strides, out_strides=f.out_strides, dout_strides=f.q_strides,
+                          dq_strides=f.q_strides, dk_strides=f.k_strides, dv_strides=f.v_strides,
+                          batch=f.batch, seqlen_q=f.seqlen_q, seqlen_k=f.seqlen_k, nheads=f.nheads,
+                          nheads_k=f.nheads_k, headdim=f.headdim, softmax_scale=0.1, causal=1,
+                          deterministic=0, dtype=dtype, workspace=None, workspace_bytes=0, stream=None)
+
+
 def call_fwd(lib, p):
     status = lib.flashback_attention_forward(ctypes.byref(p))
     return status, _lib.last_error(lib)
@@ -333,14 +346,8 @@ def test_c_api_null_params_and_headdims(native):
 
 def test_c_api_backward_workspace_is_checked(native):
     f = valid_fwd_params()
-    addr = iter(range(1 << 31, 1 << 33, 1 << 20))
-    p = _lib.BwdParams(q=f.q, k=f.k, v=f.v, out=f.out, dout=next(addr), lse=f.lse, dq=next(addr),
-                       dk=next(addr), dv=next(addr), q_strides=f.q_strides, k_strides=f.k_strides,
-                       v_strides=f.v_strides, out_strides=f.out_strides, dout_strides=f.q_strides,
-                       dq_strides=f.q_strides, dk_strides=f.k_strides, dv_strides=f.v_strides,
-                       batch=f.batch, seqlen_q=f.seqlen_q, seqlen_k=f.seqlen_k, nheads=f.nheads,
-                       nheads_k=f.nheads_k, headdim=f.headdim, softmax_scale=0.1, causal=1,
-                       deterministic=0, dtype=0, workspace=None, workspace_bytes=0, stream=None)
+    p = bwd_params_like(f)
+    addr = iter(range(1 << 33, 1 << 34, 1 << 20))  # beyond bwd_params_like's addresses
     need = native.flashback_bwd_workspace_size(ctypes.byref(p))
     assert need >= 4 * f.batch * f.nheads * f.seqlen_q  # at least D = rowsum(dO * O) in fp32
     assert native.flashback_attention_backward(ctypes.byref(p)) == 1
@@ -372,14 +379,7 @@ def test_c_api_declines_a_dtype_the_build_left_out(native):
     p.dtype = t
     status, message = call_fwd(native, p)
     assert (status, f"{name} not compiled in this build" in message) == (2, True), message
-    addr = iter(range(1 << 31, 1 << 33, 1 << 20))
-    b = _lib.BwdParams(q=p.q, k=p.k, v=p.v, out=p.out, dout=next(addr), lse=p.lse, dq=next(addr),
-                       dk=next(addr), dv=next(addr), q_strides=p.q_strides, k_strides=p.k_strides,
-                       v_strides=p.v_strides, out_strides=p.out_strides, dout_strides=p.q_strides,
-                       dq_strides=p.q_strides, dk_strides=p.k_strides, dv_strides=p.v_strides,
-                       batch=p.batch, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k, nheads=p.nheads,
-                       nheads_k=p.nheads_k, headdim=p.headdim, softmax_scale=0.1, causal=1,
-                       deterministic=0, dtype=t, workspace=None, workspace_bytes=0, stream=None)
+    b = bwd_params_like(p, dtype=t)
     assert native.flashback_bwd_workspace_size(ctypes.byref(b)) == 0
     assert native.flashback_attention_backward(ctypes.byref(b)) == 2
     assert f"{name} not compiled in this build" in _lib.last_error(native)
