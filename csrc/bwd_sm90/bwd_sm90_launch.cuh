@@ -79,10 +79,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
   } else {
     fh::setmaxnreg_inc<T::kConsumerRegs>();
-    if (wg == 1) {
-      bwd_sm90_consumer<T, kDet, 0>(p, w, smem, kv_bar, pipe_q, pipe_do);
+    if constexpr (T::kSharedConsumer) {
+      bwd_sm90_consumer<T, kDet, T::kOwn0>(p, w, smem, kv_bar, pipe_q, pipe_do, wg - 1);
+    } else if (wg == 1) {
+      bwd_sm90_consumer<T, kDet, T::kOwn0>(p, w, smem, kv_bar, pipe_q, pipe_do, 0);
     } else {
-      bwd_sm90_consumer<T, kDet, 1>(p, w, smem, kv_bar, pipe_q, pipe_do);
+      bwd_sm90_consumer<T, kDet, T::kOwn1>(p, w, smem, kv_bar, pipe_q, pipe_do, 1);
     }
   }
 }

@@ -71,6 +71,8 @@ struct BwdSm90Traits {
   static constexpr int kOwn1 = kAtomCols / 2;
   static constexpr int own(int wg) { return wg == 0 ? kOwn0 : kOwn1; }
   static constexpr int first_atom(int wg) { return wg == 0 ? 0 : kOwn0; }
+  // Both consumer warpgroups run one instance of bwd_sm90_consumer (see there).
+  static constexpr bool kSharedConsumer = kOwn0 == kOwn1 || kOwn1 == 0;
   static constexpr uint32_t kQAtomBytes = kBlockM * 128;   // one atom-column of a Q-side tile
   static constexpr uint32_t kKvAtomBytes = kBlockN * 128;  // one atom-column of K or V
   static constexpr uint32_t kQTileBytes = kAtomCols * kQAtomBytes;
@@ -266,16 +268,23 @@ __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const
 }
 
 // ---------------------------------------------------------------- consumer warpgroups ---
-// kWg: which consumer warpgroup (0 or 1); it fixes the head-dim atom-columns of (5)-(7), so
-// each warpgroup's accumulator arrays have their own compile-time size.
-template <class T, bool kDet, int kWg>
+// wg: which consumer warpgroup (0 or 1), a run-time value; kOwn: the head-dim atom-columns of
+// (5)-(7) this instance holds accumulators for, a compile-time value (the arrays' size). Where
+// both warpgroups own kOwn, or warpgroup 1 owns none (d = 64), both run one instance
+// (kBwdSharedConsumer): the SM's four schedulers then fetch one copy of the step's ~1000
+// instructions instead of two different ones (docs/design.md section 5, "one consumer
+// instance"). Otherwise (d = 192: 2 / 1) each warpgroup has its own.
+template <class T, bool kDet, int kOwn>
 __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const BwdSm90Work& w,
                                                   uint8_t* smem, uint64_t* kv_bar,
                                                   fh::TmaPipeline<T::kQStages>* pipe_q,
-                                                  fh::TmaPipeline<T::kDoStages>* pipe_do) {
-  constexpr int kOwn = T::own(kWg);
-  constexpr int kFirst = T::first_atom(kWg);
+                                                  fh::TmaPipeline<T::kDoStages>* pipe_do,
+                                                  const int wg) {
+  static_assert(kOwn == T::kOwn0 || kOwn == T::kOwn1, "an instance holds one warpgroup's share");
   constexpr int kAcc = kOwn > 0 ? kOwn : 1;  // arrays need a size; unused when kOwn = 0
+  // Whether this warpgroup computes (5)-(7): false only for d = 64's warpgroup 1.
+  const bool has_cols = kOwn > 0 && T::own(wg) > 0;
+  const int first = T::first_atom(wg);
   const int t = threadIdx.x % 128;
   const bool warp_leader = (threadIdx.x % 32) == 0;
   const int n0 = w.n_block * T::kBlockN;
@@ -283,11 +292,11 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   const int diag = seqlen_k - w.seq.seqlen_q;  // causal: query i sees keys <= i + diag
   // This thread's two query rows in S / dP (accumulator rows) and first key column.
   const int q_row = fh::acc_row(0, t);
-  const int key0 = n0 + T::kHalfN * kWg + fh::acc_col(0, t);
-  const uint8_t* k_half = smem + T::kOffK + T::kHalfN * kWg * 128;
-  const uint8_t* v_half = smem + T::kOffV + T::kHalfN * kWg * 128;
+  const int key0 = n0 + T::kHalfN * wg + fh::acc_col(0, t);
+  const uint8_t* k_half = smem + T::kOffK + T::kHalfN * wg * 128;
+  const uint8_t* v_half = smem + T::kOffV + T::kHalfN * wg * 128;
 
-  float acc_dv[kAcc][T::kBlockN / 2];  // dV^T of atom-columns kFirst ..
+  float acc_dv[kAcc][T::kBlockN / 2];  // dV^T of atom-columns first ..
   float acc_dk[kAcc][T::kBlockN / 2];  // dK^T, same atom-columns
 #pragma unroll
   for (int u = 0; u < kAcc; ++u) {
@@ -348,14 +357,14 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         s[r] = fh::exp2_approx(s[r] * p.scale_log2 - ((r & 2) ? lse1 : lse0));
       }
     }
-    store_hand_t<T>(p_t, s, kWg, t);
+    store_hand_t<T>(p_t, s, wg, t);
 
     // (4) dS = P * (dP - D)
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(dp);
 #pragma unroll
     for (int r = 0; r < T::kHalfN / 2; ++r) dp[r] = s[r] * (dp[r] - ((r & 2) ? dsum1 : dsum0));
-    store_hand_t<T>(ds_t, dp, kWg, t);
+    store_hand_t<T>(ds_t, dp, wg, t);
     fh::fence_proxy_async_shared();  // stmatrix (generic proxy) -> wgmma (async proxy) reads
     // Both warpgroups' halves are in place. The buffers alternate with the step's parity: the
     // other warpgroup passed this barrier only after its last wgmma of step i-1 had completed,
@@ -366,28 +375,28 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     // (32 registers: dV^T/dK^T + 2 x 32 in flight made ptxas serialize and spill at d = 256):
     // the first is added while dV^T / dK^T run, the second after them. Groups retire in order:
     // dV frees dO_i, dK frees Q_i.
-    if constexpr (kOwn > 0) {
+    if (has_cols) {
       float dq[T::kBlockM / 2];
       fh::zero_acc(dq);
       fh::wgmma_fence_operand(dq);
       fh::wgmma_fence();
-      gemm_dq<T>(dq, smem + T::kOffK + kFirst * T::kKvAtomBytes, ds_t);
+      gemm_dq<T>(dq, smem + T::kOffK + first * T::kKvAtomBytes, ds_t);
       fh::wgmma_commit();
 #pragma unroll
-      for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dv[u], do_s + (kFirst + u) * T::kQAtomBytes, p_t);
+      for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dv[u], do_s + (first + u) * T::kQAtomBytes, p_t);
       fh::wgmma_commit();
 #pragma unroll
-      for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (kFirst + u) * T::kQAtomBytes, ds_t);
+      for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
       fh::wgmma_commit();
       fh::wgmma_wait<2>();
       fh::wgmma_fence_operand(dq);
       // Deterministic: wait until the phase-0 turn warp says this block's turn has come.
       if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0, T::kTurnThreads);
-      add_dq_partial<T::kHeadDim>(p, tile, kFirst, t, dq);
+      add_dq_partial<T::kHeadDim>(p, tile, first, t, dq);
       if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0, T::kTurnThreads);
       if constexpr (kOwn == 2) {
         fh::wgmma_fence();
-        gemm_dq<T>(dq, smem + T::kOffK + (kFirst + 1) * T::kKvAtomBytes, ds_t);
+        gemm_dq<T>(dq, smem + T::kOffK + (first + 1) * T::kKvAtomBytes, ds_t);
         fh::wgmma_commit();
         fh::wgmma_wait<2>();
         if (warp_leader) pipe_do->consumer_release(sd);
@@ -396,7 +405,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         fh::wgmma_wait<0>();
         fh::wgmma_fence_operand(dq);
         if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + 1, T::kTurnThreads);
-        add_dq_partial<T::kHeadDim>(p, tile, kFirst + 1, t, dq);
+        add_dq_partial<T::kHeadDim>(p, tile, first + 1, t, dq);
         if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + 1, T::kTurnThreads);
       } else {
         fh::wgmma_wait<1>();
@@ -406,7 +415,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       }
     } else {
       // No atom-column of (5)-(7) here (d = 64, warpgroup 1): this warpgroup's reads of Q_i and
-      // dO_i ended with (1) and (3).
+      // dO_i ended with (1) and (3) (waited for before (2) and (4)).
       if (warp_leader) {
         pipe_do->consumer_release(sd);
         pipe_q->consumer_release(sq);
@@ -415,7 +424,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     if constexpr (kDet) {
       // Phases this warpgroup has no atom-column for still take part in the turn barriers.
 #pragma unroll
-      for (int h = kOwn; h < T::kDqPhases; ++h) {
+      for (int h = has_cols ? kOwn : 0; h < T::kDqPhases; ++h) {
         fh::named_bar_sync(T::kBarTurn0 + h, T::kTurnThreads);
         fh::named_bar_arrive(T::kBarAdded0 + h, T::kTurnThreads);
       }
@@ -434,10 +443,10 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
   uint8_t* stage_dv = smem;
   uint8_t* stage_dk = smem + T::kStageBytes;
-  if constexpr (kOwn > 0) {
-    stage_dkv_t<T::kBlockN, kOwn, T::kElem>(stage_dv, T::kStageRowBytes, acc_dv, 1.f, kFirst, t);
+  if (has_cols) {
+    stage_dkv_t<T::kBlockN, kOwn, T::kElem>(stage_dv, T::kStageRowBytes, acc_dv, 1.f, first, t);
     stage_dkv_t<T::kBlockN, kOwn, T::kElem>(stage_dk, T::kStageRowBytes, acc_dk, p.softmax_scale,
-                                            kFirst, t);
+                                            first, t);
   }
   fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
   const int tid = threadIdx.x - 128;  // 0..255 over both consumer warpgroups
