@@ -300,7 +300,12 @@ def environment_problem(impls):
 
 def _use_source_package():
     """Import flashback from this checkout's python/ when a library was built for it
-    (FLASHBACK_LIBRARY set, or build/libflashback.so present); otherwise the installed package."""
+    (FLASHBACK_LIBRARY set, or build/libflashback.so present); otherwise the installed package.
+    A flashback package on PYTHONPATH wins over both: a library built from another tree needs
+    the Python of that tree (the C structs must match)."""
+    if any(os.path.isdir(os.path.join(d, "flashback"))
+           for d in os.environ.get("PYTHONPATH", "").split(os.pathsep) if d):
+        return
     src = os.path.join(REPO, "python")
     built = os.environ.get("FLASHBACK_LIBRARY") or os.path.isfile(os.path.join(REPO, "build", "libflashback.so"))
     if built and os.path.isdir(os.path.join(src, "flashback")) and src not in sys.path:
