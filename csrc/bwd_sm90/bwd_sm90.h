@@ -40,6 +40,11 @@ struct BwdSm90Config {
   int do_stages;      // dO pipeline depth
   int producer_regs;  // setmaxnreg of the TMA warpgroup
   int consumer_regs;  // setmaxnreg of the two MMA warpgroups
+  // Default mode: dQ^T partials leave through shared memory and one bulk reduce per step, issued
+  // by a producer-warpgroup warp, instead of global reductions from the MMA warpgroups. Needs
+  // each warpgroup to own one atom-column (d = 128) and 32 KB of room; measured +1-5% at d = 128,
+  // -8-10% at d = 64 (docs/perf-log.md).
+  bool dq_smem;
 };
 
 // Two consumer warpgroups split the work by data, not by role (docs/design.md section 5):
@@ -55,14 +60,15 @@ struct BwdSm90Config {
 // stage, P^T and dS^T double-buffered (step parity: one barrier per step), block_n x 128 B each.
 //   d = 64:  64 x 128, own 1 (warpgroup 1 has none: it does (1)-(4) only): 128 + 64 + 32 = 224
 //            registers; 32 + 2 x 2 x 8 + 4 x 16 = 128 KB.
-//   d = 128: 64 x 128, own 1 each: 224 registers; 64 + 2 x 2 x 16 + 64 = 192 KB.
+//   d = 128: 64 x 128, own 1 each: 224 registers; 64 + 2 x 2 x 16 + 64 = 192 KB, + 2 x 16 KB
+//            dQ buffers (dq_smem) = 224 KB.
 //   d = 192: 64 x 80, own 2 / 1: 160 + 40 + 32 = 232; 60 + 2 x 2 x 24 + 40 = 196 KB.
 //   d = 256: 64 x 80, own 2 each: 232; 80 + 2 x 32 + 1 x 32 + 40 = 216 KB (a second dO stage
 //            would need 228 KB).
-constexpr BwdSm90Config kBwdSm90Hdim64 = {64, 64, 128, 2, 2, 24, 240};
-constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240};
-constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 80, 2, 2, 24, 240};
-constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 2, 1, 24, 240};
+constexpr BwdSm90Config kBwdSm90Hdim64 = {64, 64, 128, 2, 2, 24, 240, false};
+constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240, true};
+constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 80, 2, 2, 24, 240, false};
+constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 2, 1, 24, 240, false};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {

@@ -39,6 +39,18 @@ __device__ __forceinline__ void add_dq_partial(const BwdSm90Params& p, int64_t t
   }
 }
 
+// (7) The same partial into a 16 KB shared-memory buffer laid out as one atom-column of a
+// dQaccum tile, for one bulk reduce-add (bwd_sm90_dq_warp): thread t's group g at float
+// (g * 128 + t) * 4, so a warp's stores cover 512 contiguous bytes (no bank conflicts).
+__device__ __forceinline__ void store_dq_partial(uint8_t* buf, int t, const float (&dq)[32]) {
+  float* dst = reinterpret_cast<float*>(buf) + t * 4;
+#pragma unroll
+  for (int g = 0; g < 8; ++g) {
+    *reinterpret_cast<float4*>(dst + g * 512) =
+        make_float4(dq[4 * g], dq[4 * g + 1], dq[4 * g + 2], dq[4 * g + 3]);
+  }
+}
+
 // Deterministic mode: the dQ adds into a tile happen in one fixed order of K/V blocks
 // (bwd_sm90_dq_rank); a per-tile counter says how many have added. The release/acquire pattern
 // of CUTLASS's generic barrier: one thread polls with ld.acquire and a barrier then orders the

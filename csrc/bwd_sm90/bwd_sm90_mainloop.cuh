@@ -19,6 +19,7 @@
 //   Q_i          q_stages x 64 rows x 128 B per atom-column
 //   dO_i         do_stages x 64 rows x 128 B per atom-column
 //   P^T, dS^T    2 buffers each (step parity), block_n rows x 128 B
+//   dQ^T         with dq_smem: one 16 KB fp32 buffer per consumer warpgroup
 // (sizes per config in bwd_sm90.h).
 //
 // wgmma operands (docs/hopper-facts.md section 11; M always 64 per instruction), N = block_n:
@@ -84,7 +85,15 @@ struct BwdSm90Traits {
   static constexpr uint32_t kOffDo = kOffQ + kQStages * kQTileBytes;
   static constexpr uint32_t kOffP = kOffDo + kDoStages * kQTileBytes;  // 2 buffers
   static constexpr uint32_t kOffDs = kOffP + 2 * kHandBytes;           // 2 buffers
-  static constexpr uint32_t kOffBar = kOffDs + 2 * kHandBytes;
+  // dQ through shared memory (kCfg.dq_smem, default mode): one 64 x 64 fp32 buffer per consumer
+  // warpgroup in dQaccum's fragment order, which a producer-warpgroup warp adds into dQaccum
+  // with one bulk reduce per step (bwd_sm90_dq_warp).
+  static constexpr bool kDqViaSmem = kCfg.dq_smem;
+  static_assert(!kDqViaSmem || (kOwn0 == 1 && kOwn1 == 1),
+                "dq_smem: one dQ^T atom-column per warpgroup, one dQ warp each");
+  static constexpr uint32_t kDqBufBytes = kDqAtomFloats * 4;  // 16 KB
+  static constexpr uint32_t kOffDqBuf = kOffDs + 2 * kHandBytes;
+  static constexpr uint32_t kOffBar = kOffDqBuf + (kDqViaSmem ? kConsumerWgs * kDqBufBytes : 0);
   static constexpr uint32_t kOffPipeQ = kOffBar + 16;  // after the K and V barriers
   static constexpr uint32_t kOffPipeDo = kOffPipeQ + sizeof(fh::TmaPipeline<kQStages>);
   static constexpr size_t kSmemBytes =
@@ -112,6 +121,11 @@ struct BwdSm90Traits {
   static constexpr uint32_t kBarTurn0 = 3;   // 3 + h: the tile's turn for phase h has come
   static constexpr uint32_t kBarAdded0 = 5;  // 5 + h: both warpgroups issued their phase-h adds
   static constexpr uint32_t kTurnThreads = kConsumerThreads + 32;
+  // dQ through shared memory, per consumer warpgroup w (128 threads + its dQ warp):
+  static constexpr uint32_t kBarDqFull0 = 7;   // 7 + w: w's dQ^T partial is in its buffer
+  static constexpr uint32_t kBarDqFree0 = 9;   // 9 + w: the bulk reduce has read the buffer
+  static constexpr uint32_t kDqThreads = 128 + 32;
+  static_assert(kBarDqFree0 + kConsumerWgs <= 16, "16 named barriers per CTA");
 };
 
 struct BwdSm90Maps {
@@ -267,6 +281,36 @@ __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const
   }
 }
 
+// --------------------------------------------------------------------------- dQ warps ---
+// Default mode where the config says dq_smem (d = 128): warp 1 + w of the producer warpgroup
+// adds consumer warpgroup w's dQ^T partial of every step into dQaccum with one 16 KB bulk
+// reduce, so the MMA warpgroups issue 8 shared stores per thread instead of 8 global reductions.
+// Per step: wait until the partial is in the buffer (kBarDqFull0 + w), issue the reduce, wait
+// until it has read the buffer, hand the buffer back (kBarDqFree0 + w; not after the last step,
+// which nobody waits for). Before exit, wait for the adds themselves.
+template <class T>
+__device__ __forceinline__ void bwd_sm90_dq_warp(const BwdSm90Params& p, const BwdSm90Work& w,
+                                                 const uint8_t* smem, int wg) {
+  const bool leader = (threadIdx.x % 32) == 0;
+  const uint8_t* buf = smem + T::kOffDqBuf + wg * T::kDqBufBytes;
+  for (int it = 0; it < w.n_iters; ++it) {
+    int head, m_block;
+    bwd_sm90_iter<false>(p, w, it, head, m_block);
+    const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);
+    fh::named_bar_sync(T::kBarDqFull0 + wg, T::kDqThreads);
+    if (leader) {
+      float* dst = p.dq_accum + tile * dq_tile_floats(T::kHeadDim) +
+                   T::first_atom(wg) * kDqAtomFloats;
+      fh::bulk_reduce_add_f32(dst, buf, T::kDqBufBytes);
+      fh::bulk_commit_group();
+      fh::bulk_wait_group_read<0>();
+    }
+    __syncwarp();
+    if (it + 1 < w.n_iters) fh::named_bar_arrive(T::kBarDqFree0 + wg, T::kDqThreads);
+  }
+  if (leader) fh::bulk_wait_group<0>();
+}
+
 // ---------------------------------------------------------------- consumer warpgroups ---
 // wg: which consumer warpgroup (0 or 1), a run-time value; kOwn: the head-dim atom-columns of
 // (5)-(7) this instance holds accumulators for, a compile-time value (the arrays' size). Where
@@ -281,6 +325,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
                                                   fh::TmaPipeline<T::kDoStages>* pipe_do,
                                                   const int wg) {
   static_assert(kOwn == T::kOwn0 || kOwn == T::kOwn1, "an instance holds one warpgroup's share");
+  constexpr bool kDqSmem = !kDet && T::kDqViaSmem;  // the ordered adds stay in registers
   constexpr int kAcc = kOwn > 0 ? kOwn : 1;  // arrays need a size; unused when kOwn = 0
   // Whether this warpgroup computes (5)-(7): false only for d = 64's warpgroup 1.
   const bool has_cols = kOwn > 0 && T::own(wg) > 0;
@@ -391,9 +436,17 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       fh::wgmma_wait<2>();
       fh::wgmma_fence_operand(dq);
       // Deterministic: wait until the phase-0 turn warp says this block's turn has come.
-      if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0, T::kTurnThreads);
-      add_dq_partial<T::kHeadDim>(p, tile, first, t, dq);
-      if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0, T::kTurnThreads);
+      if constexpr (kDqSmem) {
+        // The dQ warp has read the previous step's partial (bwd_sm90_dq_warp).
+        if (it > 0) fh::named_bar_sync(T::kBarDqFree0 + wg, T::kDqThreads);
+        store_dq_partial(smem + T::kOffDqBuf + wg * T::kDqBufBytes, t, dq);
+        fh::fence_proxy_async_shared();  // st.shared (generic proxy) -> bulk reduce (async proxy)
+        fh::named_bar_arrive(T::kBarDqFull0 + wg, T::kDqThreads);
+      } else {
+        if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0, T::kTurnThreads);
+        add_dq_partial<T::kHeadDim>(p, tile, first, t, dq);
+        if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0, T::kTurnThreads);
+      }
       if constexpr (kOwn == 2) {
         fh::wgmma_fence();
         gemm_dq<T>(dq, smem + T::kOffK + (first + 1) * T::kKvAtomBytes, ds_t);
