@@ -435,14 +435,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       fh::wgmma_commit();
       fh::wgmma_wait<2>();
       fh::wgmma_fence_operand(dq);
-      // Deterministic: wait until the phase-0 turn warp says this block's turn has come.
-      if constexpr (kDqSmem) {
-        // The dQ warp has read the previous step's partial (bwd_sm90_dq_warp).
-        if (it > 0) fh::named_bar_sync(T::kBarDqFree0 + wg, T::kDqThreads);
-        store_dq_partial(smem + T::kOffDqBuf + wg * T::kDqBufBytes, t, dq);
-        fh::fence_proxy_async_shared();  // st.shared (generic proxy) -> bulk reduce (async proxy)
-        fh::named_bar_arrive(T::kBarDqFull0 + wg, T::kDqThreads);
-      } else {
+      if constexpr (!kDqSmem) {
+        // Deterministic: wait until the phase-0 turn warp says this block's turn has come.
         if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0, T::kTurnThreads);
         add_dq_partial<T::kHeadDim>(p, tile, first, t, dq);
         if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0, T::kTurnThreads);
@@ -463,6 +457,15 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       } else {
         fh::wgmma_wait<1>();
         if (warp_leader) pipe_do->consumer_release(sd);
+        if constexpr (kDqSmem) {
+          // Here, not right after dQ^T's wait: the dQ warp gets dV^T's time more to finish
+          // reading the last partial (ncu: the wait for the buffer was 6.5% of the stall
+          // samples there), and the stores and the fence overlap dK^T on the tensor cores.
+          if (it > 0) fh::named_bar_sync(T::kBarDqFree0 + wg, T::kDqThreads);
+          store_dq_partial(smem + T::kOffDqBuf + wg * T::kDqBufBytes, t, dq);
+          fh::fence_proxy_async_shared();  // st.shared (generic proxy) -> bulk reduce (async)
+          fh::named_bar_arrive(T::kBarDqFull0 + wg, T::kDqThreads);
+        }
         fh::wgmma_wait<0>();
         if (warp_leader) pipe_q->consumer_release(sq);
       }
