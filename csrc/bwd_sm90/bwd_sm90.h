@@ -7,7 +7,8 @@
 //                         postprocess: dQ = scale * dQaccum (un-permuted) to bf16 / fp16
 //   bwd_sm90_scheduler.cuh  which (K/V block, kv head, batch) a CTA owns; its Q-block walk
 //   bwd_sm90_mainloop.cuh   TMA producer and the two consumer warpgroups, steps (1)-(7)
-//   bwd_sm90_epilogue.cuh   dQ partial -> fp32 dQaccum (coalesced red.v4), dK / dV stores
+//   bwd_sm90_epilogue.cuh   dQ partial -> fp32 dQaccum (coalesced red.v4, or a shared-memory
+//                           buffer for one bulk reduce), dK / dV stores
 //   bwd_sm90_launch.cuh     kernel, tensor maps, the launches of one config (a template)
 //   bwd_sm90_launch.cu      the table of configs, workspace, can_implement, the dispatch
 //   bwd_sm90_hdim*.cu       the instances of one head dim (one file each: parallel builds)

@@ -7,7 +7,8 @@
 // each at entry, needed for setmaxnreg):
 //   warpgroup 0  producer: setmaxnreg.dec to producer_regs, one thread issues every TMA copy;
 //                with deterministic=True warps 1 (and 2) keep the dQ turns of the add phases
-//                (bwd_sm90_turn_warp)
+//                (bwd_sm90_turn_warp); otherwise, where the config says dq_smem, warps 1 and 2
+//                issue the bulk reduces of the consumers' dQ^T partials (bwd_sm90_dq_warp)
 //   warpgroups 1, 2  consumers (setmaxnreg.inc to consumer_regs), split by data: keys
 //                (block_n/2) w.. for S, dP, P, dS; their head-dim atom-columns for dV^T, dK^T,
 //                dQ^T
