@@ -1,4 +1,4 @@
-"""A real model on the SDPA provider: a small Llama-style transformer with head dim 256 (random
+"""A real model on the SDPA provider: a small Llama-style transformer with head dim 128 or 256 (random
 init, built from a config with the `transformers` library), forward + backward with PyTorch's
 flash kernels and with flashback's behind them; both against the same model in fp32 (math
 backend). The bar as in the kernel tests: flashback's error on the per-token losses and on the gradients
@@ -31,11 +31,13 @@ pytestmark = [
 SDPB = torch.nn.attention.SDPBackend
 
 
-def _model():
+def _model(head_dim=256):
+    """hidden size 1024 as 1024 / head_dim query heads, half as many K/V heads (GQA)."""
+    heads = 1024 // head_dim
     config = transformers.LlamaConfig(
         vocab_size=1024, hidden_size=1024, intermediate_size=2048, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=256, max_position_embeddings=4096,
-        attn_implementation="sdpa")
+        num_attention_heads=heads, num_key_value_heads=heads // 2, head_dim=head_dim,
+        max_position_embeddings=4096, attn_implementation="sdpa")
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
     return transformers.LlamaForCausalLM(config).cuda()
 
@@ -65,8 +67,9 @@ def _loss_and_grads(model, ids, backends):
     return tokens.detach(), _grads(model)
 
 
-def test_llama_head_dim_256_on_the_provider():
-    model32 = _model()
+@pytest.mark.parametrize("head_dim", [128, 256], ids=["d128", "d256"])
+def test_llama_on_the_provider(head_dim):
+    model32 = _model(head_dim)
     model = copy.deepcopy(model32).to(torch.bfloat16)
     ids = torch.randint(0, 1024, (2, 2048), device="cuda")
     loss32, g32 = _loss_and_grads(model32, ids, [SDPB.MATH])
@@ -82,11 +85,12 @@ def test_llama_head_dim_256_on_the_provider():
     _check_bar(loss_fb, loss_pt, loss32, g_fb, g_pt, g32)
 
 
-def test_llama_sdpa_without_naming_a_backend_runs_on_flashback():
+@pytest.mark.parametrize("head_dim", [128, 256], ids=["d128", "d256"])
+def test_llama_sdpa_without_naming_a_backend_runs_on_flashback(head_dim):
     """The model as a user runs it (attn_implementation="sdpa", no sdpa_kernel()): activation
     alone sends its attention, forward and backward, to flashback's Hopper kernels (by kernel
     name), within the bar; after restore it runs exactly the kernels it ran before."""
-    model32 = _model()
+    model32 = _model(head_dim)
     model = copy.deepcopy(model32).to(torch.bfloat16)
     ids = torch.randint(0, 1024, (2, 2048), device="cuda")
     loss32, g32 = _loss_and_grads(model32, ids, [SDPB.MATH])

@@ -65,9 +65,14 @@ def _sdpa(q, k, v, causal, gqa):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", [(2, 8, 8, 1000), (1, 8, 2, 4096)], ids=["mha-1000", "gqa-4096"])
-def test_sdpa_runs_on_flashback(provider, shape, causal):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("d", [64, 128, 192, 256], ids=lambda d: f"d{d}")
+def test_sdpa_runs_on_flashback(provider, d, dtype, shape, causal):
+    """Every member of the Hopper family (head dim x dtype) through SDPA's flash op."""
+    if d not in flashback.SUPPORTED_HEADDIMS or dtype not in flashback._checks.SUPPORTED_DTYPES:
+        pytest.skip(f"this flashback does not serve head dim {d} in {dtype}")
     b, h, hk, s = shape
-    (q, k, v), dout = _inputs(b, h, hk, s, 256)
+    (q, k, v), dout = _inputs(b, h, hk, s, d, dtype)
     out = _sdpa(q, k, v, causal, gqa=h != hk)
     assert flashback.last_forward_path() == "sm90"
     grads = torch.autograd.grad(out, (q, k, v), dout)

@@ -1,6 +1,7 @@
 """Variable-length batches on the GPU: attention_varlen forward and backward against each
 sequence computed on its own by the PyTorch reference (the correctness bar of the dense suite),
-mixed lengths including 1, 17, 1000, 4097 and an empty sequence, causal and not, GQA."""
+mixed lengths including 1, 17, 1000, 4097 and an empty sequence, causal and not, GQA, every head
+dim of the family in bf16 and fp16, both backward modes."""
 import math
 import os
 
@@ -66,26 +67,31 @@ def _case_id(c):
     return f"q{'-'.join(map(str, c[0]))}{lk}_h{c[2]}/{c[3]}_d{c[4]}_{'causal' if c[5] else 'full'}"
 
 
-def _make(case):
+def _make(case, dtype=torch.bfloat16):
     lq, lk, h, hk, d, causal = case
     lk = lq if lk is None else lk
     gen = torch.Generator(device=DEVICE).manual_seed(_seed())
     cu_q = torch.tensor([0] + list(torch.tensor(lq).cumsum(0).tolist()), dtype=torch.int32, device=DEVICE)
     cu_k = torch.tensor([0] + list(torch.tensor(lk).cumsum(0).tolist()), dtype=torch.int32, device=DEVICE)
     tq, tk = int(cu_q[-1]), int(cu_k[-1])
-    rnd = lambda *s: torch.randn(*s, generator=gen, device=DEVICE, dtype=torch.float32).to(torch.bfloat16)
+    rnd = lambda *s: torch.randn(*s, generator=gen, device=DEVICE, dtype=torch.float32).to(dtype)
     q, k, v = rnd(tq, h, d), rnd(tk, hk, d), rnd(tk, hk, d)
     dout = rnd(tq, h, d)
     return q, k, v, dout, cu_q, cu_k, max(lq), max(lk), causal
 
 
+@pytest.mark.parametrize("deterministic", [False, True], ids=["nondet", "det"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
-def test_varlen_matches_per_sequence_reference(case):
-    q, k, v, dout, cu_q, cu_k, mq, mk, causal = _make(case)
+def test_varlen_matches_per_sequence_reference(case, dtype, deterministic):
+    if _FORCE_REFERENCE and (dtype != torch.bfloat16 or case[4] == 192):
+        pytest.skip("runs on the Hopper kernels only (FLASHBACK_FORCE_REFERENCE is set)")
+    q, k, v, dout, cu_q, cu_k, mq, mk, causal = _make(case, dtype)
     # Freed NaN memory first, so that a row the kernels never write shows up as NaN.
     torch.full((4 * q.numel(),), float("nan"), device=DEVICE, dtype=q.dtype)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    out, lse = flashback.attention_varlen(*leaves, cu_q, cu_k, mq, mk, causal=causal, return_lse=True)
+    out, lse = flashback.attention_varlen(*leaves, cu_q, cu_k, mq, mk, causal=causal, return_lse=True,
+                                          deterministic=deterministic)
     fwd_path = flashback.last_forward_path()
     grads = torch.autograd.grad(out, leaves, dout)
     bwd_path = flashback.last_backward_path()
