@@ -49,9 +49,10 @@ def last_forward_path() -> str:
 
 def last_backward_path() -> str:
     """Which kernels the last backward of this process ran: "sm90" (the Hopper backward) or
-    "reference: <why the Hopper path declined>" (e.g. "reference: a tensor is not 128-byte aligned"); "" before
-    any backward. Call it after the backward has been launched (through autograd too). Set
-    FLASHBACK_LOG_PATH=1 to have the library print each distinct path once to stderr."""
+    "reference: <why the Hopper path declined>" (e.g. "reference: a tensor is not 128-byte
+    aligned"); "" before any backward. Call it after the backward has been launched (through
+    autograd too). Set FLASHBACK_LOG_PATH=1 to have the library print each distinct path once to
+    stderr."""
     from . import _lib
 
     return _lib.load().flashback_last_backward_path().decode("utf-8", "replace")
