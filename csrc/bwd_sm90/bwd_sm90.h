@@ -6,7 +6,7 @@
 //   bwd_sm90_prepost.cu   (0) preprocess: D = rowsum(dO * O), LSE * log2(e), both padded;
 //                         postprocess: dQ = scale * dQaccum (un-permuted) to bf16 / fp16
 //   bwd_sm90_scheduler.cuh  which (K/V block, kv head, batch) a CTA owns; its Q-block walk
-//   bwd_sm90_mainloop.cuh   TMA producer and the two consumer warpgroups, steps (1)-(7)
+//   bwd_sm90_mainloop.cuh   TMA producer and the consumer warpgroups, steps (1)-(7)
 //   bwd_sm90_epilogue.cuh   dQ partial -> fp32 dQaccum (coalesced red.v4, or a shared-memory
 //                           buffer for one bulk reduce), dK / dV stores
 //   bwd_sm90_launch.cuh     kernel, tensor maps, the launches of one config (a template)
@@ -46,6 +46,7 @@ struct BwdSm90Config {
   // each warpgroup to own one atom-column (d = 128) and 32 KB of room; measured +1-5% at d = 128,
   // -8-10% at d = 64 (docs/perf-log.md).
   bool dq_smem;
+  int consumer_wgs;   // MMA warpgroups (2 or 3) splitting the work by data
 };
 
 // Two consumer warpgroups split the work by data, not by role (docs/design.md section 5):
@@ -66,10 +67,18 @@ struct BwdSm90Config {
 //   d = 192: 64 x 80, own 2 / 1: 160 + 40 + 32 = 232; 60 + 2 x 2 x 24 + 40 = 196 KB.
 //   d = 256: 64 x 80, own 2 each: 232; 80 + 2 x 32 + 1 x 32 + 40 = 216 KB (a second dO stage
 //            would need 228 KB).
-constexpr BwdSm90Config kBwdSm90Hdim64 = {64, 64, 128, 2, 2, 24, 240, false};
-constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240, true};
-constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 80, 2, 2, 24, 240, false};
-constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 2, 1, 24, 240, false};
+// Three consumer warpgroups (512 threads, 128 registers each at entry, setmaxnreg 24 / 160) split
+// the keys of (1)-(4) in three and own one atom-column each at d = 192.
+constexpr BwdSm90Config kBwdSm90Hdim64 = {64, 64, 128, 2, 2, 24, 240, false, 2};
+constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240, true, 2};
+constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 80, 2, 2, 24, 240, false, 2};
+constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 2, 1, 24, 240, false, 2};
+// Candidate for d = 192, NOT yet run on a GPU (docs/perf-log.md, "Backward d = 192 with three
+// consumer warpgroups"): 64 x 96 tiles, three consumer warpgroups of one atom-column each (FA3's
+// public d = 192 shape). Registers: dV^T + dK^T 2 x 48, S and dP 16 each or one dQ^T atom 32:
+// 128 of 160; 36 + 36 + 2 x 24 + 2 x 24 + 48 = 216 KB; ptxas: 0 spills in all four instances.
+// To measure it: give kBwdSm90Hdim192 these values, build, run the GPU suite and the A/B.
+constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false, 3};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {

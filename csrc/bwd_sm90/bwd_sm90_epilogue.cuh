@@ -111,15 +111,15 @@ __device__ __forceinline__ void stage_dkv_t(uint8_t* stage, uint32_t row_bytes,
 
 // Staged rows [n0, n0 + kBlockN) of dK or dV to global memory: a row is 2d bytes of 16-byte
 // chunks, consecutive threads take consecutive chunks; rows past seqlen_k are not written.
-// `tid` counts 256 threads.
-template <int kBlockN, int kHeadDim>
+// `tid` counts kThreads threads.
+template <int kBlockN, int kHeadDim, int kThreads>
 __device__ __forceinline__ void copy_dkv_out(void* out, const flashback_strides& st,
                                              const uint8_t* stage, uint32_t row_bytes,
                                              int64_t seq_offset, int kv_head, int n0,
                                              int seqlen_k, int tid) {
   uint16_t* base = static_cast<uint16_t*>(out) + seq_offset + kv_head * st.head;
   constexpr int kChunks = kHeadDim * 2 / 16;  // 16-byte chunks per row
-  for (int idx = tid; idx < kBlockN * kChunks; idx += 256) {
+  for (int idx = tid; idx < kBlockN * kChunks; idx += kThreads) {
     const int row = idx / kChunks;
     const int chunk = idx % kChunks;
     if (n0 + row < seqlen_k) {

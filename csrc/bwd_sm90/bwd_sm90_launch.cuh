@@ -3,15 +3,16 @@
 // plan and can_implement in bwd_sm90_launch.cu.
 //
 // Order on the stream: zero dQaccum (memset), (0) preprocess, main kernel, postprocess.
-// Kernel structure: 3 warpgroups of 128 threads, __launch_bounds__(384, 1) (168 registers
-// each at entry, needed for setmaxnreg):
+// Kernel structure: 1 + consumer_wgs warpgroups of 128 threads, __launch_bounds__(kThreads, 1)
+// (168 registers each at entry with two consumer warpgroups, 128 with three; setmaxnreg needs
+// the count known at entry):
 //   warpgroup 0  producer: setmaxnreg.dec to producer_regs, one thread issues every TMA copy;
 //                with deterministic=True warps 1 (and 2) keep the dQ turns of the add phases
 //                (bwd_sm90_turn_warp); otherwise, where the config says dq_smem, warps 1 and 2
 //                issue the bulk reduces of the consumers' dQ^T partials (bwd_sm90_dq_warp)
-//   warpgroups 1, 2  consumers (setmaxnreg.inc to consumer_regs), split by data: keys
-//                (block_n/2) w.. for S, dP, P, dS; their head-dim atom-columns for dV^T, dK^T,
-//                dQ^T
+//   warpgroups 1 .. consumer_wgs  consumers (setmaxnreg.inc to consumer_regs), split by
+//                data: keys (block_n / consumer_wgs) w.. for S, dP, P, dS; their head-dim
+//                atom-columns for dV^T, dK^T, dQ^T
 // See bwd_sm90_mainloop.cuh for the shared-memory plan and the GEMM operands.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Main loop of the Hopper backward: the TMA producer and the two consumer warpgroups. Steps
+// Main loop of the Hopper backward: the TMA producer and the consumer warpgroups. Steps
 // numbered as docs/design.md section 4:
 //   (1) S = Q_i K_j^T   (2) P = exp2(S * scale * log2e - LSE_i * log2e), masked
 //   (3) dP = dO_i V_j^T (4) dS = P * (dP - D_i)
@@ -56,8 +56,12 @@ struct BwdSm90Traits {
   static constexpr int kDoStages = kCfg.do_stages;
   static constexpr int kProducerRegs = kCfg.producer_regs;
   static constexpr int kConsumerRegs = kCfg.consumer_regs;
-  static constexpr int kConsumerWgs = 2;  // the split by data below is written for two
+  static constexpr int kConsumerWgs = kCfg.consumer_wgs;
+  static_assert(kConsumerWgs == 2 || kConsumerWgs == 3, "two or three consumer warpgroups");
   static constexpr int kThreads = 128 * (1 + kConsumerWgs);
+  // Registers per thread at entry under __launch_bounds__(kThreads, 1): 65536 / kThreads rounded
+  // down to a multiple of 8, 168 for 384 threads, 128 for 512 (docs/hopper-facts.md section 7).
+  static constexpr int kEntryRegs = (65536 / kThreads) / 8 * 8;
   static constexpr int kConsumerWarps = 4 * kConsumerWgs;   // arrivals that free a stage
   static constexpr int kConsumerThreads = 128 * kConsumerWgs;
   static_assert(kHeadDim % 64 == 0 && kHeadDim >= 64 && kHeadDim <= 256,
@@ -65,15 +69,27 @@ struct BwdSm90Traits {
   static_assert(kBlockM == 64, "one wgmma M (64 queries) per step: S, dP and the dQ^T N");
   static_assert(kBlockM == kDqTileRows, "dQaccum tiles are Q blocks");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "block_n: k16 steps of dQ^T, N of dV^T");
-  static constexpr int kHalfN = kBlockN / 2;               // keys per consumer warpgroup
+  static_assert(kBlockN % (8 * kConsumerWgs) == 0, "each warpgroup's keys: a whole wgmma N");
+  static constexpr int kHalfN = kBlockN / kConsumerWgs;    // keys per consumer warpgroup
   static constexpr int kAtomCols = kHeadDim / 64;          // 64-element (128-byte) columns
-  // Head-dim atom-columns of (5)-(7) per warpgroup: warpgroup 0 takes the larger share.
-  static constexpr int kOwn0 = (kAtomCols + 1) / 2;
-  static constexpr int kOwn1 = kAtomCols / 2;
-  static constexpr int own(int wg) { return wg == 0 ? kOwn0 : kOwn1; }
-  static constexpr int first_atom(int wg) { return wg == 0 ? 0 : kOwn0; }
-  // Both consumer warpgroups run one instance of bwd_sm90_consumer (see there).
-  static constexpr bool kSharedConsumer = kOwn0 == kOwn1 || kOwn1 == 0;
+  // Head-dim atom-columns of (5)-(7) per warpgroup: the first kAtomCols % kConsumerWgs take one
+  // more (with two warpgroups: warpgroup 0 takes the larger share; written out for two, as the
+  // run-time warpgroup index of a shared instance then costs one select).
+  static constexpr int own(int wg) {
+    return kConsumerWgs == 2 ? (wg == 0 ? (kAtomCols + 1) / 2 : kAtomCols / 2)
+                             : kAtomCols / kConsumerWgs + (wg < kAtomCols % kConsumerWgs ? 1 : 0);
+  }
+  static constexpr int first_atom(int wg) {
+    return kConsumerWgs == 2 ? (wg == 0 ? 0 : (kAtomCols + 1) / 2)
+                             : wg * (kAtomCols / kConsumerWgs) +
+                                   (wg < kAtomCols % kConsumerWgs ? wg : kAtomCols % kConsumerWgs);
+  }
+  static constexpr int kOwn0 = own(0);
+  static constexpr int kOwn1 = own(kConsumerWgs - 1);  // the smallest share
+  // Every consumer warpgroup runs one instance of bwd_sm90_consumer (see there), unless two
+  // warpgroups own different non-zero shares.
+  static constexpr bool kSharedConsumer = kOwn0 == kOwn1 || (kConsumerWgs == 2 && kOwn1 == 0);
+  static_assert(kSharedConsumer || kConsumerWgs == 2, "unequal shares: written for two warpgroups");
   static constexpr uint32_t kQAtomBytes = kBlockM * 128;   // one atom-column of a Q-side tile
   static constexpr uint32_t kKvAtomBytes = kBlockN * 128;  // one atom-column of K or V
   static constexpr uint32_t kQTileBytes = kAtomCols * kQAtomBytes;
@@ -106,11 +122,14 @@ struct BwdSm90Traits {
   static constexpr uint32_t kStageRowBytes = kHeadDim * 2 + 16;
   static constexpr uint32_t kStageBytes = kBlockN * kStageRowBytes;
   static_assert(2 * kStageBytes <= kOffDo, "dK/dV staging must fit over K, V and Q");
-  // setmaxnreg budget: __launch_bounds__(384, 1) gives 168 per thread = 64512 in the pool.
-  static_assert(128 * kCfg.producer_regs + kConsumerThreads * kCfg.consumer_regs <= 168 * kThreads,
+  // setmaxnreg budget: the pool is what the CTA got at entry (kEntryRegs per thread).
+  static_assert(128 * kCfg.producer_regs + kConsumerThreads * kCfg.consumer_regs <=
+                    kEntryRegs * kThreads,
                 "setmaxnreg budget exceeds the register file: .inc would deadlock");
-  static_assert(2 * kOwn0 * kBlockN / 2 + kBlockN / 2 + 32 <= kCfg.consumer_regs - 8,
-                "dV^T, dK^T, S, dP and one dQ^T atom exceed the consumer register budget");
+  // dV^T and dK^T live throughout; S and dP (kHalfN / 2 each) die at the hand-off, before the
+  // dQ^T atom (32) is born.
+  static_assert(2 * kOwn0 * kBlockN / 2 + (kHalfN > 32 ? kHalfN : 32) <= kCfg.consumer_regs - 8,
+                "dV^T, dK^T and S + dP or one dQ^T atom exceed the consumer register budget");
   // Named barriers between the consumer warpgroups (id 0 is __syncthreads).
   static constexpr uint32_t kBarHandoff = 1;  // both halves of P^T, dS^T of this step written
   static constexpr uint32_t kBarEpilogue = 2;  // K/V/Q reads done, then staging written
@@ -122,8 +141,8 @@ struct BwdSm90Traits {
   static constexpr uint32_t kBarAdded0 = 5;  // 5 + h: both warpgroups issued their phase-h adds
   static constexpr uint32_t kTurnThreads = kConsumerThreads + 32;
   // dQ through shared memory, per consumer warpgroup w (128 threads + its dQ warp):
-  static constexpr uint32_t kBarDqFull0 = 7;   // 7 + w: w's dQ^T partial is in its buffer
-  static constexpr uint32_t kBarDqFree0 = 9;   // 9 + w: the bulk reduce has read the buffer
+  static constexpr uint32_t kBarDqFull0 = 7;  // 7 + w: w's dQ^T partial is in its buffer
+  static constexpr uint32_t kBarDqFree0 = kBarDqFull0 + kConsumerWgs;  // + w: the reduce has read it
   static constexpr uint32_t kDqThreads = 128 + 32;
   static_assert(kBarDqFree0 + kConsumerWgs <= 16, "16 named barriers per CTA");
 };
@@ -505,11 +524,13 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
                                             first, t);
   }
   fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
-  const int tid = threadIdx.x - 128;  // 0..255 over both consumer warpgroups
-  copy_dkv_out<T::kBlockN, T::kHeadDim>(p.dv, p.dv_strides, stage_dv, T::kStageRowBytes,
-                                        w.seq.k_offset(p.dv_strides), w.kv_head, n0, seqlen_k, tid);
-  copy_dkv_out<T::kBlockN, T::kHeadDim>(p.dk, p.dk_strides, stage_dk, T::kStageRowBytes,
-                                        w.seq.k_offset(p.dk_strides), w.kv_head, n0, seqlen_k, tid);
+  const int tid = threadIdx.x - 128;  // 0 .. kConsumerThreads - 1 over the consumer warpgroups
+  copy_dkv_out<T::kBlockN, T::kHeadDim, T::kConsumerThreads>(
+      p.dv, p.dv_strides, stage_dv, T::kStageRowBytes, w.seq.k_offset(p.dv_strides), w.kv_head, n0,
+      seqlen_k, tid);
+  copy_dkv_out<T::kBlockN, T::kHeadDim, T::kConsumerThreads>(
+      p.dk, p.dk_strides, stage_dk, T::kStageRowBytes, w.seq.k_offset(p.dk_strides), w.kv_head, n0,
+      seqlen_k, tid);
 }
 
 }  // namespace sm90
