@@ -40,7 +40,7 @@ struct BwdSm90Config {
   int q_stages;       // Q pipeline depth
   int do_stages;      // dO pipeline depth
   int producer_regs;  // setmaxnreg of the TMA warpgroup
-  int consumer_regs;  // setmaxnreg of the two MMA warpgroups
+  int consumer_regs;  // setmaxnreg of the MMA (consumer) warpgroups
   // Default mode: dQ^T partials leave through shared memory and one bulk reduce per step, issued
   // by a producer-warpgroup warp, instead of global reductions from the MMA warpgroups. Needs
   // each warpgroup to own one atom-column (d = 128) and 32 KB of room; measured +1-5% at d = 128,
@@ -49,14 +49,16 @@ struct BwdSm90Config {
   int consumer_wgs;   // MMA warpgroups (2 or 3) splitting the work by data
 };
 
-// Two consumer warpgroups split the work by data, not by role (docs/design.md section 5):
-//   (1)-(4) warpgroup w computes S, dP, P, dS for all 64 queries and keys (block_n/2) w ..
-//           (64 x block_n/2 each) and stores P^T and dS^T in 16 bits to shared memory;
-//   one barrier: both halves of P^T and dS^T are there;
+// The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
+// (docs/design.md section 5):
+//   (1)-(4) warpgroup w computes S, dP, P, dS for all 64 queries and keys (block_n / W) w ..
+//           (64 x block_n / W each) and stores P^T and dS^T in 16 bits to shared memory;
+//   one barrier: every warpgroup's part of P^T and dS^T is there;
 //   (5)-(7) warpgroup w computes dV^T, dK^T and dQ^T for its head-dim atom-columns (64 rows
-//           each; warpgroup 0 takes the first ceil(atoms / 2), warpgroup 1 the rest) over all
-//           block_n keys (dV/dK accumulate across steps, dQ^T goes to dQaccum).
-// Registers per consumer thread of warpgroup 0 (the larger share), own = ceil(d / 128):
+//           each, dealt out evenly, the first warpgroups taking one more: with W = 2 warpgroup 0
+//           takes the first ceil(atoms / 2)) over all block_n keys (dV/dK accumulate across
+//           steps, dQ^T goes to dQaccum).
+// With W = 2, registers per consumer thread of warpgroup 0 (the larger share), own = ceil(d / 128):
 // dV^T + dK^T 2 x own x block_n / 2, S and dP 2 x block_n / 4 (dead before dQ starts), one dQ^T
 // atom 32 in flight. Shared memory: K, V block_n x 2d bytes each, Q and dO 64 x 2d bytes per
 // stage, P^T and dS^T double-buffered (step parity: one barrier per step), block_n x 128 B each.

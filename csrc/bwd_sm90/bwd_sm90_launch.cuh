@@ -7,9 +7,10 @@
 // (168 registers each at entry with two consumer warpgroups, 128 with three; setmaxnreg needs
 // the count known at entry):
 //   warpgroup 0  producer: setmaxnreg.dec to producer_regs, one thread issues every TMA copy;
-//                with deterministic=True warps 1 (and 2) keep the dQ turns of the add phases
-//                (bwd_sm90_turn_warp); otherwise, where the config says dq_smem, warps 1 and 2
-//                issue the bulk reduces of the consumers' dQ^T partials (bwd_sm90_dq_warp)
+//                with deterministic=True warps 1 .. (one per add phase) keep the dQ turns
+//                (bwd_sm90_turn_warp); otherwise, where the config says dq_smem, warps 1 ..
+//                (one per consumer warpgroup) issue the bulk reduces of its dQ^T partials
+//                (bwd_sm90_dq_warp)
 //   warpgroups 1 .. consumer_wgs  consumers (setmaxnreg.inc to consumer_regs), split by
 //                data: keys (block_n / consumer_wgs) w.. for S, dP, P, dS; their head-dim
 //                atom-columns for dV^T, dK^T, dQ^T

@@ -4,13 +4,13 @@
 //   (3) dP = dO_i V_j^T (4) dS = P * (dP - D_i)
 //   (5) dV_j += P^T dO_i   (6) dK_j += dS^T Q_i   (7) dQ_i += dS K_j
 //
-// Split by data (bwd_sm90.h): consumer warpgroup w owns keys (block_n/2) w .. for (1)-(4) and
+// Split by data (bwd_sm90.h): consumer warpgroup w owns keys (block_n / W) w .. for (1)-(4) and
 // its head-dim atom-columns (64 rows each) for (5)-(7). (5)-(7) are computed transposed
 // (M = head dim):
 //   (5) dV^T += dO^T P     (6) dK^T += Q^T dS     (7) dQ^T = K^T dS^T
 // so every operand is a tile already in shared memory and no GEMM needs registers from the other
 // warpgroup. P^T and dS^T ([key][query], block_n rows of 128 bytes) are the only hand-off:
-// written with stmatrix.trans from each warpgroup's S / dP accumulators, read by both after one
+// written with stmatrix.trans from each warpgroup's S / dP accumulators, read by all after one
 // barrier.
 //
 // Shared memory (128B-swizzled tiles, 1024-aligned; TMA writes all but P^T / dS^T; d/64
@@ -23,8 +23,8 @@
 // (sizes per config in bwd_sm90.h).
 //
 // wgmma operands (docs/hopper-facts.md section 11; M always 64 per instruction), N = block_n:
-//   (1) S   = Q K_w^T    A = Q_i K-major, B = K rows (N/2) w.. K-major   (SS, m64 n(N/2), K d)
-//   (3) dP  = dO V_w^T   A = dO_i K-major, B = V rows (N/2) w.. K-major  (SS, m64 n(N/2), K d)
+//   (1) S   = Q K_w^T    A = Q_i K-major, B = K rows (N/W) w.. K-major   (SS, m64 n(N/W), K d)
+//   (3) dP  = dO V_w^T   A = dO_i K-major, B = V rows (N/W) w.. K-major  (SS, m64 n(N/W), K d)
 //   (5) dV^T = dO^T P    A = dO_i MN-major (trans-a), B = P^T K-major     (SS, m64 nN, K 64)
 //   (6) dK^T = Q^T dS    A = Q_i MN-major (trans-a), B = dS^T K-major     (SS, m64 nN, K 64)
 //   (7) dQ^T = K^T dS^T  A = K MN-major (trans-a), B = dS^T MN-major      (SS, m64 n64, K N)
@@ -116,7 +116,7 @@ struct BwdSm90Traits {
       1024 /* alignment slack */ + kOffPipeDo + sizeof(fh::TmaPipeline<kDoStages>);
   static_assert(kSmemBytes <= 232448, "over the 227 KB a CTA may have");
   static_assert(kKvAtomBytes % 1024 == 0 && kHalfN * 128 % 1024 == 0 && kHandBytes % 1024 == 0,
-                "swizzled tiles and their block_n/2-row halves must stay 1024-aligned");
+                "swizzled tiles and each warpgroup's kHalfN-row part must stay 1024-aligned");
   // Epilogue staging of dV and dK as 16-bit [key][d] rows padded by 16 bytes (stmatrix rows of
   // one matrix then fall into 8 different bank groups), over K, V and Q, dead by then.
   static constexpr uint32_t kStageRowBytes = kHeadDim * 2 + 16;
@@ -131,14 +131,14 @@ struct BwdSm90Traits {
   static_assert(2 * kOwn0 * kBlockN / 2 + (kHalfN > 32 ? kHalfN : 32) <= kCfg.consumer_regs - 8,
                 "dV^T, dK^T and S + dP or one dQ^T atom exceed the consumer register budget");
   // Named barriers between the consumer warpgroups (id 0 is __syncthreads).
-  static constexpr uint32_t kBarHandoff = 1;  // both halves of P^T, dS^T of this step written
+  static constexpr uint32_t kBarHandoff = 1;  // all parts of P^T, dS^T of this step written
   static constexpr uint32_t kBarEpilogue = 2;  // K/V/Q reads done, then staging written
   // Deterministic mode, per phase h of the dQ adds (h: the h-th atom-column each warpgroup
   // adds) and its turn warp (bwd_sm90_turn_warp):
   static constexpr int kDqPhases = kOwn0;
   static_assert(kDqPhases <= 2, "two turn warps and barrier pairs");
   static constexpr uint32_t kBarTurn0 = 3;   // 3 + h: the tile's turn for phase h has come
-  static constexpr uint32_t kBarAdded0 = 5;  // 5 + h: both warpgroups issued their phase-h adds
+  static constexpr uint32_t kBarAdded0 = 5;  // 5 + h: all warpgroups issued their phase-h adds
   static constexpr uint32_t kTurnThreads = kConsumerThreads + 32;
   // dQ through shared memory, per consumer warpgroup w (128 threads + its dQ warp):
   static constexpr uint32_t kBarDqFull0 = 7;  // 7 + w: w's dQ^T partial is in its buffer
@@ -196,8 +196,8 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
 
 // ------------------------------------------------------------------- consumer helpers ---
 
-// (1) S or (3) dP for this warpgroup's block_n/2 keys: X_i (64 queries, K-major, atom-columns
-// 8 KB apart) times Y rows (half of a block_n-row tile, K-major), K = d.
+// (1) S or (3) dP for this warpgroup's kHalfN = block_n / W keys: X_i (64 queries, K-major,
+// atom-columns 8 KB apart) times Y rows (that part of a block_n-row tile, K-major), K = d.
 template <class T>
 __device__ __forceinline__ void gemm_q_by_kv(float (&acc)[T::kHalfN / 2], const uint8_t* x,
                                              const uint8_t* y) {
@@ -242,7 +242,7 @@ __device__ __forceinline__ void gemm_dq(float (&acc)[T::kBlockM / 2], const uint
   }
 }
 
-// A 64 x block_n/2 accumulator (queries x this warpgroup's keys) as 16-bit into the hand-off
+// A 64 x kHalfN accumulator (queries x this warpgroup's keys) as 16-bit into the hand-off
 // tile [key][query] (block_n rows x 128 B, 128B-swizzled as a K-major wgmma operand): stmatrix.trans
 // turns each 8 x 8 block (8 queries x 8 keys) into 8 key rows of 16 contiguous bytes.
 // Block (key group j, query half h) of warp v holds keys 8j.., queries 16v + 8h..; matrices
@@ -280,7 +280,7 @@ __device__ __forceinline__ void store_hand_t(uint8_t* hand, const float (&acc)[T
 // atom-column each consumer warpgroup adds first, h = 0, or second, h = 1), so that neither the poll
 // nor the release (which waits for the adds to reach L2) stalls the consumers, and each has a
 // whole step to do both. Per step: poll the tile's phase-h counter until this K/V block's rank
-// (bwd_sm90_dq_rank), let the consumers add (kBarTurn0 + h), wait until both warpgroups have
+// (bwd_sm90_dq_rank), let the consumers add (kBarTurn0 + h), wait until all warpgroups have
 // issued their adds (kBarAdded0 + h: their bar.arrive orders the adds before this warp's
 // bar.sync), then hand the turn on with one red.release. Each barrier has at most one phase
 // open: the consumers cannot reach the next step's turn before this warp has passed the last.
@@ -331,9 +331,9 @@ __device__ __forceinline__ void bwd_sm90_dq_warp(const BwdSm90Params& p, const B
 }
 
 // ---------------------------------------------------------------- consumer warpgroups ---
-// wg: which consumer warpgroup (0 or 1), a run-time value; kOwn: the head-dim atom-columns of
+// wg: which consumer warpgroup (0 .. W - 1), a run-time value; kOwn: the head-dim atom-columns of
 // (5)-(7) this instance holds accumulators for, a compile-time value (the arrays' size). Where
-// both warpgroups own kOwn, or warpgroup 1 owns none (d = 64), both run one instance
+// all warpgroups own kOwn, or (W = 2) warpgroup 1 owns none (d = 64), all run one instance
 // (kBwdSharedConsumer): the SM's four schedulers then fetch one copy of the step's ~1000
 // instructions instead of two different ones (docs/design.md section 5, "one consumer
 // instance"). Otherwise (d = 192: 2 / 1) each warpgroup has its own.
@@ -430,8 +430,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     for (int r = 0; r < T::kHalfN / 2; ++r) dp[r] = s[r] * (dp[r] - ((r & 2) ? dsum1 : dsum0));
     store_hand_t<T>(ds_t, dp, wg, t);
     fh::fence_proxy_async_shared();  // stmatrix (generic proxy) -> wgmma (async proxy) reads
-    // Both warpgroups' halves are in place. The buffers alternate with the step's parity: the
-    // other warpgroup passed this barrier only after its last wgmma of step i-1 had completed,
+    // Every warpgroup's part is in place. The buffers alternate with the step's parity: the
+    // other warpgroups passed this barrier only after their last wgmmas of step i-1 had completed,
     // so step i+1 may overwrite what step i-1 read.
     fh::named_bar_sync(T::kBarHandoff, T::kConsumerThreads);
 
@@ -513,8 +513,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     fh::wgmma_fence_operand(acc_dk[u]);
   }
 
-  // Epilogue: both warpgroups are done reading K, V, Q (their last wgmmas were waited for) once
-  // both pass this barrier; then the staging tiles may overwrite them.
+  // Epilogue: all warpgroups are done reading K, V, Q (their last wgmmas were waited for) once
+  // all pass this barrier; then the staging tiles may overwrite them.
   fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
   uint8_t* stage_dv = smem;
   uint8_t* stage_dk = smem + T::kStageBytes;

@@ -1,5 +1,5 @@
 // Tile order of the Hopper backward: which (K/V block, kv head, batch) a CTA owns, and the
-// sequence of (q head, Q block) it walks. The producer and both consumer warpgroups walk the
+// sequence of (q head, Q block) it walks. The producer and all consumer warpgroups walk the
 // same sequence, so each derives it from the same two functions.
 #pragma once
 
