@@ -70,7 +70,7 @@ struct BwdSm90Traits {
   static_assert(kBlockM == kDqTileRows, "dQaccum tiles are Q blocks");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "block_n: k16 steps of dQ^T, N of dV^T");
   static_assert(kBlockN % (8 * kConsumerWgs) == 0, "each warpgroup's keys: a whole wgmma N");
-  static constexpr int kHalfN = kBlockN / kConsumerWgs;    // keys per consumer warpgroup
+  static constexpr int kWgKeys = kBlockN / kConsumerWgs;  // keys per consumer warpgroup
   static constexpr int kAtomCols = kHeadDim / 64;          // 64-element (128-byte) columns
   // Head-dim atom-columns of (5)-(7) per warpgroup: the first kAtomCols % kConsumerWgs take one
   // more (with two warpgroups: warpgroup 0 takes the larger share; written out for two, as the
@@ -115,8 +115,8 @@ struct BwdSm90Traits {
   static constexpr size_t kSmemBytes =
       1024 /* alignment slack */ + kOffPipeDo + sizeof(fh::TmaPipeline<kDoStages>);
   static_assert(kSmemBytes <= 232448, "over the 227 KB a CTA may have");
-  static_assert(kKvAtomBytes % 1024 == 0 && kHalfN * 128 % 1024 == 0 && kHandBytes % 1024 == 0,
-                "swizzled tiles and each warpgroup's kHalfN-row part must stay 1024-aligned");
+  static_assert(kKvAtomBytes % 1024 == 0 && kWgKeys * 128 % 1024 == 0 && kHandBytes % 1024 == 0,
+                "swizzled tiles and each warpgroup's kWgKeys-row part must stay 1024-aligned");
   // Epilogue staging of dV and dK as 16-bit [key][d] rows padded by 16 bytes (stmatrix rows of
   // one matrix then fall into 8 different bank groups), over K, V and Q, dead by then.
   static constexpr uint32_t kStageRowBytes = kHeadDim * 2 + 16;
@@ -126,9 +126,9 @@ struct BwdSm90Traits {
   static_assert(128 * kCfg.producer_regs + kConsumerThreads * kCfg.consumer_regs <=
                     kEntryRegs * kThreads,
                 "setmaxnreg budget exceeds the register file: .inc would deadlock");
-  // dV^T and dK^T live throughout; S and dP (kHalfN / 2 each) die at the hand-off, before the
+  // dV^T and dK^T live throughout; S and dP (kWgKeys / 2 each) die at the hand-off, before the
   // dQ^T atom (32) is born.
-  static_assert(2 * kOwn0 * kBlockN / 2 + (kHalfN > 32 ? kHalfN : 32) <= kCfg.consumer_regs - 8,
+  static_assert(2 * kOwn0 * kBlockN / 2 + (kWgKeys > 32 ? kWgKeys : 32) <= kCfg.consumer_regs - 8,
                 "dV^T, dK^T and S + dP or one dQ^T atom exceed the consumer register budget");
   // Named barriers between the consumer warpgroups (id 0 is __syncthreads).
   static constexpr uint32_t kBarHandoff = 1;  // all parts of P^T, dS^T of this step written
@@ -196,17 +196,17 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
 
 // ------------------------------------------------------------------- consumer helpers ---
 
-// (1) S or (3) dP for this warpgroup's kHalfN = block_n / W keys: X_i (64 queries, K-major,
+// (1) S or (3) dP for this warpgroup's kWgKeys = block_n / W keys: X_i (64 queries, K-major,
 // atom-columns 8 KB apart) times Y rows (that part of a block_n-row tile, K-major), K = d.
 template <class T>
-__device__ __forceinline__ void gemm_q_by_kv(float (&acc)[T::kHalfN / 2], const uint8_t* x,
+__device__ __forceinline__ void gemm_q_by_kv(float (&acc)[T::kWgKeys / 2], const uint8_t* x,
                                              const uint8_t* y) {
   const uint64_t dx = fh::desc_kmajor_sw128(x);
   const uint64_t dy = fh::desc_kmajor_sw128(y);
-  fh::wgmma_ss_set<T::kHalfN, 0, 0, T::kElem>(acc, dx, dy);
+  fh::wgmma_ss_set<T::kWgKeys, 0, 0, T::kElem>(acc, dx, dy);
 #pragma unroll
   for (int s = 1; s < T::kHeadDim / 16; ++s) {
-    fh::wgmma_ss<T::kHalfN, 0, 0, T::kElem>(acc, fh::desc_advance(dx, fh::kmajor_k_offset(s, T::kBlockM)),
+    fh::wgmma_ss<T::kWgKeys, 0, 0, T::kElem>(acc, fh::desc_advance(dx, fh::kmajor_k_offset(s, T::kBlockM)),
                                             fh::desc_advance(dy, fh::kmajor_k_offset(s, T::kBlockN)),
                                             true);
   }
@@ -242,35 +242,35 @@ __device__ __forceinline__ void gemm_dq(float (&acc)[T::kBlockM / 2], const uint
   }
 }
 
-// A 64 x kHalfN accumulator (queries x this warpgroup's keys) as 16-bit into the hand-off
+// A 64 x kWgKeys accumulator (queries x this warpgroup's keys) as 16-bit into the hand-off
 // tile [key][query] (block_n rows x 128 B, 128B-swizzled as a K-major wgmma operand): stmatrix.trans
 // turns each 8 x 8 block (8 queries x 8 keys) into 8 key rows of 16 contiguous bytes.
 // Block (key group j, query half h) of warp v holds keys 8j.., queries 16v + 8h..; matrices
 // are taken in the order (j, 0), (j, 1), (j + 1, 0), (j + 1, 1).
 template <class T>
-__device__ __forceinline__ void store_hand_t(uint8_t* hand, const float (&acc)[T::kHalfN / 2],
+__device__ __forceinline__ void store_hand_t(uint8_t* hand, const float (&acc)[T::kWgKeys / 2],
                                              int wg, int t) {
   const int lane = t % 32;
   const int warp = t / 32;
   const uint32_t base = fh::smem_u32(hand);
-  uint32_t pk[T::kHalfN / 4];
+  uint32_t pk[T::kWgKeys / 4];
 #pragma unroll
-  for (int i = 0; i < T::kHalfN / 4; ++i) pk[i] = fh::pack2<T::kElem>(acc[2 * i], acc[2 * i + 1]);
+  for (int i = 0; i < T::kWgKeys / 4; ++i) pk[i] = fh::pack2<T::kElem>(acc[2 * i], acc[2 * i + 1]);
   // pk[2j] = (j, 0), pk[2j + 1] = (j, 1).
   const int mat = lane / 8;  // x4: matrices 0..3; x2 uses lanes 0..15
   const int r = lane % 8;
   auto addr = [&](int j, int h) {
-    const int key = T::kHalfN * wg + 8 * j + r;
+    const int key = T::kWgKeys * wg + 8 * j + r;
     const int chunk = 2 * warp + h;
     return base + key * 128 + ((chunk ^ (key & 7)) << 4);
   };
 #pragma unroll
-  for (int j = 0; j + 1 < T::kHalfN / 8; j += 2) {
+  for (int j = 0; j + 1 < T::kWgKeys / 8; j += 2) {
     fh::stmatrix_x4_trans(addr(j + mat / 2, mat & 1), pk[2 * j], pk[2 * j + 1], pk[2 * j + 2],
                           pk[2 * j + 3]);
   }
-  if constexpr ((T::kHalfN / 8) % 2 == 1) {
-    constexpr int j = T::kHalfN / 8 - 1;
+  if constexpr ((T::kWgKeys / 8) % 2 == 1) {
+    constexpr int j = T::kWgKeys / 8 - 1;
     fh::stmatrix_x2_trans(addr(j, mat & 1), pk[2 * j], pk[2 * j + 1]);
   }
 }
@@ -356,9 +356,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   const int diag = seqlen_k - w.seq.seqlen_q;  // causal: query i sees keys <= i + diag
   // This thread's two query rows in S / dP (accumulator rows) and first key column.
   const int q_row = fh::acc_row(0, t);
-  const int key0 = n0 + T::kHalfN * wg + fh::acc_col(0, t);
-  const uint8_t* k_half = smem + T::kOffK + T::kHalfN * wg * 128;
-  const uint8_t* v_half = smem + T::kOffV + T::kHalfN * wg * 128;
+  const int key0 = n0 + T::kWgKeys * wg + fh::acc_col(0, t);
+  const uint8_t* k_half = smem + T::kOffK + T::kWgKeys * wg * 128;
+  const uint8_t* v_half = smem + T::kOffV + T::kWgKeys * wg * 128;
 
   float acc_dv[kAcc][T::kBlockN / 2];  // dV^T of atom-columns first ..
   float acc_dk[kAcc][T::kBlockN / 2];  // dK^T, same atom-columns
@@ -387,7 +387,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     const uint8_t* do_s = smem + T::kOffDo + sd.stage * T::kQTileBytes;
 
     // (1) S = Q_i K_w^T  then  (3) dP = dO_i V_w^T, two commit groups.
-    float s[T::kHalfN / 2], dp[T::kHalfN / 2];
+    float s[T::kWgKeys / 2], dp[T::kWgKeys / 2];
     // Both start with a write-only wgmma (wgmma_ss_set): no zeroing pass, no old value kept.
     pipe_q->consumer_wait(sq);
     fh::wgmma_fence();
@@ -408,7 +408,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         n0 + T::kBlockN > seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag);
     if (need_mask) {
 #pragma unroll
-      for (int r = 0; r < T::kHalfN / 2; ++r) {
+      for (int r = 0; r < T::kWgKeys / 2; ++r) {
         const int key = key0 + 8 * (r >> 2) + (r & 1);
         const int query = m0 + q_row + 8 * ((r >> 1) & 1);
         const float l = (r & 2) ? lse1 : lse0;
@@ -417,7 +417,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       }
     } else {
 #pragma unroll
-      for (int r = 0; r < T::kHalfN / 2; ++r) {
+      for (int r = 0; r < T::kWgKeys / 2; ++r) {
         s[r] = fh::exp2_approx(s[r] * p.scale_log2 - ((r & 2) ? lse1 : lse0));
       }
     }
@@ -427,7 +427,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(dp);
 #pragma unroll
-    for (int r = 0; r < T::kHalfN / 2; ++r) dp[r] = s[r] * (dp[r] - ((r & 2) ? dsum1 : dsum0));
+    for (int r = 0; r < T::kWgKeys / 2; ++r) dp[r] = s[r] * (dp[r] - ((r & 2) ? dsum1 : dsum0));
     store_hand_t<T>(ds_t, dp, wg, t);
     fh::fence_proxy_async_shared();  // stmatrix (generic proxy) -> wgmma (async proxy) reads
     // Every warpgroup's part is in place. The buffers alternate with the step's parity: the
