@@ -142,7 +142,8 @@ struct BwdSm90Traits {
   static constexpr uint32_t kTurnThreads = kConsumerThreads + 32;
   // dQ through shared memory, per consumer warpgroup w (128 threads + its dQ warp):
   static constexpr uint32_t kBarDqFull0 = 7;  // 7 + w: w's dQ^T partial is in its buffer
-  static constexpr uint32_t kBarDqFree0 = kBarDqFull0 + kConsumerWgs;  // + w: the reduce has read it
+  // kBarDqFree0 + w: the bulk reduce has read w's buffer.
+  static constexpr uint32_t kBarDqFree0 = kBarDqFull0 + kConsumerWgs;
   static constexpr uint32_t kDqThreads = 128 + 32;
   static_assert(kBarDqFree0 + kConsumerWgs <= 16, "16 named barriers per CTA");
 };
