@@ -44,7 +44,7 @@ struct BwdSm90Config {
   // Default mode: dQ^T partials leave through shared memory and one bulk reduce per step, issued
   // by a producer-warpgroup warp, instead of global reductions from the MMA warpgroups. Needs
   // each warpgroup to own one atom-column (d = 128) and 32 KB of room; measured +1-5% at d = 128,
-  // -8-10% at d = 64 (docs/perf-log.md).
+  // 6-11% slower at d = 64 and (with one dO stage, for the room) d = 192 (docs/perf-log.md).
   bool dq_smem;
   int consumer_wgs;   // MMA warpgroups (2 or 3) splitting the work by data
 };

@@ -28,25 +28,31 @@ __device__ __forceinline__ void red_add_v4(float* dst, float a, float b, float c
                : "memory");
 }
 
+// One atom-column of a dQaccum tile in the fragment order above: thread t's register group g
+// (accumulator registers 4g..4g+3) at float dq_frag_thread(t) + g * kDqFragGroupFloats.
+__host__ __device__ constexpr int dq_frag_thread(int t) { return t * 4; }
+constexpr int kDqFragGroupFloats = 512;  // 128 threads x 4 floats
+
 // (7) dQaccum[tile][atom-column u] += dq (32 registers of an m64n64 accumulator).
 template <int kHeadDim>
 __device__ __forceinline__ void add_dq_partial(const BwdSm90Params& p, int64_t tile, int u, int t,
                                                const float (&dq)[32]) {
-  float* dst = p.dq_accum + tile * dq_tile_floats(kHeadDim) + u * kDqAtomFloats + t * 4;
+  float* dst = p.dq_accum + tile * dq_tile_floats(kHeadDim) + u * kDqAtomFloats + dq_frag_thread(t);
 #pragma unroll
   for (int g = 0; g < 8; ++g) {
-    red_add_v4(dst + g * 512, dq[4 * g], dq[4 * g + 1], dq[4 * g + 2], dq[4 * g + 3]);
+    red_add_v4(dst + g * kDqFragGroupFloats, dq[4 * g], dq[4 * g + 1], dq[4 * g + 2],
+               dq[4 * g + 3]);
   }
 }
 
 // (7) The same partial into a 16 KB shared-memory buffer laid out as one atom-column of a
-// dQaccum tile, for one bulk reduce-add (bwd_sm90_dq_warp): thread t's group g at float
-// (g * 128 + t) * 4, so a warp's stores cover 512 contiguous bytes (no bank conflicts).
+// dQaccum tile (dq_frag_thread), for one bulk reduce-add (bwd_sm90_dq_warp); a warp's stores
+// cover 512 contiguous bytes (no bank conflicts).
 __device__ __forceinline__ void store_dq_partial(uint8_t* buf, int t, const float (&dq)[32]) {
-  float* dst = reinterpret_cast<float*>(buf) + t * 4;
+  float* dst = reinterpret_cast<float*>(buf) + dq_frag_thread(t);
 #pragma unroll
   for (int g = 0; g < 8; ++g) {
-    *reinterpret_cast<float4*>(dst + g * 512) =
+    *reinterpret_cast<float4*>(dst + g * kDqFragGroupFloats) =
         make_float4(dq[4 * g], dq[4 * g + 1], dq[4 * g + 2], dq[4 * g + 3]);
   }
 }

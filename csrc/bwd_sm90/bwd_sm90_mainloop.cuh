@@ -335,9 +335,9 @@ __device__ __forceinline__ void bwd_sm90_dq_warp(const BwdSm90Params& p, const B
 // wg: which consumer warpgroup (0 .. W - 1), a run-time value; kOwn: the head-dim atom-columns of
 // (5)-(7) this instance holds accumulators for, a compile-time value (the arrays' size). Where
 // all warpgroups own kOwn, or (W = 2) warpgroup 1 owns none (d = 64), all run one instance
-// (kBwdSharedConsumer): the SM's four schedulers then fetch one copy of the step's ~1000
-// instructions instead of two different ones (docs/design.md section 5, "one consumer
-// instance"). Otherwise (d = 192: 2 / 1) each warpgroup has its own.
+// (BwdSm90Traits::kSharedConsumer): one copy of the step loop, measured no faster than two but
+// smaller and without the d = 128 deterministic instance's spills (docs/design.md section 7.2).
+// Otherwise (d = 192: 2 / 1) each warpgroup has its own.
 template <class T, bool kDet, int kOwn>
 __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const BwdSm90Work& w,
                                                   uint8_t* smem, uint64_t* kv_bar,
