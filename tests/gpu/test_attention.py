@@ -252,8 +252,7 @@ def _inputs_and_references(case):
 @pytest.mark.parametrize("deterministic", [False, True], ids=["nondet", "det"])
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_matches_reference(case, deterministic):
-    hopper_only = case.dtype != torch.bfloat16 or case.headdim == 192
-    if _FORCE_REFERENCE and hopper_only:
+    if _FORCE_REFERENCE and flashback._checks.hopper_only(case.dtype, case.headdim):
         pytest.skip("runs on the Hopper kernels only (FLASHBACK_FORCE_REFERENCE is set)")
     x, (out32, lse32, g32), (outlp, _, glp) = _inputs_and_references(case)
     ctx, out, lse, grads = _call_poisoned(case, x, deterministic)
