@@ -336,6 +336,12 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   }
   // Q of this warpgroup is read by no wgmma any more (its last S was waited for): the O tile
   // is staged over it.
+  // With one Q stage (d >= 192) a persistent CTA stages this tile's O where the warpgroup's
+  // other warps read the previous tile's O. The mbarriers order it (their reads, the Q release,
+  // the producer's wait, the TMA of this Q, its full barrier), but compute-sanitizer's racecheck
+  // does not follow a chain through a TMA and reported it as a race; this barrier (one per tile)
+  // states the order where the tool sees it.
+  if constexpr (T::kQStages == 1) fh::named_bar_sync(T::kBarEpilogue0 + wg, 128);
   store_out_and_lse<T::kHeadDim, T::kElem>(p, w, q_stage + 64 * wg * 128, T::kQAtomBytes,
                                            m0, t, T::kBarEpilogue0 + wg, o, inv, lse);
   // This warp's reads of the staged O are done: the stage may take the next Q (a TMA write,
