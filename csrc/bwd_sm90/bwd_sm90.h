@@ -47,6 +47,10 @@ struct BwdSm90Config {
   // 6-11% slower at d = 64 and (with one dO stage, for the room) d = 192 (docs/perf-log.md).
   bool dq_smem;
   int consumer_wgs;   // MMA warpgroups (2 or 3) splitting the work by data
+  // How (5)-(7) are split (below): false, by head-dim atom-columns; true, by keys (warpgroup w
+  // keeps dV and dK of its block_n / W keys, fed P^T and dS^T from its registers), then
+  // block_m = 64 x W and warpgroup w computes dQ^T of queries 64 w.. (bwd_sm90_mainloop_by_keys.cuh).
+  bool by_keys = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -71,7 +75,7 @@ struct BwdSm90Config {
 //            would need 228 KB).
 // Three consumer warpgroups (512 threads, 128 registers each at entry, setmaxnreg 24 / 160) split
 // the keys of (1)-(4) in three and own one atom-column each at d = 192.
-constexpr BwdSm90Config kBwdSm90Hdim64 = {64, 64, 128, 2, 2, 24, 240, false, 2};
+constexpr BwdSm90Config kBwdSm90Hdim64 = {64, 128, 128, 2, 2, 24, 240, false, 2, true};
 constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240, true, 2};
 constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 80, 2, 2, 24, 240, false, 2};
 constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 2, 1, 24, 240, false, 2};

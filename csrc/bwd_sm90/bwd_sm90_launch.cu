@@ -44,8 +44,9 @@ bool bwd_sm90_det_cooperative() {
 WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p) {
   const BwdSm90Row* row = find_row(kTable, p.headdim);
   const int block_m = row != nullptr ? row->cfg->block_m : kDqTileRows;
-  const int m_blocks = (p.seqlen_q + block_m - 1) / block_m;
-  const size_t tiles = static_cast<size_t>(dq_tiles_total(p, m_blocks));
+  const int step_tiles = block_m / kDqTileRows;
+  const int m_blocks = (p.seqlen_q + block_m - 1) / block_m * step_tiles;  // 64-row tiles
+  const size_t tiles = static_cast<size_t>(dq_tiles_total(p, m_blocks, step_tiles));
   const size_t rows = tiles * kDqTileRows;
   WorkspaceParts w;
   w.dq_accum = 0;

@@ -27,6 +27,7 @@
 
 #include "bwd_sm90/bwd_sm90.h"
 #include "bwd_sm90/bwd_sm90_mainloop.cuh"
+#include "bwd_sm90/bwd_sm90_mainloop_by_keys.cuh"
 #include "bwd_sm90/bwd_sm90_prepost.h"
 #include "bwd_sm90/bwd_sm90_scheduler.cuh"
 #include "hopper/hopper.h"
@@ -85,7 +86,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
   } else {
     fh::setmaxnreg_inc<T::kConsumerRegs>();
-    if constexpr (T::kSharedConsumer) {
+    if constexpr (T::kByKeys) {
+      bwd_sm90_consumer_by_keys<T, kDet>(p, w, smem, kv_bar, pipe_q, pipe_do, wg - 1);
+    } else if constexpr (T::kSharedConsumer) {
       bwd_sm90_consumer<T, kDet, T::kOwn0>(p, w, smem, kv_bar, pipe_q, pipe_do, wg - 1);
     } else if (wg == 1) {
       bwd_sm90_consumer<T, kDet, T::kOwn0>(p, w, smem, kv_bar, pipe_q, pipe_do, 0);
@@ -111,12 +114,13 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   float* dq_accum = reinterpret_cast<float*>(ws + parts.dq_accum);
   float* lse_log2 = reinterpret_cast<float*>(ws + parts.lse);
   float* dsum = reinterpret_cast<float*>(ws + parts.dsum);
-  const int m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+  const int m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;  // steps
+  const int tiles_m = m_blocks * T::kStepTiles;  // 64-row workspace tiles (bwd_sm90_prepost.h)
 
   cudaError_t err = cudaMemsetAsync(dq_accum, 0, parts.lse - parts.dq_accum, stream);
   if (err != cudaSuccess) return err;
   // (0) D = rowsum(dO * O), LSE * log2(e)
-  err = launch_bwd_sm90_preprocess(p, m_blocks, lse_log2, dsum, stream);
+  err = launch_bwd_sm90_preprocess(p, tiles_m, T::kStepTiles, lse_log2, dsum, stream);
   if (err != cudaSuccess) return err;
 
   BwdSm90Params kp;
@@ -143,7 +147,7 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   kp.dsum = dsum;
   kp.dq_accum = dq_accum;
   kp.dq_turn = p.deterministic ? reinterpret_cast<int*>(ws + parts.dq_turn) : nullptr;
-  kp.dq_tiles = dq_tiles_of(p, m_blocks);
+  kp.dq_tiles = dq_tiles_of(p, tiles_m, T::kStepTiles);
   kp.cu_seqlens_q = p.cu_seqlens_q;
   kp.cu_seqlens_k = p.cu_seqlens_k;
   kp.dk = p.dk;
@@ -193,7 +197,7 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
         }
         if (err != cudaSuccess) return err;
       }
-      if (launched_all) return launch_bwd_sm90_postprocess(p, m_blocks, dq_accum, stream);
+      if (launched_all) return launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, stream);
     }
   }
   kernel<<<dim3(ctas), T::kThreads, T::kSmemBytes, stream>>>(map_q, map_k, map_v, map_do,
@@ -201,7 +205,7 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   // dQ = scale * dQaccum
-  return launch_bwd_sm90_postprocess(p, m_blocks, dq_accum, stream);
+  return launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, stream);
 }
 
 // The entry point of head dim D's instances, bf16 and fp16 (in bwd_sm90_hdim<D>.cu; the table

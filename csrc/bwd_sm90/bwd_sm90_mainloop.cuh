@@ -66,12 +66,20 @@ struct BwdSm90Traits {
   static constexpr int kConsumerThreads = 128 * kConsumerWgs;
   static_assert(kHeadDim % 64 == 0 && kHeadDim >= 64 && kHeadDim <= 256,
                 "d is a whole number of 64-element atom-columns, at most 256");
-  static_assert(kBlockM == 64, "one wgmma M (64 queries) per step: S, dP and the dQ^T N");
-  static_assert(kBlockM == kDqTileRows, "dQaccum tiles are Q blocks");
+  // (5)-(7) split by keys (bwd_sm90_mainloop_by_keys.cuh) instead of by head-dim atom-columns.
+  static constexpr bool kByKeys = kCfg.by_keys;
+  static_assert(kByKeys ? kBlockM == 64 * kConsumerWgs : kBlockM == 64,
+                "by head dim: one wgmma M (64 queries) per step; by keys: 64 queries of dQ^T per "
+                "warpgroup");
+  static_assert(kBlockM % kDqTileRows == 0, "a step covers whole dQaccum tiles");
+  static constexpr int kStepTiles = kBlockM / kDqTileRows;  // workspace tiles per step
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "block_n: k16 steps of dQ^T, N of dV^T");
   static_assert(kBlockN % (8 * kConsumerWgs) == 0, "each warpgroup's keys: a whole wgmma N");
   static constexpr int kWgKeys = kBlockN / kConsumerWgs;  // keys per consumer warpgroup
   static constexpr int kAtomCols = kHeadDim / 64;          // 64-element (128-byte) columns
+  static_assert(!kByKeys || (kWgKeys == 64 && kAtomCols == 1),
+                "by keys: each warpgroup's keys one wgmma M, one head-dim atom-column (d = 64: "
+                "a warpgroup's dQ^T is one m64n64 tile)");
   // Head-dim atom-columns of (5)-(7) per warpgroup: the first kAtomCols % kConsumerWgs take one
   // more (with two warpgroups: warpgroup 0 takes the larger share; written out for two, as the
   // run-time warpgroup index of a shared instance then costs one select).
@@ -95,21 +103,30 @@ struct BwdSm90Traits {
   static constexpr uint32_t kQTileBytes = kAtomCols * kQAtomBytes;
   static constexpr uint32_t kKvTileBytes = kAtomCols * kKvAtomBytes;
   static constexpr uint32_t kHandBytes = kBlockN * kBlockM * 2;  // P^T or dS^T
+  // The hand-off tiles [key][query] in atom-columns of 64 queries (by keys: kBlockM / 64).
+  static constexpr uint32_t kHandAtomBytes = kBlockN * 128;
   static constexpr uint32_t kOffK = 0;
   static constexpr uint32_t kOffV = kOffK + kKvTileBytes;
   static constexpr uint32_t kOffQ = kOffV + kKvTileBytes;
   static constexpr uint32_t kOffDo = kOffQ + kQStages * kQTileBytes;
-  static constexpr uint32_t kOffP = kOffDo + kDoStages * kQTileBytes;  // 2 buffers
-  static constexpr uint32_t kOffDs = kOffP + 2 * kHandBytes;           // 2 buffers
+  // P^T only by head dim (by keys it stays in registers); 2 buffers each (step parity).
+  static constexpr uint32_t kOffP = kOffDo + kDoStages * kQTileBytes;
+  static constexpr uint32_t kOffDs = kOffP + (kByKeys ? 0 : 2 * kHandBytes);
   // dQ through shared memory (kCfg.dq_smem, default mode): one 64 x 64 fp32 buffer per consumer
   // warpgroup in dQaccum's fragment order, which a producer-warpgroup warp adds into dQaccum
   // with one bulk reduce per step (bwd_sm90_dq_warp).
   static constexpr bool kDqViaSmem = kCfg.dq_smem;
-  static_assert(!kDqViaSmem || (kOwn0 == 1 && kOwn1 == 1),
+  static_assert(!kDqViaSmem || kByKeys || (kOwn0 == 1 && kOwn1 == 1),
                 "dq_smem: one dQ^T atom-column per warpgroup, one dQ warp each");
   static constexpr uint32_t kDqBufBytes = kDqAtomFloats * 4;  // 16 KB
   static constexpr uint32_t kOffDqBuf = kOffDs + 2 * kHandBytes;
-  static constexpr uint32_t kOffBar = kOffDqBuf + (kDqViaSmem ? kConsumerWgs * kDqBufBytes : 0);
+  // By keys a thread needs LSE and D of 32 query columns, too many to hold from the step's
+  // start: each Q stage brings the step's LSE * log2(e) rows, each dO stage its D rows (bulk
+  // copies on the stage's full barrier), read from shared memory next to their use.
+  static constexpr uint32_t kStatBytes = kByKeys ? kBlockM * 4 : 0;
+  static constexpr uint32_t kOffLse = kOffDqBuf + (kDqViaSmem ? kConsumerWgs * kDqBufBytes : 0);
+  static constexpr uint32_t kOffDsum = kOffLse + kQStages * kStatBytes;
+  static constexpr uint32_t kOffBar = kOffDsum + kDoStages * kStatBytes;
   static constexpr uint32_t kOffPipeQ = kOffBar + 16;  // after the K and V barriers
   static constexpr uint32_t kOffPipeDo = kOffPipeQ + sizeof(fh::TmaPipeline<kQStages>);
   static constexpr size_t kSmemBytes =
@@ -128,18 +145,24 @@ struct BwdSm90Traits {
                 "setmaxnreg budget exceeds the register file: .inc would deadlock");
   // dV^T and dK^T live throughout; S and dP (kWgKeys / 2 each) die at the hand-off, before the
   // dQ^T atom (32) is born.
-  static_assert(2 * kOwn0 * kBlockN / 2 + (kWgKeys > 32 ? kWgKeys : 32) <= kCfg.consumer_regs - 8,
+  static_assert(kByKeys ||
+                    2 * kOwn0 * kBlockN / 2 + (kWgKeys > 32 ? kWgKeys : 32) <= kCfg.consumer_regs - 8,
                 "dV^T, dK^T and S + dP or one dQ^T atom exceed the consumer register budget");
+  // By keys: dV, dK (d / 2 each), S^T and dP^T (block_m / 2 each) and P^T's 16-bit fragments
+  // (block_m / 4) live together while dV is issued.
+  static_assert(!kByKeys || kHeadDim + kBlockM + kBlockM / 4 <= kCfg.consumer_regs - 16,
+                "dV, dK, S^T, dP^T and P^T's fragments exceed the consumer register budget");
   // Named barriers between the consumer warpgroups (id 0 is __syncthreads).
   static constexpr uint32_t kBarHandoff = 1;  // all parts of P^T, dS^T of this step written
   static constexpr uint32_t kBarEpilogue = 2;  // K/V/Q reads done, then staging written
   // Deterministic mode, per phase h of the dQ adds (h: the h-th atom-column each warpgroup
   // adds) and its turn warp (bwd_sm90_turn_warp):
-  static constexpr int kDqPhases = kOwn0;
+  // By keys, phase h is warpgroup h's tile (step tile h), which only that warpgroup adds.
+  static constexpr int kDqPhases = kByKeys ? kConsumerWgs : kOwn0;
   static_assert(kDqPhases <= 2, "two turn warps and barrier pairs");
   static constexpr uint32_t kBarTurn0 = 3;   // 3 + h: the tile's turn for phase h has come
   static constexpr uint32_t kBarAdded0 = 5;  // 5 + h: all warpgroups issued their phase-h adds
-  static constexpr uint32_t kTurnThreads = kConsumerThreads + 32;
+  static constexpr uint32_t kTurnThreads = (kByKeys ? 128 : kConsumerThreads) + 32;
   // dQ through shared memory, per consumer warpgroup w (128 threads + its dQ warp):
   static constexpr uint32_t kBarDqFull0 = 7;  // 7 + w: w's dQ^T partial is in its buffer
   // kBarDqFree0 + w: the bulk reduce has read w's buffer.
@@ -156,8 +179,9 @@ struct BwdSm90Maps {
 };
 
 // ------------------------------------------------------------------------------ producer ---
-// One thread: K_j and V_j once, then Q_i and dO_i of every step into their rings.
-// Maps (sm90_common.h) give boxes of 64 d x 64 rows (Q, dO) or 64 d x block_n rows (K, V).
+// One thread: K_j and V_j once, then Q_i and dO_i of every step into their rings (by keys with
+// the step's LSE * log2(e) or D rows, kStatBytes, copied on the same full barrier).
+// Maps (sm90_common.h) give boxes of 64 d x block_m rows (Q, dO) or 64 d x block_n rows (K, V).
 template <class T, bool kDet>
 __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const BwdSm90Maps& m,
                                                   const BwdSm90Work& w, uint8_t* smem,
@@ -181,17 +205,24 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     const int m0 = m_block * T::kBlockM;
     // Q first: with one dO stage the producer waits here for dO_{i-1} to be released (after
     // dV of step i-1), and Q_i is already on its way by then.
-    // Rows m0.. of Q or dO of this q head into the next stage of their ring.
-    auto load_rows = [&](auto* pipe, auto& st, uint32_t off, const CUtensorMap* map, bool inner) {
+    // Rows m0.. of Q or dO of this q head into the next stage of their ring, by keys with the
+    // step's rows of `stat` (its kStepTiles workspace tiles, consecutive).
+    auto load_rows = [&](auto* pipe, auto& st, uint32_t off, const CUtensorMap* map, bool inner,
+                         uint32_t stat_off, const float* stat) {
       pipe->producer_acquire(st);
-      pipe->producer_expect(st, T::kQTileBytes);
+      pipe->producer_expect(st, T::kQTileBytes + T::kStatBytes);
+      if constexpr (T::kStatBytes > 0) {
+        const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles);
+        fh::bulk_load(smem + stat_off + st.stage * T::kStatBytes, stat + tile * kDqTileRows,
+                      T::kStatBytes, pipe->full_barrier(st));
+      }
       tma_tile<T::kAtomCols>(smem + off + st.stage * T::kQTileBytes, T::kQAtomBytes, map, pipe->full_barrier(st),
                inner, static_cast<int>(w.seq.row_q) + m0, head, w.map_batch);
       st.advance();
     };
-    load_rows(pipe_q, sq, T::kOffQ, m.q, p.head_inner & 1);
+    load_rows(pipe_q, sq, T::kOffQ, m.q, p.head_inner & 1, T::kOffLse, p.lse_log2);
     if (it == 0) load_kv(T::kOffV, m.v, kv_bar + 1, p.head_inner & 4);
-    load_rows(pipe_do, sd, T::kOffDo, m.dout, p.head_inner & 8);
+    load_rows(pipe_do, sd, T::kOffDo, m.dout, p.head_inner & 8, T::kOffDsum, p.dsum);
   }
 }
 
@@ -292,7 +323,11 @@ __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block, pos;
     bwd_sm90_iter<true>(p, w, it, head, m_block, pos);
-    int* turn = p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block) * kDqTurnsPerTile + h;
+    // By keys phase h is the step's tile h (one counter each), else both phases share a tile.
+    int* turn = T::kByKeys
+                    ? p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles + h) *
+                                      kDqTurnsPerTile
+                    : p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block) * kDqTurnsPerTile + h;
     if (leader) dq_turn_acquire(turn, bwd_sm90_dq_rank<T::kBlockM, T::kBlockN>(p, w, m_block, pos));
     __syncwarp();
     fh::named_bar_arrive(T::kBarTurn0 + h, T::kTurnThreads);
@@ -316,11 +351,14 @@ __device__ __forceinline__ void bwd_sm90_dq_warp(const BwdSm90Params& p, const B
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block;
     bwd_sm90_iter<false>(p, w, it, head, m_block);
-    const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);
+    const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles);
     fh::named_bar_sync(T::kBarDqFull0 + wg, T::kDqThreads);
     if (leader) {
-      float* dst = p.dq_accum + tile * dq_tile_floats(T::kHeadDim) +
-                   T::first_atom(wg) * kDqAtomFloats;
+      // By keys warpgroup w's partial is all of step tile w; by head dim its atom-column of
+      // the step's tile.
+      float* dst = T::kByKeys
+                       ? p.dq_accum + (tile + wg) * dq_tile_floats(T::kHeadDim)
+                       : p.dq_accum + tile * dq_tile_floats(T::kHeadDim) + T::first_atom(wg) * kDqAtomFloats;
       fh::bulk_reduce_add_f32(dst, buf, T::kDqBufBytes);
       fh::bulk_commit_group();
       fh::bulk_wait_group_read<0>();

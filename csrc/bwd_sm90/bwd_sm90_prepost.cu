@@ -65,8 +65,10 @@ __global__ void __launch_bounds__(kPreThreads)
   const int lane = static_cast<int>(threadIdx.x) % 32;
   if (row >= rows_padded) return;  // whole rows leave together: a row is one warp
   const SeqRows seq = seq_rows(p, batch);
-  // Only this sequence's own tiles (varlen: the next tiles are the next sequence's).
-  if (row >= (seq.seqlen_q + kDqTileRows - 1) / kDqTileRows * kDqTileRows) return;
+  // Only this sequence's own tiles, whole steps of them (varlen: the next tiles are the next
+  // sequence's).
+  const int step_rows = tiles.step_tiles * kDqTileRows;
+  if (row >= (seq.seqlen_q + step_rows - 1) / step_rows * step_rows) return;
   float acc = 0.f;
   if (row < seq.seqlen_q) {
     const uint32_t* o = reinterpret_cast<const uint32_t*>(
@@ -188,22 +190,23 @@ using PostKernel = void (*)(const flashback_bwd_params, DqTiles, const float*);
 
 }  // namespace
 
-cudaError_t launch_bwd_sm90_preprocess(const flashback_bwd_params& p, int m_blocks,
+cudaError_t launch_bwd_sm90_preprocess(const flashback_bwd_params& p, int m_blocks, int step_tiles,
                                        float* lse_log2, float* dsum, cudaStream_t stream) {
   const PreKernel kernel = pick_kernel<PickPre, PreKernel>(p);
   if (kernel == nullptr) return cudaErrorNotSupported;
   const int rows_padded = m_blocks * kDqTileRows;
   const dim3 grid((rows_padded + kRowsPerCta - 1) / kRowsPerCta, p.nheads, p.batch);
-  return launch(kernel, grid, kPreThreads, stream, p, rows_padded, dq_tiles_of(p, m_blocks),
-                lse_log2, dsum);
+  return launch(kernel, grid, kPreThreads, stream, p, rows_padded,
+                dq_tiles_of(p, m_blocks, step_tiles), lse_log2, dsum);
 }
 
-cudaError_t launch_bwd_sm90_postprocess(const flashback_bwd_params& p, int m_blocks,
+cudaError_t launch_bwd_sm90_postprocess(const flashback_bwd_params& p, int m_blocks, int step_tiles,
                                         const float* dq_accum, cudaStream_t stream) {
   const PostKernel kernel = pick_kernel<PickPost, PostKernel>(p);
   if (kernel == nullptr) return cudaErrorNotSupported;
   const dim3 grid(m_blocks, p.nheads, p.batch);
-  return launch(kernel, grid, kPostThreads, stream, p, dq_tiles_of(p, m_blocks), dq_accum);
+  return launch(kernel, grid, kPostThreads, stream, p, dq_tiles_of(p, m_blocks, step_tiles),
+                dq_accum);
 }
 
 }  // namespace sm90

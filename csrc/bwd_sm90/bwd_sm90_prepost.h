@@ -22,35 +22,45 @@ __host__ __device__ constexpr int64_t dq_tile_floats(int head_dim) {
 // Deterministic mode's turn counters per tile: one per phase of the adds (at most 2).
 constexpr int kDqTurnsPerTile = 2;
 
-// Which workspace tile holds Q block m_block of (sequence, head): its dQaccum tile, its turn
-// counters and its 64 rows of LSE * log2(e) and D. Dense batches: (batch, nheads, m_blocks)
-// tiles. Varlen: per head the sequences' tiles packed, sequence b from tile
-// cu_seqlens_q[b] / 64 + b, so a head needs total_q / 64 + batch + 1 tiles however long the
-// longest sequence is (sequence b's ceil(len / 64) tiles end before b + 1's begin).
+// Which workspace tile holds the 64-row Q block m_block of (sequence, head): its dQaccum tile,
+// its turn counters and its 64 rows of LSE * log2(e) and D. A main-kernel step covers
+// step_tiles consecutive tiles (its block_m / 64), so every sequence has a whole number of
+// steps' tiles. Dense batches: (batch, nheads, m_blocks) tiles, m_blocks a multiple of
+// step_tiles. Varlen: per head the sequences' tiles packed, sequence b from tile
+// cu_seqlens_q[b] / 64 + step_tiles * b, so a head needs total_q / 64 + step_tiles * batch + 1
+// tiles however long the longest sequence is (sequence b's step_tiles * ceil(len / block_m)
+// tiles are at most len / 64 + step_tiles and end before b + 1's begin).
 struct DqTiles {
   int nheads;
-  int m_blocks;           // dense: tiles per (batch, head)
+  int m_blocks;             // dense: tiles per (batch, head)
   int64_t varlen_per_head;  // varlen: tiles per head
+  int step_tiles;           // tiles per main-kernel step: block_m / 64
 };
 __host__ __device__ __forceinline__ int64_t dq_tile(const DqTiles& d, const SeqRows& seq, int head,
                                                    int m_block) {
   return seq.varlen
-             ? head * d.varlen_per_head + seq.row_q / kDqTileRows + seq.batch + m_block
+             ? head * d.varlen_per_head + seq.row_q / kDqTileRows + int64_t{seq.batch} * d.step_tiles +
+                   m_block
              : (static_cast<int64_t>(seq.batch) * d.nheads + head) * d.m_blocks + m_block;
 }
-inline DqTiles dq_tiles_of(const flashback_bwd_params& p, int m_blocks) {
+// m_blocks: 64-row tiles per (batch, head) of the longest sequence, a multiple of step_tiles.
+inline DqTiles dq_tiles_of(const flashback_bwd_params& p, int m_blocks, int step_tiles) {
   return DqTiles{p.nheads, m_blocks,
-                 p.cu_seqlens_q != nullptr ? int64_t{p.total_q} / kDqTileRows + p.batch + 1 : 0};
+                 p.cu_seqlens_q != nullptr
+                     ? int64_t{p.total_q} / kDqTileRows + int64_t{step_tiles} * p.batch + 1
+                     : 0,
+                 step_tiles};
 }
-inline int64_t dq_tiles_total(const flashback_bwd_params& p, int m_blocks) {
-  const DqTiles d = dq_tiles_of(p, m_blocks);
+inline int64_t dq_tiles_total(const flashback_bwd_params& p, int m_blocks, int step_tiles) {
+  const DqTiles d = dq_tiles_of(p, m_blocks, step_tiles);
   return p.cu_seqlens_q != nullptr ? d.varlen_per_head * p.nheads
                                    : int64_t{p.batch} * p.nheads * m_blocks;
 }
 
-cudaError_t launch_bwd_sm90_preprocess(const flashback_bwd_params& p, int m_blocks,
+// m_blocks, step_tiles: as dq_tiles_of.
+cudaError_t launch_bwd_sm90_preprocess(const flashback_bwd_params& p, int m_blocks, int step_tiles,
                                        float* lse_log2, float* dsum, cudaStream_t stream);
-cudaError_t launch_bwd_sm90_postprocess(const flashback_bwd_params& p, int m_blocks,
+cudaError_t launch_bwd_sm90_postprocess(const flashback_bwd_params& p, int m_blocks, int step_tiles,
                                         const float* dq_accum, cudaStream_t stream);
 
 }  // namespace sm90
