@@ -35,7 +35,7 @@ namespace sm90 {
 // BwdSm90Traits and checked at compile time.
 struct BwdSm90Config {
   int head_dim;       // 64 x atoms (64-element, 128-byte columns of the swizzled tiles)
-  int block_m;        // Q rows per step (64: one wgmma M per step)
+  int block_m;        // Q rows per step (by head dim 64: one wgmma M; by keys 64 x consumer_wgs)
   int block_n;        // K/V rows per CTA (a multiple of 16)
   int q_stages;       // Q pipeline depth
   int do_stages;      // dO pipeline depth
@@ -62,12 +62,13 @@ struct BwdSm90Config {
 //           each, dealt out evenly, the first warpgroups taking one more: with W = 2 warpgroup 0
 //           takes the first ceil(atoms / 2)) over all block_n keys (dV/dK accumulate across
 //           steps, dQ^T goes to dQaccum).
+// (By keys, d = 64, the split is different: bwd_sm90_mainloop_by_keys.cuh; 128 x 128 steps,
+// registers dV + dK 2 x 32, S^T + dP^T 2 x 64, P^T fragments 32: 224; shared memory K, V 16 KB
+// each, Q and dO 2 x 16 KB each, dS^T 2 x 32 KB, LSE / D rows 4 x 512 B: 162 KB.)
 // With W = 2, registers per consumer thread of warpgroup 0 (the larger share), own = ceil(d / 128):
 // dV^T + dK^T 2 x own x block_n / 2, S and dP 2 x block_n / 4 (dead before dQ starts), one dQ^T
 // atom 32 in flight. Shared memory: K, V block_n x 2d bytes each, Q and dO 64 x 2d bytes per
 // stage, P^T and dS^T double-buffered (step parity: one barrier per step), block_n x 128 B each.
-//   d = 64:  64 x 128, own 1 (warpgroup 1 has none: it does (1)-(4) only): 128 + 64 + 32 = 224
-//            registers; 32 + 2 x 2 x 8 + 4 x 16 = 128 KB.
 //   d = 128: 64 x 128, own 1 each: 224 registers; 64 + 2 x 2 x 16 + 64 = 192 KB, + 2 x 16 KB
 //            dQ buffers (dq_smem) = 224 KB.
 //   d = 192: 64 x 80, own 2 / 1: 160 + 40 + 32 = 232; 60 + 2 x 2 x 24 + 40 = 196 KB.
@@ -79,17 +80,15 @@ constexpr BwdSm90Config kBwdSm90Hdim64 = {64, 128, 128, 2, 2, 24, 240, false, 2,
 constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240, true, 2};
 constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 80, 2, 2, 24, 240, false, 2};
 constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 2, 1, 24, 240, false, 2};
-// Candidate for d = 192, NOT yet run on a GPU (docs/perf-log.md, "Backward d = 192 with three
-// consumer warpgroups"): 64 x 96 tiles, three consumer warpgroups of one atom-column each (FA3's
-// public d = 192 shape). Registers: dV^T + dK^T 2 x 48, S and dP 16 each or one dQ^T atom 32:
-// 128 of 160; 36 + 36 + 2 x 24 + 2 x 24 + 48 = 216 KB; ptxas: 0 spills in all four instances.
-// To measure it: give kBwdSm90Hdim192 these values, build, run the GPU suite and the A/B.
+// d = 192 with three consumer warpgroups of one atom-column each (64 x 96, FA3's public d = 192
+// shape; registers 128 of 160, 216 KB): passed the d = 192 GPU tests and measured no faster
+// than kBwdSm90Hdim192 (-2.7..+3.1%, docs/perf-log.md); kept compile-checked only.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false, 3};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k
-  int m_blocks;     // ceil(seqlen_q / block_m): also the padded row count / block_m
+  int m_blocks;     // ceil(seqlen_q / block_m): the steps of the longest sequence
   int n_blocks;     // ceil(seqlen_k / block_n)
   int l2_group;     // (batch, kv head) pairs scheduled together (bwd_sm90_scheduler.cuh)
   int causal;
@@ -97,11 +96,11 @@ struct BwdSm90Params {
                    // (else {d, seq, head, batch}); see make_map in bwd_sm90_launch.cu
   float scale_log2;     // softmax_scale * log2(e)
   float softmax_scale;  // dK = scale * sum dS^T Q
-  // The workspace is indexed by tile (dq_tile in bwd_sm90_prepost.h; dense batches:
-  // (batch, nheads, m_blocks) tiles):
+  // The workspace is indexed by 64-row tile (dq_tile in bwd_sm90_prepost.h; dense batches:
+  // (batch, nheads, m_blocks x block_m / 64) tiles):
   const float* lse_log2;  // 64 rows per tile: LSE * log2(e), +inf padding
   const float* dsum;      // same: D = rowsum(dO * O), 0 padding
-  float* dq_accum;        // block_m x d fp32 per tile, fragment order
+  float* dq_accum;        // 64 x d fp32 per tile, fragment order
   DqTiles dq_tiles;
   // Deterministic mode (deterministic=True): per dQaccum tile and phase of the adds (the first
   // or the second atom-column each consumer warpgroup adds), how many K/V blocks have added

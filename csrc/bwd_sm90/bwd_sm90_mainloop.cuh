@@ -4,7 +4,8 @@
 //   (3) dP = dO_i V_j^T (4) dS = P * (dP - D_i)
 //   (5) dV_j += P^T dO_i   (6) dK_j += dS^T Q_i   (7) dQ_i += dS K_j
 //
-// Split by data (bwd_sm90.h): consumer warpgroup w owns keys (block_n / W) w .. for (1)-(4) and
+// Split by head dim (bwd_sm90.h; the split by keys, BwdSm90Config::by_keys, is in
+// bwd_sm90_mainloop_by_keys.cuh): consumer warpgroup w owns keys (block_n / W) w .. for (1)-(4) and
 // its head-dim atom-columns (64 rows each) for (5)-(7). (5)-(7) are computed transposed
 // (M = head dim):
 //   (5) dV^T += dO^T P     (6) dK^T += Q^T dS     (7) dQ^T = K^T dS^T
