@@ -12,7 +12,7 @@
 # TESTS=0 to skip the tests, TEST_ARGS (pytest selection, default "-k 256"), BENCH_ARGS (e.g.
 # "--directions fwd --headdims 64,128"). The table keys rows by head dim, dtype, direction, mask
 # and seqlen and ends with the change of ours / SDPA flash from the first build to the last.
-# Logs: $OUT/<n>-tests.log, $OUT/<n>/<result>.json.
+# Logs: $OUT/<n>-tests.log, $OUT/<n>/<result>.json, and all builds' results in $OUT/compare.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -40,13 +40,19 @@ $PY - "$OUT_DIR" "$@" <<'PYEOF'
 import glob, json, os, statistics, sys
 out, libs = sys.argv[1], sys.argv[2:]
 rows = {}
+merged = {"builds": libs, "runs": []}
 for n, lib in enumerate(libs, 1):
     files = sorted(glob.glob(os.path.join(out, str(n), "*.json")))
     if not files:
         continue
-    for r in json.load(open(files[-1]))["results"]:
+    data = json.load(open(files[-1]))
+    merged["runs"].append({"build": n, "library": lib, "file": files[-1], **data})
+    for r in data["results"]:
         key = (r["headdim"], r.get("dtype", "bf16"), r["direction"], r["causal"], r["seqlen"])
         rows.setdefault(key, {})[(n, r["impl"])] = statistics.median(r["tflops"])
+# Every build's result file in one, so that a copy of $OUT/compare.json alone keeps the A/B.
+with open(os.path.join(out, "compare.json"), "w") as f:
+    json.dump(merged, f, indent=1)
 print("flashback TFLOP/s (ours/sdpa_flash) per build: " + "  ".join(f"[{n}] {l}" for n, l in enumerate(libs, 1))
       + ("  | last/first ratio change" if len(libs) > 1 else ""))
 order = {"bwd": 0, "fwd": 1, "train": 2}
