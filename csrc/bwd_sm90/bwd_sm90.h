@@ -102,8 +102,9 @@ struct BwdSm90Params {
   const float* dsum;      // same: D = rowsum(dO * O), 0 padding
   float* dq_accum;        // 64 x d fp32 per tile, fragment order
   DqTiles dq_tiles;
-  // Deterministic mode (deterministic=True): per dQaccum tile and phase of the adds (the first
-  // or the second atom-column each consumer warpgroup adds), how many K/V blocks have added
+  // Deterministic mode (deterministic=True): per dQaccum tile and phase of the adds (by head
+  // dim the first or the second atom-column each consumer warpgroup adds; by keys one phase per
+  // tile, counter 0, added by one warpgroup), how many K/V blocks have added
   // theirs. Each tile takes the adds in one fixed order
   // (bwd_sm90_dq_rank in bwd_sm90_scheduler.cuh), so every element is summed the same way
   // every run. Null otherwise.

@@ -17,10 +17,12 @@
 // Shared memory (128B-swizzled tiles, 1024-aligned; TMA writes all but P^T / dS^T; d/64
 // atom-columns per tile):
 //   K_j, V_j     block_n rows x 128 B per atom-column, loaded once
-//   Q_i          q_stages x 64 rows x 128 B per atom-column
-//   dO_i         do_stages x 64 rows x 128 B per atom-column
-//   P^T, dS^T    2 buffers each (step parity), block_n rows x 128 B
+//   Q_i          q_stages x block_m rows x 128 B per atom-column
+//   dO_i         do_stages x block_m rows x 128 B per atom-column
+//   P^T, dS^T    2 buffers each (step parity), block_n rows x 128 B per 64 queries (by keys:
+//                dS^T only)
 //   dQ^T         with dq_smem: one 16 KB fp32 buffer per consumer warpgroup
+//   LSE, D       by keys: the step's block_m rows of each per Q / dO stage
 // (sizes per config in bwd_sm90.h).
 //
 // wgmma operands (docs/hopper-facts.md section 11; M always 64 per instruction), N = block_n:
@@ -309,8 +311,9 @@ __device__ __forceinline__ void store_hand_t(uint8_t* hand, const float (&acc)[T
 }
 
 // ------------------------------------------------------------ deterministic turn warps ---
-// Deterministic mode: warp 1 + h of the producer warpgroup keeps the dQ turns of phase h (the
-// atom-column each consumer warpgroup adds first, h = 0, or second, h = 1), so that neither the poll
+// Deterministic mode: warp 1 + h of the producer warpgroup keeps the dQ turns of phase h (by
+// head dim the atom-column each consumer warpgroup adds first, h = 0, or second, h = 1, into the
+// step's tile; by keys warpgroup h's own tile of the step), so that neither the poll
 // nor the release (which waits for the adds to reach L2) stalls the consumers, and each has a
 // whole step to do both. Per step: poll the tile's phase-h counter until this K/V block's rank
 // (bwd_sm90_dq_rank), let the consumers add (kBarTurn0 + h), wait until all warpgroups have
@@ -373,7 +376,8 @@ __device__ __forceinline__ void bwd_sm90_dq_warp(const BwdSm90Params& p, const B
 // ---------------------------------------------------------------- consumer warpgroups ---
 // wg: which consumer warpgroup (0 .. W - 1), a run-time value; kOwn: the head-dim atom-columns of
 // (5)-(7) this instance holds accumulators for, a compile-time value (the arrays' size). Where
-// all warpgroups own kOwn, or (W = 2) warpgroup 1 owns none (d = 64), all run one instance
+// all warpgroups own kOwn, or (W = 2) warpgroup 1 owns none (d = 64 split by head dim, which
+// no table row uses since d = 64 went by keys), all run one instance
 // (BwdSm90Traits::kSharedConsumer): one copy of the step loop, measured no faster than two but
 // smaller and without the d = 128 deterministic instance's spills (docs/design.md section 7.2).
 // Otherwise (d = 192: 2 / 1) each warpgroup has its own.
@@ -386,7 +390,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   static_assert(kOwn == T::kOwn0 || kOwn == T::kOwn1, "an instance holds one warpgroup's share");
   constexpr bool kDqSmem = !kDet && T::kDqViaSmem;  // the ordered adds stay in registers
   constexpr int kAcc = kOwn > 0 ? kOwn : 1;  // arrays need a size; unused when kOwn = 0
-  // Whether this warpgroup computes (5)-(7): false only for d = 64's warpgroup 1.
+  // Whether this warpgroup computes (5)-(7): false only for warpgroup 1 at d = 64.
   const bool has_cols = kOwn > 0 && T::own(wg) > 0;
   const int first = T::first_atom(wg);
   const int t = threadIdx.x % 128;
@@ -529,7 +533,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         if (warp_leader) pipe_q->consumer_release(sq);
       }
     } else {
-      // No atom-column of (5)-(7) here (d = 64, warpgroup 1): this warpgroup's reads of Q_i and
+      // No atom-column of (5)-(7) here (d = 64 by head dim, warpgroup 1): its reads of Q_i and
       // dO_i ended with (1) and (3) (waited for before (2) and (4)).
       if (warp_leader) {
         pipe_do->consumer_release(sd);

@@ -1,6 +1,6 @@
 // The Hopper backward's consumer warpgroups when the config splits (5)-(7) by keys
 // (BwdSm90Config::by_keys; d = 64). Steps numbered as in bwd_sm90_mainloop.cuh, which holds the
-// traits, the producer and the split by head dim; docs/design.md section 5 compares the two.
+// traits, the producer and the split by head dim; docs/design.md sections 4 and 7.2 compare the two.
 //
 // Warpgroup w owns keys 64 w .. 64 w + 63 of the K/V block and a step takes block_m = 64 W
 // queries (W consumer warpgroups):
@@ -206,12 +206,13 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
     uint32_t da[kK][4];
 #pragma unroll
     for (int c = 0; c < kK; ++c) fh::acc_to_a_frag<T::kElem>(dp, c, da[c]);
-    // (6) dK_w += dS^T Q_i, then dS^T to shared memory for (7).
+    // dS^T to shared memory for (7), then (6) dK_w += dS^T Q_i: the stores read the fragments
+    // before the RS wgmma does (touching an in-flight wgmma's A registers is undefined in PTX).
+    store_ds_t<T>(ds_t, da, wg, t);
+    fh::fence_proxy_async_shared();  // stmatrix (generic proxy) -> wgmma (async proxy) reads
     fh::wgmma_fence();
     gemm_rs_dkv<T>(acc_dk, da, q_s);
     fh::wgmma_commit();
-    store_ds_t<T>(ds_t, da, wg, t);
-    fh::fence_proxy_async_shared();  // stmatrix (generic proxy) -> wgmma (async proxy) reads
     // Every warpgroup's dS^T is in place. The buffers alternate with the step's parity: the
     // other warpgroups passed this barrier only after their last wgmmas of step i-1 had
     // completed, so step i+1 may overwrite what step i-1 read.

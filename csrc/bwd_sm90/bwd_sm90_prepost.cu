@@ -2,9 +2,10 @@
 // the build compiles, sm90_family.h).
 //
 // (0) preprocess, one warp per Q row: D_i = rowsum(dO_i * O_i) and LSE_i * log2(e), written to
-//     workspace rows padded to whole Q blocks (padding: D = 0, LSE = +inf, so padded rows give
-//     P = exp2(S * scale_log2 - inf) = 0 and the main kernel needs no row bounds for them).
-// postprocess, one CTA per (Q block, head, batch): dQ = scale * dQaccum to bf16 / fp16. dQaccum
+//     workspace rows padded to whole main-kernel steps (padding: D = 0, LSE = +inf, so padded
+//     rows give P = exp2(S * scale_log2 - inf) = 0 and the main kernel needs no row bounds for
+//     them).
+// postprocess, one CTA per (64-row tile, head, batch): dQ = scale * dQaccum to bf16 / fp16. dQaccum
 //     holds each 64 x d tile in the order the main kernel's dQ^T accumulators add it (see
 //     bwd_sm90_epilogue.cuh), so that its atomics cover whole 128-byte lines; this kernel maps
 //     (atom-column, group, thread, element) back to (query row, head-dim column).

@@ -12,7 +12,7 @@
 namespace flashback {
 namespace sm90 {
 
-// One dQaccum tile: block_m rows x d columns of fp32, stored in accumulator-fragment order, one
+// One dQaccum tile: 64 rows (kDqTileRows) x d columns of fp32, stored in accumulator-fragment order, one
 // 64 x 64 part per head-dim atom-column (bwd_sm90_epilogue.cuh).
 constexpr int kDqTileRows = 64;
 constexpr int kDqAtomFloats = kDqTileRows * 64;
