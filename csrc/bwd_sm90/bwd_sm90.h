@@ -84,6 +84,14 @@ constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 2, 1, 24, 240, false, 2}
 // shape; registers 128 of 160, 216 KB): passed the d = 192 GPU tests and measured no faster
 // than kBwdSm90Hdim192 (-2.7..+3.1%, docs/perf-log.md); kept compile-checked only.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false, 3};
+// Candidate for d = 128, NOT yet run on a GPU: split by keys with 64-query steps (FA3's d = 128
+// causal shape), warpgroup w computing dQ^T of atom-column w, and dQ through shared memory.
+// Registers: dV + dK 2 x 64, S^T + dP^T 2 x 32, P^T fragments 16 (208 of 240); 193 KB; ptxas:
+// 0 spills in the consumers (32 B in the default instance's dQ warp, as kBwdSm90Hdim128's 24 B).
+// By keys at d = 128 without dq_smem measured no faster than by head dim without it (perf log,
+// "Backward: dV / dK split by keys"); with it, it is not measured. To measure: give
+// kBwdSm90Hdim128 these values, build, run the d = 128 GPU tests and the A/B.
+constexpr BwdSm90Config kBwdSm90Hdim128ByKeys = {128, 64, 128, 2, 2, 24, 240, true, 2, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {

@@ -71,18 +71,21 @@ struct BwdSm90Traits {
                 "d is a whole number of 64-element atom-columns, at most 256");
   // (5)-(7) split by keys (bwd_sm90_mainloop_by_keys.cuh) instead of by head-dim atom-columns.
   static constexpr bool kByKeys = kCfg.by_keys;
-  static_assert(kByKeys ? kBlockM == 64 * kConsumerWgs : kBlockM == 64,
-                "by head dim: one wgmma M (64 queries) per step; by keys: 64 queries of dQ^T per "
-                "warpgroup");
+  // By keys, dQ^T is split between the warpgroups by queries (d = 64: block_m = 64 W, warpgroup
+  // w takes queries 64 w ..) or by head-dim atom-columns (block_m = 64, one atom-column each).
+  static constexpr bool kDqByQueries = kByKeys && kCfg.head_dim == 64;
+  static_assert(kByKeys ? (kDqByQueries ? kBlockM == 64 * kConsumerWgs
+                                        : kBlockM == 64 && kCfg.head_dim == 64 * kConsumerWgs)
+                        : kBlockM == 64,
+                "by head dim: one wgmma M (64 queries) per step; by keys: one m64n64 dQ^T tile "
+                "per warpgroup (64 of its queries, or one atom-column of all 64)");
   static_assert(kBlockM % kDqTileRows == 0, "a step covers whole dQaccum tiles");
   static constexpr int kStepTiles = kBlockM / kDqTileRows;  // workspace tiles per step
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "block_n: k16 steps of dQ^T, N of dV^T");
   static_assert(kBlockN % (8 * kConsumerWgs) == 0, "each warpgroup's keys: a whole wgmma N");
   static constexpr int kWgKeys = kBlockN / kConsumerWgs;  // keys per consumer warpgroup
   static constexpr int kAtomCols = kHeadDim / 64;          // 64-element (128-byte) columns
-  static_assert(!kByKeys || (kWgKeys == 64 && kAtomCols == 1),
-                "by keys: each warpgroup's keys one wgmma M, one head-dim atom-column (d = 64: "
-                "a warpgroup's dQ^T is one m64n64 tile)");
+  static_assert(!kByKeys || kWgKeys == 64, "by keys: each warpgroup's keys are one wgmma M");
   // Head-dim atom-columns of (5)-(7) per warpgroup: the first kAtomCols % kConsumerWgs take one
   // more (with two warpgroups: warpgroup 0 takes the larger share; written out for two, as the
   // run-time warpgroup index of a shared instance then costs one select).
@@ -160,12 +163,13 @@ struct BwdSm90Traits {
   static constexpr uint32_t kBarEpilogue = 2;  // K/V/Q reads done, then staging written
   // Deterministic mode, per phase h of the dQ adds (h: the h-th atom-column each warpgroup
   // adds) and its turn warp (bwd_sm90_turn_warp):
-  // By keys, phase h is warpgroup h's tile (step tile h), which only that warpgroup adds.
-  static constexpr int kDqPhases = kByKeys ? kConsumerWgs : kOwn0;
+  // By keys with dQ^T by queries, phase h is warpgroup h's tile (step tile h), which only that
+  // warpgroup adds; by atom-columns one phase, every warpgroup adding its atom-column.
+  static constexpr int kDqPhases = kDqByQueries ? kConsumerWgs : kByKeys ? 1 : kOwn0;
   static_assert(kDqPhases <= 2, "two turn warps and barrier pairs");
   static constexpr uint32_t kBarTurn0 = 3;   // 3 + h: the tile's turn for phase h has come
   static constexpr uint32_t kBarAdded0 = 5;  // 5 + h: all warpgroups issued their phase-h adds
-  static constexpr uint32_t kTurnThreads = (kByKeys ? 128 : kConsumerThreads) + 32;
+  static constexpr uint32_t kTurnThreads = (kDqByQueries ? 128 : kConsumerThreads) + 32;
   // dQ through shared memory, per consumer warpgroup w (128 threads + its dQ warp):
   static constexpr uint32_t kBarDqFull0 = 7;  // 7 + w: w's dQ^T partial is in its buffer
   // kBarDqFree0 + w: the bulk reduce has read w's buffer.
@@ -327,8 +331,9 @@ __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block, pos;
     bwd_sm90_iter<true>(p, w, it, head, m_block, pos);
-    // By keys phase h is the step's tile h (one counter each), else both phases share a tile.
-    int* turn = T::kByKeys
+    // By keys with dQ^T by queries phase h is the step's tile h (one counter each), else the
+    // phases share the step's tile.
+    int* turn = T::kDqByQueries
                     ? p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles + h) *
                                       kDqTurnsPerTile
                     : p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block) * kDqTurnsPerTile + h;
@@ -358,9 +363,9 @@ __device__ __forceinline__ void bwd_sm90_dq_warp(const BwdSm90Params& p, const B
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles);
     fh::named_bar_sync(T::kBarDqFull0 + wg, T::kDqThreads);
     if (leader) {
-      // By keys warpgroup w's partial is all of step tile w; by head dim its atom-column of
-      // the step's tile.
-      float* dst = T::kByKeys
+      // By keys with dQ^T by queries warpgroup w's partial is all of step tile w, else its
+      // atom-column of the step's tile.
+      float* dst = T::kDqByQueries
                        ? p.dq_accum + (tile + wg) * dq_tile_floats(T::kHeadDim)
                        : p.dq_accum + tile * dq_tile_floats(T::kHeadDim) + T::first_atom(wg) * kDqAtomFloats;
       fh::bulk_reduce_add_f32(dst, buf, T::kDqBufBytes);
