@@ -35,7 +35,7 @@ namespace sm90 {
 // BwdSm90Traits and checked at compile time.
 struct BwdSm90Config {
   int head_dim;       // 64 x atoms (64-element, 128-byte columns of the swizzled tiles)
-  int block_m;        // Q rows per step (by head dim 64: one wgmma M; by keys 64 x consumer_wgs)
+  int block_m;        // Q rows per step (64: one wgmma M; by keys at d = 64: 64 x consumer_wgs)
   int block_n;        // K/V rows per CTA (a multiple of 16)
   int q_stages;       // Q pipeline depth
   int do_stages;      // dO pipeline depth
@@ -48,8 +48,9 @@ struct BwdSm90Config {
   bool dq_smem;
   int consumer_wgs;   // MMA warpgroups (2 or 3) splitting the work by data
   // How (5)-(7) are split (below): false, by head-dim atom-columns; true, by keys (warpgroup w
-  // keeps dV and dK of its block_n / W keys, fed P^T and dS^T from its registers), then
-  // block_m = 64 x W and warpgroup w computes dQ^T of queries 64 w.. (bwd_sm90_mainloop_by_keys.cuh).
+  // keeps dV and dK of its block_n / W keys, fed P^T and dS^T from its registers), and dQ^T
+  // by queries (d = 64: block_m = 64 x W, warpgroup w takes queries 64 w..) or by head-dim
+  // atom-columns (d = 64 x W, block_m = 64) (bwd_sm90_mainloop_by_keys.cuh).
   bool by_keys = false;
 };
 
@@ -82,15 +83,17 @@ constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 80, 2, 2, 24, 240, false, 2}
 constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 2, 1, 24, 240, false, 2};
 // d = 192 with three consumer warpgroups of one atom-column each (64 x 96, FA3's public d = 192
 // shape; registers 128 of 160, 216 KB): passed the d = 192 GPU tests and measured no faster
-// than kBwdSm90Hdim192 (-2.7..+3.1%, docs/perf-log.md); kept compile-checked only.
+// than kBwdSm90Hdim192 (-2.7..+3.1%, docs/perf-log.md); its kernels are compiled by the
+// flashback_candidates target (csrc/candidates/), not linked.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false, 3};
 // Candidate for d = 128, NOT yet run on a GPU: split by keys with 64-query steps (FA3's d = 128
 // causal shape), warpgroup w computing dQ^T of atom-column w, and dQ through shared memory.
 // Registers: dV + dK 2 x 64, S^T + dP^T 2 x 32, P^T fragments 16 (208 of 240); 193 KB; ptxas:
-// 0 spills in the consumers (32 B in the default instance's dQ warp, as kBwdSm90Hdim128's 24 B).
+// 0 spills in the consumers (32 B in the default instance's dQ warp, as kBwdSm90Hdim128's).
 // By keys at d = 128 without dq_smem measured no faster than by head dim without it (perf log,
 // "Backward: dV / dK split by keys"); with it, it is not measured. To measure: give
-// kBwdSm90Hdim128 these values, build, run the d = 128 GPU tests and the A/B.
+// kBwdSm90Hdim128 these values, build, run the d = 128 GPU tests and the A/B. Its kernels are
+// compiled by the flashback_candidates target (csrc/candidates/), not linked.
 constexpr BwdSm90Config kBwdSm90Hdim128ByKeys = {128, 64, 128, 2, 2, 24, 240, true, 2, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
@@ -111,8 +114,9 @@ struct BwdSm90Params {
   float* dq_accum;        // 64 x d fp32 per tile, fragment order
   DqTiles dq_tiles;
   // Deterministic mode (deterministic=True): per dQaccum tile and phase of the adds (by head
-  // dim the first or the second atom-column each consumer warpgroup adds; by keys one phase per
-  // tile, counter 0, added by one warpgroup), how many K/V blocks have added
+  // dim, or by keys with dQ^T by atom-columns, the first or the second atom-column each consumer
+  // warpgroup adds; by keys with dQ^T by queries one phase per tile, counter 0, added by one
+  // warpgroup), how many K/V blocks have added
   // theirs. Each tile takes the adds in one fixed order
   // (bwd_sm90_dq_rank in bwd_sm90_scheduler.cuh), so every element is summed the same way
   // every run. Null otherwise.

@@ -1,8 +1,9 @@
 // Where the gradients leave the Hopper backward's registers.
 //
 // (7) dQ: each consumer warpgroup holds one 64 x 64 fp32 dQ^T partial per head-dim atom-column u
-// it owns (rows = head dim, columns = queries) for the current (Q block, K/V block) pair (by keys:
-// of its 64 queries, one atom-column at d = 64) and adds them into the fp32 dQaccum workspace.
+// it owns (rows = head dim, columns = queries) for the current (Q block, K/V block) pair (by keys
+// one: its atom-column, or at d = 64 its 64 queries' only one) and adds them into the fp32
+// dQaccum workspace.
 // docs/design.md section 5 measured the layout of the adds as the deciding factor (2.2 us per 64 KB
 // tile when a warp covers whole 128-byte lines, 7.6-8 us straight from the fragment layout), so
 // dQaccum is not row-major: tile (batch, head, 64-row block) stores atom-column u, register group g

@@ -7,9 +7,6 @@ namespace flashback {
 namespace sm90 {
 #if FLASHBACK_SM90_HAS_HDIM_192
 FLASHBACK_BWD_SM90_INSTANCES(192)
-// The candidate's plan (shared memory, register budget, barrier ids) is checked at compile time
-// here, so that it keeps building until it is measured; its kernel is not instantiated.
-template struct BwdSm90Traits<kBwdSm90Hdim192Wg3, Dtype::kBf16>;
 #endif
 }  // namespace sm90
 }  // namespace flashback

@@ -13,8 +13,8 @@
 //                (bwd_sm90_dq_warp)
 //   warpgroups 1 .. consumer_wgs  consumers (setmaxnreg.inc to consumer_regs), split by
 //                data: keys (block_n / consumer_wgs) w.. for S, dP, P, dS; their head-dim
-//                atom-columns for dV^T, dK^T, dQ^T (by keys: their keys' dV, dK and dQ^T of
-//                queries 64 w.., bwd_sm90_mainloop_by_keys.cuh)
+//                atom-columns for dV^T, dK^T, dQ^T (by keys: their keys' dV, dK and one
+//                m64n64 dQ^T tile, bwd_sm90_mainloop_by_keys.cuh)
 // See bwd_sm90_mainloop.cuh for the shared-memory plan and the GEMM operands.
 #pragma once
 

@@ -1,0 +1,14 @@
+// The Hopper backward's candidate configs (bwd_sm90.h; each has a section in docs/perf-log.md
+// with its prediction and how to measure it): their kernels, compiled for bf16 in both modes
+// by the `flashback_candidates` target, which CI builds and nothing links. So a change that
+// breaks a candidate shows before anyone swaps it into the table.
+#include "bwd_sm90/bwd_sm90_launch.cuh"
+
+namespace flashback {
+namespace sm90 {
+template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim192Wg3, Dtype::kBf16>>(
+    const flashback_bwd_params&, cudaStream_t);
+template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim128ByKeys, Dtype::kBf16>>(
+    const flashback_bwd_params&, cudaStream_t);
+}  // namespace sm90
+}  // namespace flashback
