@@ -30,6 +30,10 @@ struct FwdSm90Config {
   int producer_regs;  // setmaxnreg of the TMA warpgroup
   int consumer_regs;  // setmaxnreg of the MMA warpgroups
   bool pingpong;      // the consumer warpgroups take turns issuing their GEMMs (mainloop)
+  // A persistent grid may take its tiles from a global counter in the scheduler's order
+  // (longest first when causal) as each CTA's producer becomes free, instead of the static
+  // stride blockIdx.x + k gridDim.x (fwd_sm90_dynamic says when; fwd_sm90_launch.cuh).
+  bool dynamic_tiles = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -49,6 +53,10 @@ constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true};
 constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false};
 constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false};
 constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false};
+// Candidate, NOT yet run on a GPU (docs/perf-log.md, "Forward tiles from a counter"): d = 128
+// with dynamic_tiles; setmaxnreg 32 / 232 (the producer's tile loop spilled 24 B at 24). Its
+// kernels are compiled by the flashback_candidates target, not linked.
+constexpr FwdSm90Config kFwdSm90Hdim128Dynamic = {128, 128, 2, 2, 32, 232, false, true};
 
 struct FwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k
@@ -68,6 +76,8 @@ struct FwdSm90Params {
   const int* cu_seqlens_q;
   const int* cu_seqlens_k;
   int total_q;
+  int* tile_counter;  // dynamic_tiles: a zeroed int; CTA c's k-th fetch gets tile gridDim.x + n
+                      // (n: the fetches before it); null: the static stride
 };
 
 // Does the fast path take these params? A config for the head dim in the table, bf16 or fp16,
@@ -81,6 +91,10 @@ int fwd_sm90_sm_count();
 // Whether the call runs a persistent grid (one CTA per SM walking tiles) rather than one CTA
 // per tile (fwd_sm90_launch.cu says when and why).
 bool fwd_sm90_persistent(const flashback_fwd_params& p);
+
+// Whether a config with dynamic_tiles takes this call's tiles from a counter (a persistent
+// grid; fwd_sm90_launch.cu says when).
+bool fwd_sm90_dynamic(const flashback_fwd_params& p);
 
 // Runs the forward on `stream`. Returns cudaErrorNotSupported without launching anything when
 // a tensor map cannot be encoded (the caller then takes the reference path).

@@ -67,6 +67,12 @@ bool fwd_sm90_persistent(const flashback_fwd_params& p) {
   return !p.causal || p.headdim <= 128;
 }
 
+// Configs with dynamic_tiles (none in the table yet; a candidate, docs/perf-log.md "Forward
+// tiles from a counter"): causal rows, where the static stride lost the longest-first order
+// (above), at every length. The model in the perf log predicts 0.80-0.95 of the one-CTA-per-tile
+// time at seqlen 512-2048 and 0.97-0.99 at 4k-16k; to be measured before a row turns it on.
+bool fwd_sm90_dynamic(const flashback_fwd_params& p) { return p.causal != 0; }
+
 int fwd_sm90_sm_count() {
   static std::atomic<int> counts[64] = {};  // per device ordinal; 0 = not read yet
   int dev = 0;

@@ -24,6 +24,57 @@
 namespace flashback {
 namespace sm90 {
 
+// dynamic_tiles: the persistent grid's tile loop with the ids from p.tile_counter. CTA c starts
+// with tile c; its producer thread fetches the next id (one atomicAdd, issued before the tile's
+// loads so that its latency hides under them) and hands every id to the consumer warps through
+// a 2-slot ring (an id written, then the slot's full barrier; freed by one arrival per consumer
+// warp). An id past the last tile ends the loop of everyone.
+template <class T>
+__device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
+                                                       const CUtensorMap& map_q,
+                                                       const CUtensorMap& map_k,
+                                                       const CUtensorMap& map_v, uint8_t* smem,
+                                                       fh::TmaPipeline<T::kQStages>* pipe_q,
+                                                       fh::TmaPipeline<T::kStages>* pipe_k,
+                                                       fh::TmaPipeline<T::kStages>* pipe_v,
+                                                       int wg) {
+  auto* pipe_tile = reinterpret_cast<fh::TmaPipeline<2>*>(smem + T::kOffPipeTile);
+  volatile int* ids = reinterpret_cast<volatile int*>(smem + T::kOffTileIds);
+  fh::PipelineState<2> sr;
+  fh::PipelineState<T::kQStages> sq;
+  fh::PipelineState<T::kStages> st;
+  if (wg == 0) {
+    fh::setmaxnreg_dec<T::kProducerRegs>();
+    if (threadIdx.x != 0) return;
+    const FwdSm90Maps maps{&map_q, &map_k, &map_v};
+    int id = static_cast<int>(blockIdx.x);
+    for (;;) {
+      pipe_tile->producer_acquire(sr);
+      ids[sr.stage] = id;
+      fh::mbar_arrive(pipe_tile->full_barrier(sr));  // releases the id's store
+      sr.advance();
+      if (id >= p.num_tiles) break;
+      const int next = static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1);
+      const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
+      if (w.active) fwd_sm90_producer<T>(p, maps, w, smem, pipe_q, sq, pipe_k, pipe_v, st);
+      id = next;
+    }
+  } else {
+    fh::setmaxnreg_inc<T::kConsumerRegs>();
+    const bool warp_leader = (threadIdx.x % 32) == 0;
+    for (;;) {
+      pipe_tile->consumer_wait(sr);
+      const int id = ids[sr.stage];
+      __syncwarp();  // every lane's read before the leader frees the slot
+      if (warp_leader) pipe_tile->consumer_release(sr);
+      sr.advance();
+      if (id >= p.num_tiles) break;
+      const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
+      if (w.active) fwd_sm90_consumer<T>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg - 1);
+    }
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q,
@@ -43,8 +94,18 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     pipe_q->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp after its O left
     pipe_k->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp
     pipe_v->init(T::kConsumerWarps);
+    if constexpr (T::kDynamic) {
+      // full[s]: the producer's arrive after it wrote the id; empty[s]: one per consumer warp
+      reinterpret_cast<fh::TmaPipeline<2>*>(smem + T::kOffPipeTile)->init(T::kConsumerWarps);
+    }
   }
   __syncthreads();
+  if constexpr (T::kDynamic) {
+    if (p.tile_counter != nullptr) {
+      fwd_sm90_dynamic_tiles<T>(p, map_q, map_k, map_v, smem, pipe_q, pipe_k, pipe_v, wg);
+      return;
+    }
+  }
 
   // Tiles blockIdx.x, + gridDim.x, ...: one per CTA unless the launch is persistent (a grid of
   // one CTA per SM). Every thread computes the same work item, so all skip the same ones.
@@ -110,10 +171,32 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
   kp.total_q = p.total_q;
   kp.num_tiles = kp.m_blocks * p.nheads * p.batch;
 
+  kp.tile_counter = nullptr;
+
   const auto kernel = fwd_sm90_kernel<T>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(T::kSmemBytes));
   if (err != cudaSuccess) return err;
+  if constexpr (T::kDynamic) {
+    // The counter: 4 bytes from the stream-ordered allocator, zeroed, freed after the kernel
+    // (all in stream order, so concurrent streams never share one and graph capture records
+    // them as nodes). Without a stream-ordered pool the static stride below runs instead.
+    if (fwd_sm90_dynamic(p)) {
+      if (cudaMallocAsync(reinterpret_cast<void**>(&kp.tile_counter), sizeof(int), stream) ==
+          cudaSuccess) {
+        err = cudaMemsetAsync(kp.tile_counter, 0, sizeof(int), stream);
+        if (err == cudaSuccess) {
+          const int grid = std::min(kp.num_tiles, fwd_sm90_sm_count());
+          kernel<<<dim3(grid), T::kThreads, T::kSmemBytes, stream>>>(map_q, map_k, map_v, kp);
+          err = cudaGetLastError();
+        }
+        const cudaError_t freed = cudaFreeAsync(kp.tile_counter, stream);
+        return err != cudaSuccess ? err : freed;
+      }
+      (void)cudaGetLastError();  // the declined cudaMallocAsync's error, so it is not reported later
+      kp.tile_counter = nullptr;
+    }
+  }
   const int grid = fwd_sm90_persistent(p) ? std::min(kp.num_tiles, fwd_sm90_sm_count()) : kp.num_tiles;
   kernel<<<dim3(grid), T::kThreads, T::kSmemBytes, stream>>>(map_q, map_k, map_v, kp);
   return cudaGetLastError();

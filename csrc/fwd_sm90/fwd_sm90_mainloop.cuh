@@ -62,8 +62,13 @@ struct FwdSm90Traits {
   static constexpr uint32_t kOffPipeQ = kOffV + kStages * kKvTileBytes;
   static constexpr uint32_t kOffPipeK = kOffPipeQ + sizeof(fh::TmaPipeline<kQStages>);
   static constexpr uint32_t kOffPipeV = kOffPipeK + sizeof(fh::TmaPipeline<kStages>);
+  // dynamic_tiles: the producer hands each tile id to the consumers through a 2-slot ring.
+  static constexpr bool kDynamic = kCfg.dynamic_tiles;
+  static constexpr uint32_t kOffTileIds = kOffPipeV + sizeof(fh::TmaPipeline<kStages>);
+  static constexpr uint32_t kOffPipeTile = kOffTileIds + 16;
   static constexpr size_t kSmemBytes =
-      1024 /* alignment slack */ + kOffPipeV + sizeof(fh::TmaPipeline<kStages>);
+      1024 /* alignment slack */ +
+      (kDynamic ? kOffPipeTile + sizeof(fh::TmaPipeline<2>) : kOffTileIds);
   static_assert(kSmemBytes <= 232448, "over the 227 KB a CTA may have");
   static_assert(kKvAtomBytes % 1024 == 0, "K/V atom-columns must stay 1024-aligned");
   // __launch_bounds__(kThreads, 1) gives each thread 65536 / kThreads registers at entry (at

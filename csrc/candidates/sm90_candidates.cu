@@ -1,8 +1,9 @@
-// The Hopper backward's candidate configs (bwd_sm90.h; each has a section in docs/perf-log.md
-// with its prediction and how to measure it): their kernels, compiled for bf16 in both modes
+// The Hopper kernels' candidate configs (bwd_sm90.h, fwd_sm90.h; each has a section in
+// docs/perf-log.md with its prediction and how to measure it): their kernels, compiled for bf16
 // by the `flashback_candidates` target, which CI builds and nothing links. So a change that
-// breaks a candidate shows before anyone swaps it into the table.
+// breaks a candidate shows before anyone swaps it into a table.
 #include "bwd_sm90/bwd_sm90_launch.cuh"
+#include "fwd_sm90/fwd_sm90_launch.cuh"
 
 namespace flashback {
 namespace sm90 {
@@ -10,5 +11,7 @@ template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim192Wg3, Dtype
     const flashback_bwd_params&, cudaStream_t);
 template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim128ByKeys, Dtype::kBf16>>(
     const flashback_bwd_params&, cudaStream_t);
+template cudaError_t run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim128Dynamic, Dtype::kBf16>>(
+    const flashback_fwd_params&, cudaStream_t);
 }  // namespace sm90
 }  // namespace flashback
