@@ -52,6 +52,11 @@ struct BwdSm90Config {
   // by queries (d = 64: block_m = 64 x W, warpgroup w takes queries 64 w..) or by head-dim
   // atom-columns (d = 64 x W, block_m = 64) (bwd_sm90_mainloop_by_keys.cuh).
   bool by_keys = false;
+  // Split by head dim with two warpgroups: the atom-columns of dV^T / dK^T and of dQ^T that
+  // warpgroup 0 takes (the first ones; warpgroup 1 the rest) when they differ from the even
+  // deal (-1: warpgroup 0 takes ceil(atoms / 2) of both).
+  int dkv_atoms0 = -1;
+  int dq_atoms0 = -1;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -95,6 +100,12 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // kBwdSm90Hdim128 these values, build, run the d = 128 GPU tests and the A/B. Its kernels are
 // compiled by the flashback_candidates target (csrc/candidates/), not linked.
 constexpr BwdSm90Config kBwdSm90Hdim128ByKeys = {128, 64, 128, 2, 2, 24, 240, true, 2, true};
+// Candidate for d = 192, NOT yet run on a GPU: kBwdSm90Hdim192 with the middle atom-column's
+// (5)-(7) split between the warpgroups, dQ^T to warpgroup 0 and dV^T / dK^T to warpgroup 1: per
+// step warpgroup 0 issues S, dP (24 wgmmas), dQ^T of atom-columns 0 and 1 (10) and dV^T / dK^T
+// of 0 (8), warpgroup 1 S, dP, dQ^T of 2 (5) and dV^T / dK^T of 1 and 2 (16): 42 / 45 instead
+// of 50 / 37. Compiled by the flashback_candidates target, not linked.
+constexpr BwdSm90Config kBwdSm90Hdim192Split = {192, 64, 80, 2, 2, 24, 240, false, 2, false, 1, 2};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {

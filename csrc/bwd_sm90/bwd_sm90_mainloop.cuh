@@ -89,20 +89,43 @@ struct BwdSm90Traits {
   // Head-dim atom-columns of (5)-(7) per warpgroup: the first kAtomCols % kConsumerWgs take one
   // more (with two warpgroups: warpgroup 0 takes the larger share; written out for two, as the
   // run-time warpgroup index of a shared instance then costs one select).
-  static constexpr int own(int wg) {
+  // With two warpgroups the config may deal dV^T / dK^T (own, first_atom) and dQ^T (own_dq,
+  // first_dq) differently (dkv_atoms0, dq_atoms0).
+  static constexpr int even_share(int wg) {
     return kConsumerWgs == 2 ? (wg == 0 ? (kAtomCols + 1) / 2 : kAtomCols / 2)
                              : kAtomCols / kConsumerWgs + (wg < kAtomCols % kConsumerWgs ? 1 : 0);
   }
-  static constexpr int first_atom(int wg) {
+  static constexpr int even_first(int wg) {
     return kConsumerWgs == 2 ? (wg == 0 ? 0 : (kAtomCols + 1) / 2)
                              : wg * (kAtomCols / kConsumerWgs) +
                                    (wg < kAtomCols % kConsumerWgs ? wg : kAtomCols % kConsumerWgs);
   }
+  static_assert((kCfg.dkv_atoms0 < 0 && kCfg.dq_atoms0 < 0) ||
+                    (kConsumerWgs == 2 && !kByKeys && kCfg.dkv_atoms0 >= 1 && kCfg.dkv_atoms0 < kAtomCols &&
+                     kCfg.dq_atoms0 >= 1 && kCfg.dq_atoms0 < kAtomCols && kCfg.dq_atoms0 <= 2),
+                "a different deal: two warpgroups by head dim, each with at least one atom-column "
+                "of each, warpgroup 0 at most two of dQ^T (two dQ phases)");
+  static constexpr int own(int wg) {
+    return kCfg.dkv_atoms0 < 0 ? even_share(wg) : wg == 0 ? kCfg.dkv_atoms0 : kAtomCols - kCfg.dkv_atoms0;
+  }
+  static constexpr int first_atom(int wg) {
+    return kCfg.dkv_atoms0 < 0 ? even_first(wg) : wg == 0 ? 0 : kCfg.dkv_atoms0;
+  }
+  static constexpr int own_dq(int wg) {
+    return kCfg.dq_atoms0 < 0 ? even_share(wg) : wg == 0 ? kCfg.dq_atoms0 : kAtomCols - kCfg.dq_atoms0;
+  }
+  static constexpr int first_dq(int wg) {
+    return kCfg.dq_atoms0 < 0 ? even_first(wg) : wg == 0 ? 0 : kCfg.dq_atoms0;
+  }
   static constexpr int kOwn0 = own(0);
-  static constexpr int kOwn1 = own(kConsumerWgs - 1);  // the smallest share
+  static constexpr int kOwn1 = own(kConsumerWgs - 1);  // the smallest share (even deal)
+  static constexpr int kOwnDq0 = own_dq(0);
+  static constexpr int kOwnDq1 = own_dq(kConsumerWgs - 1);
+  static constexpr int kOwnMax = kOwn0 > kOwn1 ? kOwn0 : kOwn1;
   // Every consumer warpgroup runs one instance of bwd_sm90_consumer (see there), unless two
   // warpgroups own different non-zero shares.
-  static constexpr bool kSharedConsumer = kOwn0 == kOwn1 || (kConsumerWgs == 2 && kOwn1 == 0);
+  static constexpr bool kSharedConsumer =
+      (kOwn0 == kOwn1 && kOwnDq0 == kOwnDq1) || (kConsumerWgs == 2 && kOwn1 == 0 && kOwnDq1 == 0);
   static_assert(kSharedConsumer || kConsumerWgs == 2, "unequal shares: written for two warpgroups");
   static constexpr uint32_t kQAtomBytes = kBlockM * 128;   // one atom-column of a Q-side tile
   static constexpr uint32_t kKvAtomBytes = kBlockN * 128;  // one atom-column of K or V
@@ -122,7 +145,7 @@ struct BwdSm90Traits {
   // warpgroup in dQaccum's fragment order, which a producer-warpgroup warp adds into dQaccum
   // with one bulk reduce per step (bwd_sm90_dq_warp).
   static constexpr bool kDqViaSmem = kCfg.dq_smem;
-  static_assert(!kDqViaSmem || kByKeys || (kOwn0 == 1 && kOwn1 == 1),
+  static_assert(!kDqViaSmem || kByKeys || (kOwnDq0 == 1 && kOwnDq1 == 1),
                 "dq_smem: one dQ^T atom-column per warpgroup, one dQ warp each");
   static constexpr uint32_t kDqBufBytes = kDqAtomFloats * 4;  // 16 KB
   static constexpr uint32_t kOffDqBuf = kOffDs + 2 * kHandBytes;
@@ -152,7 +175,7 @@ struct BwdSm90Traits {
   // dV^T and dK^T live throughout; S and dP (kWgKeys / 2 each) die at the hand-off, before the
   // dQ^T atom (32) is born.
   static_assert(kByKeys ||
-                    2 * kOwn0 * kBlockN / 2 + (kWgKeys > 32 ? kWgKeys : 32) <= kCfg.consumer_regs - 8,
+                    2 * kOwnMax * kBlockN / 2 + (kWgKeys > 32 ? kWgKeys : 32) <= kCfg.consumer_regs - 8,
                 "dV^T, dK^T and S + dP or one dQ^T atom exceed the consumer register budget");
   // By keys: dV, dK (d / 2 each), S^T and dP^T (block_m / 2 each) and P^T's 16-bit fragments
   // (block_m / 4) live together while dV is issued.
@@ -165,7 +188,7 @@ struct BwdSm90Traits {
   // adds) and its turn warp (bwd_sm90_turn_warp):
   // By keys with dQ^T by queries, phase h is warpgroup h's tile (step tile h), which only that
   // warpgroup adds; by atom-columns one phase, every warpgroup adding its atom-column.
-  static constexpr int kDqPhases = kDqByQueries ? kConsumerWgs : kByKeys ? 1 : kOwn0;
+  static constexpr int kDqPhases = kDqByQueries ? kConsumerWgs : kByKeys ? 1 : kOwnDq0;
   static_assert(kDqPhases <= 2, "two turn warps and barrier pairs");
   static constexpr uint32_t kBarTurn0 = 3;   // 3 + h: the tile's turn for phase h has come
   static constexpr uint32_t kBarAdded0 = 5;  // 5 + h: all warpgroups issued their phase-h adds
@@ -368,7 +391,7 @@ __device__ __forceinline__ void bwd_sm90_dq_warp(const BwdSm90Params& p, const B
       // atom-column of the step's tile.
       float* dst = T::kDqByQueries
                        ? p.dq_accum + (tile + wg) * dq_tile_floats(T::kHeadDim)
-                       : p.dq_accum + tile * dq_tile_floats(T::kHeadDim) + T::first_atom(wg) * kDqAtomFloats;
+                       : p.dq_accum + tile * dq_tile_floats(T::kHeadDim) + T::first_dq(wg) * kDqAtomFloats;
       fh::bulk_reduce_add_f32(dst, buf, T::kDqBufBytes);
       fh::bulk_commit_group();
       fh::bulk_wait_group_read<0>();
@@ -387,18 +410,21 @@ __device__ __forceinline__ void bwd_sm90_dq_warp(const BwdSm90Params& p, const B
 // (BwdSm90Traits::kSharedConsumer): one copy of the step loop, measured no faster than two but
 // smaller and without the d = 128 deterministic instance's spills (docs/design.md section 7.2).
 // Otherwise (d = 192: 2 / 1) each warpgroup has its own.
-template <class T, bool kDet, int kOwn>
+template <class T, bool kDet, int kOwn, int kOwnDq>
 __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const BwdSm90Work& w,
                                                   uint8_t* smem, uint64_t* kv_bar,
                                                   fh::TmaPipeline<T::kQStages>* pipe_q,
                                                   fh::TmaPipeline<T::kDoStages>* pipe_do,
                                                   const int wg) {
-  static_assert(kOwn == T::kOwn0 || kOwn == T::kOwn1, "an instance holds one warpgroup's share");
+  static_assert((kOwn == T::kOwn0 && kOwnDq == T::kOwnDq0) || (kOwn == T::kOwn1 && kOwnDq == T::kOwnDq1),
+                "an instance holds one warpgroup's share");
+  static_assert((kOwn > 0) == (kOwnDq > 0), "atom-columns of both or of neither");
   constexpr bool kDqSmem = !kDet && T::kDqViaSmem;  // the ordered adds stay in registers
   constexpr int kAcc = kOwn > 0 ? kOwn : 1;  // arrays need a size; unused when kOwn = 0
   // Whether this warpgroup computes (5)-(7): false only for warpgroup 1 at d = 64.
   const bool has_cols = kOwn > 0 && T::own(wg) > 0;
-  const int first = T::first_atom(wg);
+  const int first = T::first_atom(wg);  // dV^T / dK^T atom-columns first ..
+  const int first_dq = T::first_dq(wg);  // dQ^T atom-columns first_dq ..
   const int t = threadIdx.x % 128;
   const bool warp_leader = (threadIdx.x % 32) == 0;
   const int n0 = w.n_block * T::kBlockN;
@@ -494,7 +520,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       fh::zero_acc(dq);
       fh::wgmma_fence_operand(dq);
       fh::wgmma_fence();
-      gemm_dq<T>(dq, smem + T::kOffK + first * T::kKvAtomBytes, ds_t);
+      gemm_dq<T>(dq, smem + T::kOffK + first_dq * T::kKvAtomBytes, ds_t);
       fh::wgmma_commit();
 #pragma unroll
       for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dv[u], do_s + (first + u) * T::kQAtomBytes, p_t);
@@ -507,12 +533,12 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       if constexpr (!kDqSmem) {
         // Deterministic: wait until the phase-0 turn warp says this block's turn has come.
         if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0, T::kTurnThreads);
-        add_dq_partial<T::kHeadDim>(p, tile, first, t, dq);
+        add_dq_partial<T::kHeadDim>(p, tile, first_dq, t, dq);
         if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0, T::kTurnThreads);
       }
-      if constexpr (kOwn == 2) {
+      if constexpr (kOwnDq == 2) {
         fh::wgmma_fence();
-        gemm_dq<T>(dq, smem + T::kOffK + (first + 1) * T::kKvAtomBytes, ds_t);
+        gemm_dq<T>(dq, smem + T::kOffK + (first_dq + 1) * T::kKvAtomBytes, ds_t);
         fh::wgmma_commit();
         fh::wgmma_wait<2>();
         if (warp_leader) pipe_do->consumer_release(sd);
@@ -521,7 +547,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         fh::wgmma_wait<0>();
         fh::wgmma_fence_operand(dq);
         if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + 1, T::kTurnThreads);
-        add_dq_partial<T::kHeadDim>(p, tile, first + 1, t, dq);
+        add_dq_partial<T::kHeadDim>(p, tile, first_dq + 1, t, dq);
         if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + 1, T::kTurnThreads);
       } else {
         fh::wgmma_wait<1>();
@@ -549,7 +575,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     if constexpr (kDet) {
       // Phases this warpgroup has no atom-column for still take part in the turn barriers.
 #pragma unroll
-      for (int h = has_cols ? kOwn : 0; h < T::kDqPhases; ++h) {
+      for (int h = has_cols ? kOwnDq : 0; h < T::kDqPhases; ++h) {
         fh::named_bar_sync(T::kBarTurn0 + h, T::kTurnThreads);
         fh::named_bar_arrive(T::kBarAdded0 + h, T::kTurnThreads);
       }
