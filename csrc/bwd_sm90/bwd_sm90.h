@@ -57,6 +57,9 @@ struct BwdSm90Config {
   // deal (-1: warpgroup 0 takes ceil(atoms / 2) of both).
   int dkv_atoms0 = -1;
   int dq_atoms0 = -1;
+  // By keys: of each 4 consecutive exponentials of P^T, how many are computed on the FMA pipes
+  // (hopper::exp2_fma) instead of the SFU (0: none).
+  int fma_exp2 = 0;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -106,6 +109,10 @@ constexpr BwdSm90Config kBwdSm90Hdim128ByKeys = {128, 64, 128, 2, 2, 24, 240, tr
 // of 0 (8), warpgroup 1 S, dP, dQ^T of 2 (5) and dV^T / dK^T of 1 and 2 (16): 42 / 45 instead
 // of 50 / 37. Compiled by the flashback_candidates target, not linked.
 constexpr BwdSm90Config kBwdSm90Hdim192Split = {192, 64, 80, 2, 2, 24, 240, false, 2, false, 1, 2};
+// Candidate for d = 64, NOT yet run on a GPU: kBwdSm90Hdim64 with one of every four
+// exponentials of P^T on the FMA pipes (docs/perf-log.md, "Exponentials on the FMA pipes").
+// Compiled by the flashback_candidates target, not linked.
+constexpr BwdSm90Config kBwdSm90Hdim64FmaExp = {64, 128, 128, 2, 2, 24, 240, false, 2, true, -1, -1, 1};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {

@@ -86,6 +86,9 @@ struct BwdSm90Traits {
   static constexpr int kWgKeys = kBlockN / kConsumerWgs;  // keys per consumer warpgroup
   static constexpr int kAtomCols = kHeadDim / 64;          // 64-element (128-byte) columns
   static_assert(!kByKeys || kWgKeys == 64, "by keys: each warpgroup's keys are one wgmma M");
+  static constexpr int kFmaExp2 = kCfg.fma_exp2;
+  static_assert(kFmaExp2 >= 0 && kFmaExp2 <= 4 && (kFmaExp2 == 0 || kByKeys),
+                "fma_exp2: 0 to 4 of every 4 exponentials, by keys only");
   // Head-dim atom-columns of (5)-(7) per warpgroup: the first kAtomCols % kConsumerWgs take one
   // more (with two warpgroups: warpgroup 0 takes the larger share; written out for two, as the
   // run-time warpgroup index of a shared instance then costs one select).

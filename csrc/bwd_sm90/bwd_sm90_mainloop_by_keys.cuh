@@ -24,6 +24,14 @@
 namespace flashback {
 namespace sm90 {
 
+// Element e (0..3) of a group of four of P^T's exponentials: on the FMA pipes for the first
+// kFmaExp2 of each group (BwdSm90Config::fma_exp2), else on the SFU. `e` is a compile-time value
+// in the unrolled loops, so each element takes one path.
+template <class T>
+__device__ __forceinline__ float exp2_p(int e, float x) {
+  return e < T::kFmaExp2 ? fh::exp2_fma(x) : fh::exp2_approx(x);
+}
+
 // (1) S^T or (3) dP^T: this warpgroup's 64 rows of K or V (A, K-major) times the Q-side tile
 // (B, K-major, block_m rows), K = d.
 template <class T>
@@ -177,7 +185,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
           const int key = key_lo + 8 * (e >> 1);
           const int query = m0 + col0 + 8 * j + (e & 1);
           const bool masked = key >= seqlen_k || (p.causal && key > query + diag);
-          s[r] = masked ? 0.f : fh::exp2_approx(s[r] * p.scale_log2 - ((e & 1) ? l.y : l.x));
+          s[r] = masked ? 0.f : exp2_p<T>(e, s[r] * p.scale_log2 - ((e & 1) ? l.y : l.x));
         }
       }
     } else {
@@ -186,7 +194,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
         const float2 l = lse2[4 * j];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[4 * j + e] = fh::exp2_approx(s[4 * j + e] * p.scale_log2 - ((e & 1) ? l.y : l.x));
+          s[4 * j + e] = exp2_p<T>(e, s[4 * j + e] * p.scale_log2 - ((e & 1) ? l.y : l.x));
         }
       }
     }
