@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Builds the library with a candidate config in place of a table row, one library per argument,
+# into build-<candidate>/libflashback.so of this checkout, for one device call that runs the GPU
+# tests and scripts/compare_builds.sh on them beside build/libflashback.so:
+#
+#   scripts/build_candidates.sh kBwdSm90Hdim128=kBwdSm90Hdim128ByKeys kFwdSm90Hdim128=kFwdSm90Hdim128Dynamic
+#   scripts/compare_builds.sh build/libflashback.so build-kBwdSm90Hdim128ByKeys/libflashback.so ...
+#
+# ROW=CANDIDATE: the candidate's initializer (its `constexpr ... CANDIDATE = {...};` line in
+# csrc/*/*.h) replaces the row's, in a copy of HEAD (a worktree under ../cand-<candidate>); the
+# checkout itself is not touched. build*/ is ignored by git: carry the folders to the device.
+# Environment: JOBS (default 3), FLASHBACK_HEADDIMS / FLASHBACK_DTYPES passed on to CMake.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+for arg in "$@"; do
+  row=${arg%%=*}
+  cand=${arg#*=}
+  [ "$row" != "$arg" ] && [ -n "$cand" ] || { echo "usage: $0 ROW=CANDIDATE ..."; exit 2; }
+  wt="$root/../cand-$cand"
+  rm -rf "$wt"
+  git worktree prune
+  git worktree add -q --detach "$wt" HEAD
+  python3 - "$wt" "$row" "$cand" <<'PYEOF'
+import glob, re, sys
+wt, row, cand = sys.argv[1:]
+for path in glob.glob(f"{wt}/csrc/*/*.h"):
+    text = open(path).read()
+    m = re.search(r"constexpr \w+ " + re.escape(cand) + r" = (\{[^}]*\});", text)
+    if not m:
+        continue
+    new, n = re.subn(r"(constexpr \w+ " + re.escape(row) + r" = )\{[^}]*\};", lambda g: g.group(1) + m.group(1) + ";", text)
+    if n != 1:
+        sys.exit(f"{row}: not defined once in {path}")
+    open(path, "w").write(new)
+    print(f"{path.removeprefix(wt + '/')}: {row} = {m.group(1)}")
+    break
+else:
+    sys.exit(f"{cand}: no such config in csrc/*/*.h")
+PYEOF
+  args=()
+  [ -n "${FLASHBACK_HEADDIMS:-}" ] && args+=("-DFLASHBACK_HEADDIMS=$FLASHBACK_HEADDIMS")
+  [ -n "${FLASHBACK_DTYPES:-}" ] && args+=("-DFLASHBACK_DTYPES=$FLASHBACK_DTYPES")
+  cmake -S "$wt" -B "$wt/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHBACK_BUILD_HOPPER_TESTS=OFF "${args[@]}" > /dev/null
+  cmake --build "$wt/build" -j "${JOBS:-3}" --target flashback
+  mkdir -p "$root/build-$cand"
+  cp "$wt/build/libflashback.so" "$root/build-$cand/"
+  echo "build-$cand/libflashback.so <- $row = $cand at $(git rev-parse --short HEAD)"
+done
