@@ -105,9 +105,10 @@ struct BwdSm90Traits {
   }
   static_assert((kCfg.dkv_atoms0 < 0 && kCfg.dq_atoms0 < 0) ||
                     (kConsumerWgs == 2 && !kByKeys && kCfg.dkv_atoms0 >= 1 && kCfg.dkv_atoms0 < kAtomCols &&
-                     kCfg.dq_atoms0 >= 1 && kCfg.dq_atoms0 < kAtomCols && kCfg.dq_atoms0 <= 2),
-                "a different deal: two warpgroups by head dim, each with at least one atom-column "
-                "of each, warpgroup 0 at most two of dQ^T (two dQ phases)");
+                     kCfg.dq_atoms0 >= 1 && kCfg.dq_atoms0 <= 2 && kAtomCols - kCfg.dq_atoms0 >= 1 &&
+                     kAtomCols - kCfg.dq_atoms0 <= 2),
+                "a different deal: two warpgroups by head dim, each with one or two atom-columns "
+                "of dQ^T (two dQ phases) and at least one of dV^T / dK^T");
   static constexpr int own(int wg) {
     return kCfg.dkv_atoms0 < 0 ? even_share(wg) : wg == 0 ? kCfg.dkv_atoms0 : kAtomCols - kCfg.dkv_atoms0;
   }
@@ -191,7 +192,8 @@ struct BwdSm90Traits {
   // adds) and its turn warp (bwd_sm90_turn_warp):
   // By keys with dQ^T by queries, phase h is warpgroup h's tile (step tile h), which only that
   // warpgroup adds; by atom-columns one phase, every warpgroup adding its atom-column.
-  static constexpr int kDqPhases = kDqByQueries ? kConsumerWgs : kByKeys ? 1 : kOwnDq0;
+  static constexpr int kDqPhases =
+      kDqByQueries ? kConsumerWgs : kByKeys ? 1 : (kOwnDq0 > kOwnDq1 ? kOwnDq0 : kOwnDq1);
   static_assert(kDqPhases <= 2, "two turn warps and barrier pairs");
   static constexpr uint32_t kBarTurn0 = 3;   // 3 + h: the tile's turn for phase h has come
   static constexpr uint32_t kBarAdded0 = 5;  // 5 + h: all warpgroups issued their phase-h adds
@@ -422,6 +424,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   static_assert((kOwn == T::kOwn0 && kOwnDq == T::kOwnDq0) || (kOwn == T::kOwn1 && kOwnDq == T::kOwnDq1),
                 "an instance holds one warpgroup's share");
   static_assert((kOwn > 0) == (kOwnDq > 0), "atom-columns of both or of neither");
+  static_assert(kOwnDq <= 2, "at most two dQ^T atom-columns per warpgroup (the loop below)");
   constexpr bool kDqSmem = !kDet && T::kDqViaSmem;  // the ordered adds stay in registers
   constexpr int kAcc = kOwn > 0 ? kOwn : 1;  // arrays need a size; unused when kOwn = 0
   // Whether this warpgroup computes (5)-(7): false only for warpgroup 1 at d = 64.

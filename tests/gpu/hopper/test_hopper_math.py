@@ -1,8 +1,8 @@
 """exp2_approx (ex2.approx.ftz.f32), the softmax exponential of both attention kernels: relative
 error against float64 2^x over the range the softmax uses, results below 2^-126 flushed to 0,
 2^-inf = 0, 2^0 = 1 exactly, NaN stays NaN. exp2_fma (the same on the FMA pipes, a polynomial):
-relative error below 1e-4 over the softmax's range, the same special values but 2^0 within
-that error."""
+relative error below 1e-4 over the softmax's range (down to 2^-125, below which it gives 0), the
+same special values but 2^0 within that error and +inf out of its range."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -48,9 +48,10 @@ def test_exp2_fma_matches_float64(hlib):
 
 
 def test_exp2_fma_special_values(hlib):
-    x = torch.tensor([float("-inf"), 0.0, -126.5, -149.0, -200.0, float("nan")], device="cuda")
+    x = torch.tensor([float("-inf"), 0.0, -125.5, -149.0, -200.0, float("nan"), -125.0, -0.0], device="cuda")
     y = _run(hlib, x, "fbh_exp2_fma").tolist()
     assert y[0] == 0.0, y
-    assert abs(y[1] - 1.0) < 1e-4, y
-    assert y[2] == 0.0 and y[3] == 0.0 and y[4] == 0.0, f"results below 2^-126 must be 0: {y}"
+    assert abs(y[1] - 1.0) < 1e-4 and abs(y[7] - 1.0) < 1e-4, y
+    assert y[2] == 0.0 and y[3] == 0.0 and y[4] == 0.0, f"results below 2^-125 must be 0: {y}"
     assert y[5] != y[5], "NaN in, NaN out"
+    assert abs(y[6] / 2.0 ** -125 - 1.0) < 1e-4, f"2^-125 must come out normal: {y[6]!r}"
