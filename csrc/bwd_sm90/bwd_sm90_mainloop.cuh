@@ -407,6 +407,22 @@ __device__ __forceinline__ void bwd_sm90_dq_warp(const BwdSm90Params& p, const B
   if (leader) fh::bulk_wait_group<0>();
 }
 
+// The staged dV and dK rows of the CTA's keys (rows past seqlen_k skipped) to global memory, by
+// all consumer threads, after the barrier that completes the staging (both splits' epilogue).
+template <class T>
+__device__ __forceinline__ void copy_out_dkv(const BwdSm90Params& p, const BwdSm90Work& w,
+                                             const uint8_t* stage_dv, const uint8_t* stage_dk,
+                                             int n0, int seqlen_k) {
+  fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
+  const int tid = threadIdx.x - 128;  // 0 .. kConsumerThreads - 1 over the consumer warpgroups
+  copy_dkv_out<T::kBlockN, T::kHeadDim, T::kConsumerThreads>(
+      p.dv, p.dv_strides, stage_dv, T::kStageRowBytes, w.seq.k_offset(p.dv_strides), w.kv_head, n0,
+      seqlen_k, tid);
+  copy_dkv_out<T::kBlockN, T::kHeadDim, T::kConsumerThreads>(
+      p.dk, p.dk_strides, stage_dk, T::kStageRowBytes, w.seq.k_offset(p.dk_strides), w.kv_head, n0,
+      seqlen_k, tid);
+}
+
 // ---------------------------------------------------------------- consumer warpgroups ---
 // wg: which consumer warpgroup (0 .. W - 1), a run-time value; kOwn: the head-dim atom-columns of
 // (5)-(7) this instance holds accumulators for, a compile-time value (the arrays' size). Where
@@ -605,14 +621,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     stage_dkv_t<T::kBlockN, kOwn, T::kElem>(stage_dk, T::kStageRowBytes, acc_dk, p.softmax_scale,
                                             first, t);
   }
-  fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
-  const int tid = threadIdx.x - 128;  // 0 .. kConsumerThreads - 1 over the consumer warpgroups
-  copy_dkv_out<T::kBlockN, T::kHeadDim, T::kConsumerThreads>(
-      p.dv, p.dv_strides, stage_dv, T::kStageRowBytes, w.seq.k_offset(p.dv_strides), w.kv_head, n0,
-      seqlen_k, tid);
-  copy_dkv_out<T::kBlockN, T::kHeadDim, T::kConsumerThreads>(
-      p.dk, p.dk_strides, stage_dk, T::kStageRowBytes, w.seq.k_offset(p.dk_strides), w.kv_head, n0,
-      seqlen_k, tid);
+  copy_out_dkv<T>(p, w, stage_dv, stage_dk, n0, seqlen_k);
 }
 
 }  // namespace sm90

@@ -283,14 +283,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
   uint8_t* stage_dk = smem + T::kStageBytes;
   stage_dkv_rows<T>(stage_dv, acc_dv, 1.f, wg, t);
   stage_dkv_rows<T>(stage_dk, acc_dk, p.softmax_scale, wg, t);
-  fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
-  const int tid = threadIdx.x - 128;  // 0 .. kConsumerThreads - 1 over the consumer warpgroups
-  copy_dkv_out<T::kBlockN, T::kHeadDim, T::kConsumerThreads>(
-      p.dv, p.dv_strides, stage_dv, T::kStageRowBytes, w.seq.k_offset(p.dv_strides), w.kv_head, n0,
-      seqlen_k, tid);
-  copy_dkv_out<T::kBlockN, T::kHeadDim, T::kConsumerThreads>(
-      p.dk, p.dk_strides, stage_dk, T::kStageRowBytes, w.seq.k_offset(p.dk_strides), w.kv_head, n0,
-      seqlen_k, tid);
+  copy_out_dkv<T>(p, w, stage_dv, stage_dk, n0, seqlen_k);
 }
 
 }  // namespace sm90
