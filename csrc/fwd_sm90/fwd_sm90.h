@@ -52,14 +52,10 @@ struct FwdSm90Config {
 // Ping-pong (the warpgroups issue their GEMMs in turn) measured +3 to +8% at d = 64 (three
 // warpgroups, softmax as costly as the GEMMs) and -0 to -6% at d = 128 and 256, mixed at 192
 // (docs/perf-log.md, "Forward ping-pong"): on at d = 64 only.
-constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true};
-constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false};
-constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false};
-constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false};
-// Candidate, NOT yet run on a GPU (docs/perf-log.md, "Forward tiles from a counter"): d = 128
-// with dynamic_tiles; setmaxnreg 32 / 232 (the producer's tile loop spilled 24 B at 24). Its
-// kernels are compiled by the flashback_candidates target, not linked.
-constexpr FwdSm90Config kFwdSm90Hdim128Dynamic = {128, 128, 2, 2, 32, 232, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false, true};
 // Candidates, NOT yet run on a GPU (docs/perf-log.md, "Exponentials on the FMA pipes"): d = 64
 // and d = 128 with one of every four softmax exponentials on the FMA pipes. Compiled by the
 // flashback_candidates target, not linked.

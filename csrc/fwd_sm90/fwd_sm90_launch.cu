@@ -67,11 +67,16 @@ bool fwd_sm90_persistent(const flashback_fwd_params& p) {
   return !p.causal || p.headdim <= 128;
 }
 
-// Configs with dynamic_tiles (none in the table yet; a candidate, docs/perf-log.md "Forward
-// tiles from a counter"): causal rows, where the static stride lost the longest-first order
-// (above), at every length. The model in the perf log predicts 0.80-0.95 of the one-CTA-per-tile
-// time at seqlen 512-2048 and 0.97-0.99 at 4k-16k; to be measured before a row turns it on.
-bool fwd_sm90_dynamic(const flashback_fwd_params& p) { return p.causal != 0; }
+// Tiles from a counter (configs with dynamic_tiles: every row), docs/perf-log.md "Forward tiles
+// from a counter". Causal only: the counter keeps the longest-first order that the static stride
+// loses. Measured against the persistent static stride / one CTA per tile: at d <= 128 +2..+12% at
+// 1k-2k, +1..+4% at 4k-16k (at 512 within 2%); at 512-1024 for d = 192 / 256 (+5..+9%), where from 2048 up one CTA per tile measured
+// 1-7% faster. Non-causal tiles are all alike: the static stride (or one CTA per tile) measured
+// 0.5-3.5% faster than the counter there.
+bool fwd_sm90_dynamic(const flashback_fwd_params& p) {
+  if (!p.causal) return false;
+  return p.headdim <= 128 || p.seqlen_k <= 1024;  // varlen: the longest sequence
+}
 
 int fwd_sm90_sm_count() {
   static std::atomic<int> counts[64] = {};  // per device ordinal; 0 = not read yet
