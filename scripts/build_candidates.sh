@@ -3,8 +3,8 @@
 # into build-<candidate>/libflashback.so of this checkout, for one device call that runs the GPU
 # tests and scripts/compare_builds.sh on them beside build/libflashback.so:
 #
-#   scripts/build_candidates.sh kBwdSm90Hdim128=kBwdSm90Hdim128ByKeys kFwdSm90Hdim128=kFwdSm90Hdim128Dynamic
-#   scripts/compare_builds.sh build/libflashback.so build-kBwdSm90Hdim128ByKeys/libflashback.so ...
+#   scripts/build_candidates.sh kBwdSm90Hdim192=kBwdSm90Hdim192Wg3
+#   scripts/compare_builds.sh build/libflashback.so build-kBwdSm90Hdim192Wg3/libflashback.so ...
 #
 # ROW=CANDIDATE: the candidate's initializer (its `constexpr ... CANDIDATE = {...};` line in
 # csrc/*/*.h) replaces the row's, in a copy of HEAD (a worktree under ../cand-<candidate>); the

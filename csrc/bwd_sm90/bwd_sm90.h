@@ -47,19 +47,11 @@ struct BwdSm90Config {
   // 6-11% slower at d = 64 and (with one dO stage, for the room) d = 192 (docs/perf-log.md).
   bool dq_smem;
   int consumer_wgs;   // MMA warpgroups (2 or 3) splitting the work by data
-  // How (5)-(7) are split (below): false, by head-dim atom-columns; true, by keys (warpgroup w
-  // keeps dV and dK of its block_n / W keys, fed P^T and dS^T from its registers), and dQ^T
-  // by queries (d = 64: block_m = 64 x W, warpgroup w takes queries 64 w..) or by head-dim
-  // atom-columns (d = 64 x W, block_m = 64) (bwd_sm90_mainloop_by_keys.cuh).
+  // How (5)-(7) are split (below): false, by head-dim atom-columns; true, by keys (d = 64:
+  // warpgroup w keeps dV and dK of its block_n / W keys, fed P^T and dS^T from its registers,
+  // and computes dQ^T of queries 64 w.. of a block_m = 64 x W step;
+  // bwd_sm90_mainloop_by_keys.cuh).
   bool by_keys = false;
-  // Split by head dim with two warpgroups: the atom-columns of dV^T / dK^T and of dQ^T that
-  // warpgroup 0 takes (the first ones; warpgroup 1 the rest) when they differ from the even
-  // deal (-1: warpgroup 0 takes ceil(atoms / 2) of both).
-  int dkv_atoms0 = -1;
-  int dq_atoms0 = -1;
-  // By keys: of each 4 consecutive exponentials of P^T, how many are computed on the FMA pipes
-  // (hopper::exp2_fma) instead of the SFU (0: none).
-  int fma_exp2 = 0;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -94,25 +86,6 @@ constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 2, 1, 24, 240, false, 2}
 // than kBwdSm90Hdim192 (-2.7..+3.1%, docs/perf-log.md); its kernels are compiled by the
 // flashback_candidates target (csrc/candidates/), not linked.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false, 3};
-// Candidate for d = 128, NOT yet run on a GPU: split by keys with 64-query steps (FA3's d = 128
-// causal shape), warpgroup w computing dQ^T of atom-column w, and dQ through shared memory.
-// Registers: dV + dK 2 x 64, S^T + dP^T 2 x 32, P^T fragments 16 (208 of 240); 193 KB; ptxas:
-// 0 spills in the consumers (32 B in the default instance's dQ warp, as kBwdSm90Hdim128's).
-// By keys at d = 128 without dq_smem measured no faster than by head dim without it (perf log,
-// "Backward: dV / dK split by keys"); with it, it is not measured. To measure: give
-// kBwdSm90Hdim128 these values, build, run the d = 128 GPU tests and the A/B. Its kernels are
-// compiled by the flashback_candidates target (csrc/candidates/), not linked.
-constexpr BwdSm90Config kBwdSm90Hdim128ByKeys = {128, 64, 128, 2, 2, 24, 240, true, 2, true};
-// Candidate for d = 192, NOT yet run on a GPU: kBwdSm90Hdim192 with the middle atom-column's
-// (5)-(7) split between the warpgroups, dQ^T to warpgroup 0 and dV^T / dK^T to warpgroup 1: per
-// step warpgroup 0 issues S, dP (24 wgmmas), dQ^T of atom-columns 0 and 1 (10) and dV^T / dK^T
-// of 0 (8), warpgroup 1 S, dP, dQ^T of 2 (5) and dV^T / dK^T of 1 and 2 (16): 42 / 45 instead
-// of 50 / 37. Compiled by the flashback_candidates target, not linked.
-constexpr BwdSm90Config kBwdSm90Hdim192Split = {192, 64, 80, 2, 2, 24, 240, false, 2, false, 1, 2};
-// Candidate for d = 64, NOT yet run on a GPU: kBwdSm90Hdim64 with one of every four
-// exponentials of P^T on the FMA pipes (docs/perf-log.md, "Exponentials on the FMA pipes").
-// Compiled by the flashback_candidates target, not linked.
-constexpr BwdSm90Config kBwdSm90Hdim64FmaExp = {64, 128, 128, 2, 2, 24, 240, false, 2, true, -1, -1, 1};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {

@@ -90,11 +90,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     if constexpr (T::kByKeys) {
       bwd_sm90_consumer_by_keys<T, kDet>(p, w, smem, kv_bar, pipe_q, pipe_do, wg - 1);
     } else if constexpr (T::kSharedConsumer) {
-      bwd_sm90_consumer<T, kDet, T::kOwn0, T::kOwnDq0>(p, w, smem, kv_bar, pipe_q, pipe_do, wg - 1);
+      bwd_sm90_consumer<T, kDet, T::kOwn0>(p, w, smem, kv_bar, pipe_q, pipe_do, wg - 1);
     } else if (wg == 1) {
-      bwd_sm90_consumer<T, kDet, T::kOwn0, T::kOwnDq0>(p, w, smem, kv_bar, pipe_q, pipe_do, 0);
+      bwd_sm90_consumer<T, kDet, T::kOwn0>(p, w, smem, kv_bar, pipe_q, pipe_do, 0);
     } else {
-      bwd_sm90_consumer<T, kDet, T::kOwn1, T::kOwnDq1>(p, w, smem, kv_bar, pipe_q, pipe_do, 1);
+      bwd_sm90_consumer<T, kDet, T::kOwn1>(p, w, smem, kv_bar, pipe_q, pipe_do, 1);
     }
   }
 }

@@ -71,65 +71,35 @@ struct BwdSm90Traits {
                 "d is a whole number of 64-element atom-columns, at most 256");
   // (5)-(7) split by keys (bwd_sm90_mainloop_by_keys.cuh) instead of by head-dim atom-columns.
   static constexpr bool kByKeys = kCfg.by_keys;
-  // By keys, dQ^T is split between the warpgroups by queries (d = 64: block_m = 64 W, warpgroup
-  // w takes queries 64 w ..) or by head-dim atom-columns (block_m = 64, one atom-column each).
-  static constexpr bool kDqByQueries = kByKeys && kCfg.head_dim == 64;
-  static_assert(kByKeys ? (kDqByQueries ? kBlockM == 64 * kConsumerWgs
-                                        : kBlockM == 64 && kCfg.head_dim == 64 * kConsumerWgs)
-                        : kBlockM == 64,
-                "by head dim: one wgmma M (64 queries) per step; by keys: one m64n64 dQ^T tile "
-                "per warpgroup (64 of its queries, or one atom-column of all 64)");
+  static_assert(kByKeys ? kBlockM == 64 * kConsumerWgs : kBlockM == 64,
+                "by head dim: one wgmma M (64 queries) per step; by keys: 64 queries of dQ^T per "
+                "warpgroup");
   static_assert(kBlockM % kDqTileRows == 0, "a step covers whole dQaccum tiles");
   static constexpr int kStepTiles = kBlockM / kDqTileRows;  // workspace tiles per step
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "block_n: k16 steps of dQ^T, N of dV^T");
   static_assert(kBlockN % (8 * kConsumerWgs) == 0, "each warpgroup's keys: a whole wgmma N");
   static constexpr int kWgKeys = kBlockN / kConsumerWgs;  // keys per consumer warpgroup
   static constexpr int kAtomCols = kHeadDim / 64;          // 64-element (128-byte) columns
-  static_assert(!kByKeys || kWgKeys == 64, "by keys: each warpgroup's keys are one wgmma M");
-  static constexpr int kFmaExp2 = kCfg.fma_exp2;
-  static_assert(kFmaExp2 >= 0 && kFmaExp2 <= 4 && (kFmaExp2 == 0 || kByKeys),
-                "fma_exp2: 0 to 4 of every 4 exponentials, by keys only");
+  static_assert(!kByKeys || (kWgKeys == 64 && kAtomCols == 1),
+                "by keys: each warpgroup's keys one wgmma M, one head-dim atom-column (d = 64: "
+                "a warpgroup's dQ^T is one m64n64 tile)");
   // Head-dim atom-columns of (5)-(7) per warpgroup: the first kAtomCols % kConsumerWgs take one
   // more (with two warpgroups: warpgroup 0 takes the larger share; written out for two, as the
   // run-time warpgroup index of a shared instance then costs one select).
-  // With two warpgroups the config may deal dV^T / dK^T (own, first_atom) and dQ^T (own_dq,
-  // first_dq) differently (dkv_atoms0, dq_atoms0).
-  static constexpr int even_share(int wg) {
+  static constexpr int own(int wg) {
     return kConsumerWgs == 2 ? (wg == 0 ? (kAtomCols + 1) / 2 : kAtomCols / 2)
                              : kAtomCols / kConsumerWgs + (wg < kAtomCols % kConsumerWgs ? 1 : 0);
   }
-  static constexpr int even_first(int wg) {
+  static constexpr int first_atom(int wg) {
     return kConsumerWgs == 2 ? (wg == 0 ? 0 : (kAtomCols + 1) / 2)
                              : wg * (kAtomCols / kConsumerWgs) +
                                    (wg < kAtomCols % kConsumerWgs ? wg : kAtomCols % kConsumerWgs);
   }
-  static_assert((kCfg.dkv_atoms0 < 0 && kCfg.dq_atoms0 < 0) ||
-                    (kConsumerWgs == 2 && !kByKeys && kCfg.dkv_atoms0 >= 1 && kCfg.dkv_atoms0 < kAtomCols &&
-                     kCfg.dq_atoms0 >= 1 && kCfg.dq_atoms0 <= 2 && kAtomCols - kCfg.dq_atoms0 >= 1 &&
-                     kAtomCols - kCfg.dq_atoms0 <= 2),
-                "a different deal: two warpgroups by head dim, each with one or two atom-columns "
-                "of dQ^T (two dQ phases) and at least one of dV^T / dK^T");
-  static constexpr int own(int wg) {
-    return kCfg.dkv_atoms0 < 0 ? even_share(wg) : wg == 0 ? kCfg.dkv_atoms0 : kAtomCols - kCfg.dkv_atoms0;
-  }
-  static constexpr int first_atom(int wg) {
-    return kCfg.dkv_atoms0 < 0 ? even_first(wg) : wg == 0 ? 0 : kCfg.dkv_atoms0;
-  }
-  static constexpr int own_dq(int wg) {
-    return kCfg.dq_atoms0 < 0 ? even_share(wg) : wg == 0 ? kCfg.dq_atoms0 : kAtomCols - kCfg.dq_atoms0;
-  }
-  static constexpr int first_dq(int wg) {
-    return kCfg.dq_atoms0 < 0 ? even_first(wg) : wg == 0 ? 0 : kCfg.dq_atoms0;
-  }
   static constexpr int kOwn0 = own(0);
-  static constexpr int kOwn1 = own(kConsumerWgs - 1);  // the smallest share (even deal)
-  static constexpr int kOwnDq0 = own_dq(0);
-  static constexpr int kOwnDq1 = own_dq(kConsumerWgs - 1);
-  static constexpr int kOwnMax = kOwn0 > kOwn1 ? kOwn0 : kOwn1;
+  static constexpr int kOwn1 = own(kConsumerWgs - 1);  // the smallest share
   // Every consumer warpgroup runs one instance of bwd_sm90_consumer (see there), unless two
   // warpgroups own different non-zero shares.
-  static constexpr bool kSharedConsumer =
-      (kOwn0 == kOwn1 && kOwnDq0 == kOwnDq1) || (kConsumerWgs == 2 && kOwn1 == 0 && kOwnDq1 == 0);
+  static constexpr bool kSharedConsumer = kOwn0 == kOwn1 || (kConsumerWgs == 2 && kOwn1 == 0);
   static_assert(kSharedConsumer || kConsumerWgs == 2, "unequal shares: written for two warpgroups");
   static constexpr uint32_t kQAtomBytes = kBlockM * 128;   // one atom-column of a Q-side tile
   static constexpr uint32_t kKvAtomBytes = kBlockN * 128;  // one atom-column of K or V
@@ -149,7 +119,7 @@ struct BwdSm90Traits {
   // warpgroup in dQaccum's fragment order, which a producer-warpgroup warp adds into dQaccum
   // with one bulk reduce per step (bwd_sm90_dq_warp).
   static constexpr bool kDqViaSmem = kCfg.dq_smem;
-  static_assert(!kDqViaSmem || kByKeys || (kOwnDq0 == 1 && kOwnDq1 == 1),
+  static_assert(!kDqViaSmem || kByKeys || (kOwn0 == 1 && kOwn1 == 1),
                 "dq_smem: one dQ^T atom-column per warpgroup, one dQ warp each");
   static constexpr uint32_t kDqBufBytes = kDqAtomFloats * 4;  // 16 KB
   static constexpr uint32_t kOffDqBuf = kOffDs + 2 * kHandBytes;
@@ -179,7 +149,7 @@ struct BwdSm90Traits {
   // dV^T and dK^T live throughout; S and dP (kWgKeys / 2 each) die at the hand-off, before the
   // dQ^T atom (32) is born.
   static_assert(kByKeys ||
-                    2 * kOwnMax * kBlockN / 2 + (kWgKeys > 32 ? kWgKeys : 32) <= kCfg.consumer_regs - 8,
+                    2 * kOwn0 * kBlockN / 2 + (kWgKeys > 32 ? kWgKeys : 32) <= kCfg.consumer_regs - 8,
                 "dV^T, dK^T and S + dP or one dQ^T atom exceed the consumer register budget");
   // By keys: dV, dK (d / 2 each), S^T and dP^T (block_m / 2 each) and P^T's 16-bit fragments
   // (block_m / 4) live together while dV is issued.
@@ -190,14 +160,12 @@ struct BwdSm90Traits {
   static constexpr uint32_t kBarEpilogue = 2;  // K/V/Q reads done, then staging written
   // Deterministic mode, per phase h of the dQ adds (h: the h-th atom-column each warpgroup
   // adds) and its turn warp (bwd_sm90_turn_warp):
-  // By keys with dQ^T by queries, phase h is warpgroup h's tile (step tile h), which only that
-  // warpgroup adds; by atom-columns one phase, every warpgroup adding its atom-column.
-  static constexpr int kDqPhases =
-      kDqByQueries ? kConsumerWgs : kByKeys ? 1 : (kOwnDq0 > kOwnDq1 ? kOwnDq0 : kOwnDq1);
+  // By keys, phase h is warpgroup h's tile (step tile h), which only that warpgroup adds.
+  static constexpr int kDqPhases = kByKeys ? kConsumerWgs : kOwn0;
   static_assert(kDqPhases <= 2, "two turn warps and barrier pairs");
   static constexpr uint32_t kBarTurn0 = 3;   // 3 + h: the tile's turn for phase h has come
   static constexpr uint32_t kBarAdded0 = 5;  // 5 + h: all warpgroups issued their phase-h adds
-  static constexpr uint32_t kTurnThreads = (kDqByQueries ? 128 : kConsumerThreads) + 32;
+  static constexpr uint32_t kTurnThreads = (kByKeys ? 128 : kConsumerThreads) + 32;
   // dQ through shared memory, per consumer warpgroup w (128 threads + its dQ warp):
   static constexpr uint32_t kBarDqFull0 = 7;  // 7 + w: w's dQ^T partial is in its buffer
   // kBarDqFree0 + w: the bulk reduce has read w's buffer.
@@ -360,9 +328,8 @@ __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block, pos;
     bwd_sm90_iter<true>(p, w, it, head, m_block, pos);
-    // By keys with dQ^T by queries phase h is the step's tile h (one counter each), else the
-    // phases share the step's tile.
-    int* turn = T::kDqByQueries
+    // By keys phase h is the step's tile h (one counter each), else both phases share a tile.
+    int* turn = T::kByKeys
                     ? p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles + h) *
                                       kDqTurnsPerTile
                     : p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block) * kDqTurnsPerTile + h;
@@ -392,11 +359,11 @@ __device__ __forceinline__ void bwd_sm90_dq_warp(const BwdSm90Params& p, const B
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles);
     fh::named_bar_sync(T::kBarDqFull0 + wg, T::kDqThreads);
     if (leader) {
-      // By keys with dQ^T by queries warpgroup w's partial is all of step tile w, else its
-      // atom-column of the step's tile.
-      float* dst = T::kDqByQueries
+      // By keys warpgroup w's partial is all of step tile w; by head dim its atom-column of
+      // the step's tile.
+      float* dst = T::kByKeys
                        ? p.dq_accum + (tile + wg) * dq_tile_floats(T::kHeadDim)
-                       : p.dq_accum + tile * dq_tile_floats(T::kHeadDim) + T::first_dq(wg) * kDqAtomFloats;
+                       : p.dq_accum + tile * dq_tile_floats(T::kHeadDim) + T::first_atom(wg) * kDqAtomFloats;
       fh::bulk_reduce_add_f32(dst, buf, T::kDqBufBytes);
       fh::bulk_commit_group();
       fh::bulk_wait_group_read<0>();
@@ -431,22 +398,19 @@ __device__ __forceinline__ void copy_out_dkv(const BwdSm90Params& p, const BwdSm
 // (BwdSm90Traits::kSharedConsumer): one copy of the step loop, measured no faster than two but
 // smaller and without the d = 128 deterministic instance's spills (docs/design.md section 7.2).
 // Otherwise (d = 192: 2 / 1) each warpgroup has its own.
-template <class T, bool kDet, int kOwn, int kOwnDq>
+template <class T, bool kDet, int kOwn>
 __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const BwdSm90Work& w,
                                                   uint8_t* smem, uint64_t* kv_bar,
                                                   fh::TmaPipeline<T::kQStages>* pipe_q,
                                                   fh::TmaPipeline<T::kDoStages>* pipe_do,
                                                   const int wg) {
-  static_assert((kOwn == T::kOwn0 && kOwnDq == T::kOwnDq0) || (kOwn == T::kOwn1 && kOwnDq == T::kOwnDq1),
-                "an instance holds one warpgroup's share");
-  static_assert((kOwn > 0) == (kOwnDq > 0), "atom-columns of both or of neither");
-  static_assert(kOwnDq <= 2, "at most two dQ^T atom-columns per warpgroup (the loop below)");
+  static_assert(kOwn == T::kOwn0 || kOwn == T::kOwn1, "an instance holds one warpgroup's share");
+  static_assert(kOwn <= 2, "at most two dQ^T atom-columns per warpgroup (the loop below)");
   constexpr bool kDqSmem = !kDet && T::kDqViaSmem;  // the ordered adds stay in registers
   constexpr int kAcc = kOwn > 0 ? kOwn : 1;  // arrays need a size; unused when kOwn = 0
   // Whether this warpgroup computes (5)-(7): false only for warpgroup 1 at d = 64.
   const bool has_cols = kOwn > 0 && T::own(wg) > 0;
-  const int first = T::first_atom(wg);  // dV^T / dK^T atom-columns first ..
-  const int first_dq = T::first_dq(wg);  // dQ^T atom-columns first_dq ..
+  const int first = T::first_atom(wg);
   const int t = threadIdx.x % 128;
   const bool warp_leader = (threadIdx.x % 32) == 0;
   const int n0 = w.n_block * T::kBlockN;
@@ -542,7 +506,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       fh::zero_acc(dq);
       fh::wgmma_fence_operand(dq);
       fh::wgmma_fence();
-      gemm_dq<T>(dq, smem + T::kOffK + first_dq * T::kKvAtomBytes, ds_t);
+      gemm_dq<T>(dq, smem + T::kOffK + first * T::kKvAtomBytes, ds_t);
       fh::wgmma_commit();
 #pragma unroll
       for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dv[u], do_s + (first + u) * T::kQAtomBytes, p_t);
@@ -555,12 +519,12 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       if constexpr (!kDqSmem) {
         // Deterministic: wait until the phase-0 turn warp says this block's turn has come.
         if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0, T::kTurnThreads);
-        add_dq_partial<T::kHeadDim>(p, tile, first_dq, t, dq);
+        add_dq_partial<T::kHeadDim>(p, tile, first, t, dq);
         if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0, T::kTurnThreads);
       }
-      if constexpr (kOwnDq == 2) {
+      if constexpr (kOwn == 2) {
         fh::wgmma_fence();
-        gemm_dq<T>(dq, smem + T::kOffK + (first_dq + 1) * T::kKvAtomBytes, ds_t);
+        gemm_dq<T>(dq, smem + T::kOffK + (first + 1) * T::kKvAtomBytes, ds_t);
         fh::wgmma_commit();
         fh::wgmma_wait<2>();
         if (warp_leader) pipe_do->consumer_release(sd);
@@ -569,7 +533,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         fh::wgmma_wait<0>();
         fh::wgmma_fence_operand(dq);
         if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + 1, T::kTurnThreads);
-        add_dq_partial<T::kHeadDim>(p, tile, first_dq + 1, t, dq);
+        add_dq_partial<T::kHeadDim>(p, tile, first + 1, t, dq);
         if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + 1, T::kTurnThreads);
       } else {
         fh::wgmma_wait<1>();
@@ -597,7 +561,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     if constexpr (kDet) {
       // Phases this warpgroup has no atom-column for still take part in the turn barriers.
 #pragma unroll
-      for (int h = has_cols ? kOwnDq : 0; h < T::kDqPhases; ++h) {
+      for (int h = has_cols ? kOwn : 0; h < T::kDqPhases; ++h) {
         fh::named_bar_sync(T::kBarTurn0 + h, T::kTurnThreads);
         fh::named_bar_arrive(T::kBarAdded0 + h, T::kTurnThreads);
       }

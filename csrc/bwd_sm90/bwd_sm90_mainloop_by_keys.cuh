@@ -1,36 +1,26 @@
 // The Hopper backward's consumer warpgroups when the config splits (5)-(7) by keys
-// (BwdSm90Config::by_keys; d = 64, and a d = 128 candidate). Steps numbered as in
-// bwd_sm90_mainloop.cuh, which holds the traits, the producer and the split by head dim;
-// docs/design.md sections 4 and 7.2 compare the two.
+// (BwdSm90Config::by_keys; d = 64). Steps numbered as in bwd_sm90_mainloop.cuh, which holds the
+// traits, the producer and the split by head dim; docs/design.md sections 4 and 7.2 compare the two.
 //
-// Warpgroup w owns keys 64 w .. 64 w + 63 of the K/V block and a step takes block_m queries:
+// Warpgroup w owns keys 64 w .. 64 w + 63 of the K/V block and a step takes block_m = 64 W
+// queries (W consumer warpgroups):
 //   (1) S^T = K_w Q^T    (3) dP^T = V_w dO^T      SS, m64 (keys) x n block_m (queries), K = d
 //   (2) P^T, (4) dS^T = P^T * (dP^T - D) on those accumulators (LSE, D per query column from
 //       the stage's rows in shared memory)
 //   (5) dV_w += P^T dO   (6) dK_w += dS^T Q       RS: A = P^T / dS^T from registers, B = dO / Q
 //                                                 [query][d] read N-major, K = block_m
-//   (7) dQ^T = K^T dS^T, one m64n64 tile per warpgroup, SS after the hand-off of dS^T,
-//       K = block_n: at d = 64 (block_m = 64 W) queries 64 w .., at d = 64 W (block_m = 64)
-//       head-dim atom-column w of all the step's queries (BwdSm90Traits::kDqByQueries).
+//   (7) dQ^T = K^T dS^T for queries 64 w ..       SS after the hand-off of dS^T, K = block_n
 // So P^T never leaves the registers, dV and dK need no hand-off, and only dS^T is written to
 // shared memory ([key][query], block_m / 64 atom-columns of block_n rows). With W = 2 the
-// warpgroups do the same work and each wgmma has N >= 64 with at most one operand re-read per
-// warpgroup. By queries warpgroup w adds its dQ^T into workspace tile step_tiles * m_block + w,
-// by atom-columns into atom-column w of tile m_block.
+// warpgroups do the same work (S^T, dP^T, dV, dK, dQ^T: 8 m64n64k16-equivalents each per 64
+// queries) and each wgmma has N >= 64 with at most one operand re-read per warpgroup.
+// Warpgroup w adds its dQ^T into workspace tile step_tiles * m_block + w.
 #pragma once
 
 #include "bwd_sm90/bwd_sm90_mainloop.cuh"
 
 namespace flashback {
 namespace sm90 {
-
-// Element e (0..3) of a group of four of P^T's exponentials: on the FMA pipes for the first
-// kFmaExp2 of each group (BwdSm90Config::fma_exp2), else on the SFU. `e` is a compile-time value
-// in the unrolled loops, so each element takes one path.
-template <class T>
-__device__ __forceinline__ float exp2_p(int e, float x) {
-  return e < T::kFmaExp2 ? fh::exp2_fma(x) : fh::exp2_approx(x);
-}
 
 // (1) S^T or (3) dP^T: this warpgroup's 64 rows of K or V (A, K-major) times the Q-side tile
 // (B, K-major, block_m rows), K = d.
@@ -121,10 +111,6 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
   constexpr int kK = T::kBlockM / 16;  // k16 steps of (5), (6): fragments per operand
   constexpr bool kDqSmem = !kDet && T::kDqViaSmem;  // the ordered adds stay in registers
   const int t = threadIdx.x % 128;
-  // This warpgroup's dQ^T: its 64 queries' tile (tile dq_block of the step, atom-column 0),
-  // or atom-column dq_atom of the step's 64 queries.
-  const int dq_block = T::kDqByQueries ? wg : 0;
-  const int dq_atom = T::kDqByQueries ? 0 : wg;
   const bool warp_leader = (threadIdx.x % 32) == 0;
   const int n0 = w.n_block * T::kBlockN;
   const int seqlen_k = w.seq.seqlen_k;
@@ -185,7 +171,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
           const int key = key_lo + 8 * (e >> 1);
           const int query = m0 + col0 + 8 * j + (e & 1);
           const bool masked = key >= seqlen_k || (p.causal && key > query + diag);
-          s[r] = masked ? 0.f : exp2_p<T>(e, s[r] * p.scale_log2 - ((e & 1) ? l.y : l.x));
+          s[r] = masked ? 0.f : fh::exp2_approx(s[r] * p.scale_log2 - ((e & 1) ? l.y : l.x));
         }
       }
     } else {
@@ -194,7 +180,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
         const float2 l = lse2[4 * j];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[4 * j + e] = exp2_p<T>(e, s[4 * j + e] * p.scale_log2 - ((e & 1) ? l.y : l.x));
+          s[4 * j + e] = fh::exp2_approx(s[4 * j + e] * p.scale_log2 - ((e & 1) ? l.y : l.x));
         }
       }
     }
@@ -232,13 +218,12 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
     // completed, so step i+1 may overwrite what step i-1 read.
     fh::named_bar_sync(T::kBarHandoff, T::kConsumerThreads);
 
-    // (7) dQ^T = K^T dS^T: queries m0 + 64 wg .. (d = 64), or atom-column wg of all 64 queries.
+    // (7) dQ^T = K^T dS^T for queries m0 + 64 wg ..
     float dq[32];
     fh::zero_acc(dq);
     fh::wgmma_fence_operand(dq);
     fh::wgmma_fence();
-    gemm_dq_by_keys<T>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes,
-                       ds_t + dq_block * T::kHandAtomBytes);
+    gemm_dq_by_keys<T>(dq, smem + T::kOffK, ds_t + wg * T::kHandAtomBytes);
     fh::wgmma_commit();
     // Groups retire in order: dV frees dO_i (and P^T's registers), dK frees Q_i. A warp's
     // leader releases a stage for its lanes, whose reads of its LSE / D rows the next bulk copy
@@ -257,20 +242,19 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
     }
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(dq);
-    // Deterministic: wait for the turn (by queries this warpgroup's tile is phase wg, turn warp
-    // wg; else phase 0 with every warpgroup).
-    if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + dq_block, T::kTurnThreads);
+    // Deterministic: this warpgroup's tile is phase wg; wait for its turn (turn warp wg).
+    if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + wg, T::kTurnThreads);
     if constexpr (kDqSmem) {
       // Into this warpgroup's buffer, which its dQ warp adds with one bulk reduce.
       if (it > 0) fh::named_bar_sync(T::kBarDqFree0 + wg, T::kDqThreads);
       store_dq_partial(smem + T::kOffDqBuf + wg * T::kDqBufBytes, t, dq);
       fh::fence_proxy_async_shared();  // st.shared (generic proxy) -> bulk reduce (async)
       fh::named_bar_arrive(T::kBarDqFull0 + wg, T::kDqThreads);
-    } else if (m0 + 64 * dq_block < seqlen_q) {  // else a padding tile: its dS^T columns are 0
-      add_dq_partial<T::kHeadDim>(
-          p, dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles + dq_block), dq_atom, t, dq);
+    } else if (m0 + 64 * wg < seqlen_q) {  // else a padding tile: its dS^T columns are 0
+      add_dq_partial<T::kHeadDim>(p, dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles + wg),
+                                  0, t, dq);
     }
-    if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + dq_block, T::kTurnThreads);
+    if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + wg, T::kTurnThreads);
     sq.advance();
     sd.advance();
   }

@@ -34,9 +34,6 @@ struct FwdSm90Config {
   // (longest first when causal) as each CTA's producer becomes free, instead of the static
   // stride blockIdx.x + k gridDim.x (fwd_sm90_dynamic says when; fwd_sm90_launch.cuh).
   bool dynamic_tiles = false;
-  // Of every 4 consecutive softmax exponentials, how many are computed on the FMA pipes
-  // (hopper::exp2_fma) instead of the SFU (0: none).
-  int fma_exp2 = 0;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -56,11 +53,6 @@ constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false, true};
-// Candidates, NOT yet run on a GPU (docs/perf-log.md, "Exponentials on the FMA pipes"): d = 64
-// and d = 128 with one of every four softmax exponentials on the FMA pipes. Compiled by the
-// flashback_candidates target, not linked.
-constexpr FwdSm90Config kFwdSm90Hdim64FmaExp = {64, 128, 3, 2, 24, 160, true, false, 1};
-constexpr FwdSm90Config kFwdSm90Hdim128FmaExp = {128, 128, 2, 2, 24, 240, false, false, 1};
 
 struct FwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k

@@ -64,8 +64,6 @@ struct FwdSm90Traits {
   static constexpr uint32_t kOffPipeV = kOffPipeK + sizeof(fh::TmaPipeline<kStages>);
   // dynamic_tiles: the producer hands each tile id to the consumers through a 2-slot ring.
   static constexpr bool kDynamic = kCfg.dynamic_tiles;
-  static constexpr int kFmaExp2 = kCfg.fma_exp2;
-  static_assert(kFmaExp2 >= 0 && kFmaExp2 <= 4, "fma_exp2: 0 to 4 of every 4 exponentials");
   static constexpr uint32_t kOffTileIds = kOffPipeV + sizeof(fh::TmaPipeline<kStages>);
   static constexpr uint32_t kOffPipeTile = kOffTileIds + 16;
   static constexpr size_t kSmemBytes =
@@ -267,10 +265,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
 #pragma unroll
     for (int r = 0; r < kS; ++r) {
       const int h = (r >> 1) & 1;
-      // The first kFmaExp2 of every 4 on the FMA pipes (FwdSm90Config::fma_exp2), the rest on
-      // the SFU; r is a compile-time value in the unrolled loop.
-      const float x = acc[r] * p.scale_log2 - offset[h];
-      acc[r] = (r & 3) < T::kFmaExp2 ? fh::exp2_fma(x) : fh::exp2_approx(x);
+      acc[r] = fh::exp2_approx(acc[r] * p.scale_log2 - offset[h]);
       rowsum[h] += acc[r];
     }
 #pragma unroll

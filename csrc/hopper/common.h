@@ -78,26 +78,6 @@ FB_DEVICE float exp2_approx(float x) {
   return y;
 }
 
-// 2^x on the FMA and integer pipes instead of the SFU (16 exponentials per clock per SM): for a
-// share of a softmax's exponentials when the SFU, not the tensor cores, sets the pace.
-// 2^x = 2^j 2^f with j = round(x) (the low mantissa bits of x + 1.5 * 2^23) and f = x - j in
-// [-0.5, 0.5]; 2^f by a degree-3 polynomial fitted for relative error (7.5e-5 at most, fp32
-// Horner: far below a 16-bit P's rounding, 2^-9); 2^j added into the exponent field. Results
-// below 2^-125 are 0 (exp2_approx flushes below 2^-126; either is nothing beside a softmax
-// row's maximum, 2^0), NaN stays NaN; x above 127, +inf included, is out of range (a softmax
-// argument is <= 0 up to rounding). 10 instructions.
-FB_DEVICE float exp2_fma(float x) {
-  constexpr float kRound = 12582912.f;  // 1.5 * 2^23
-  // From -125 on, j >= -125 and p >= 2^-0.5 keep the result's exponent field >= 1 (normal).
-  const float xc = fmaxf(x, -125.f);
-  const float t = __fadd_rn(xc, kRound);  // _rn: the rounding trick must not be reassociated
-  const float f = __fsub_rn(xc, __fsub_rn(t, kRound));
-  const float p = fmaf(fmaf(fmaf(0.05517132f, f, 0.24261054f), f, 0.69326097f), f, 0.99992812f);
-  // t's bits are 0x4B400000 + j; shifted by 23 the constant leaves, j lands in the exponent.
-  const float y = __uint_as_float(__float_as_uint(p) + (__float_as_uint(t) << 23));
-  return x >= -125.f ? y : (x < -125.f ? 0.f : x);
-}
-
 // Index of this thread's warpgroup (4 consecutive warps starting at a warp rank divisible by 4;
 // wgmma and setmaxnreg operate on these). Read through __shfl_sync so the compiler knows it is
 // warp-uniform and keeps role branches uniform.

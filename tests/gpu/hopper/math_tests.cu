@@ -1,6 +1,5 @@
-// exp2_approx and exp2_fma tests: every input of the array through the device wrapper; the
-// caller compares with a float64 2^x (relative error, flush to zero below 2^-126, inf and NaN in
-// and out).
+// exp2_approx test: every input of the array through the device wrapper; the caller compares
+// with a float64 2^x (relative error, flush to zero below 2^-126, inf and NaN in and out).
 #include "test_common.h"
 
 namespace fh = flashback::hopper;
@@ -12,19 +11,9 @@ __global__ void exp2_approx_kernel(const float* x, float* y, int n) {
   if (i < n) y[i] = fh::exp2_approx(x[i]);
 }
 
-__global__ void exp2_fma_kernel(const float* x, float* y, int n) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = fh::exp2_fma(x[i]);
-}
-
 }  // namespace
 
 FBH_EXPORT int fbh_exp2_approx(const void* x, void* y, int n) {
   exp2_approx_kernel<<<(n + 255) / 256, 256>>>(static_cast<const float*>(x), static_cast<float*>(y), n);
-  return (int)cudaGetLastError();
-}
-
-FBH_EXPORT int fbh_exp2_fma(const void* x, void* y, int n) {
-  exp2_fma_kernel<<<(n + 255) / 256, 256>>>(static_cast<const float*>(x), static_cast<float*>(y), n);
   return (int)cudaGetLastError();
 }

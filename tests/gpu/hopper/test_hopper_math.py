@@ -1,8 +1,6 @@
 """exp2_approx (ex2.approx.ftz.f32), the softmax exponential of both attention kernels: relative
 error against float64 2^x over the range the softmax uses, results below 2^-126 flushed to 0,
-2^-inf = 0, 2^0 = 1 exactly, NaN stays NaN. exp2_fma (the same on the FMA pipes, a polynomial):
-relative error below 1e-4 over the softmax's range (down to 2^-125, below which it gives 0), the
-same special values but 2^0 within that error and +inf out of its range."""
+2^-inf = 0, 2^0 = 1 exactly, NaN stays NaN."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -12,9 +10,9 @@ from hopper_lib import check, ptr  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 
-def _run(hlib, x, name="fbh_exp2_approx"):
+def _run(hlib, x):
     y = torch.full_like(x, float("nan"))
-    check(hlib, getattr(hlib, name)(ptr(x), ptr(y), x.numel()), name)
+    check(hlib, hlib.fbh_exp2_approx(ptr(x), ptr(y), x.numel()), "fbh_exp2_approx")
     torch.cuda.synchronize()
     return y
 
@@ -36,22 +34,3 @@ def test_exp2_approx_special_values(hlib):
     assert abs(y[5] - 2.0) <= 2.0 * 2 ** -21  # PTX bounds the error; it does not promise exact integers
     assert y[6] != y[6], "NaN in, NaN out"
     assert y[7] == float("inf")
-
-
-def test_exp2_fma_matches_float64(hlib):
-    x = torch.cat([torch.linspace(-125, 1, 1 << 16), torch.rand(1 << 16) * -30, torch.rand(1 << 12) * -1])
-    x = x.cuda()
-    y = _run(hlib, x, "fbh_exp2_fma")
-    ref = torch.exp2(x.double())
-    rel = ((y.double() - ref).abs() / ref).max().item()
-    assert rel < 1e-4, f"max relative error {rel:.3e}"
-
-
-def test_exp2_fma_special_values(hlib):
-    x = torch.tensor([float("-inf"), 0.0, -125.5, -149.0, -200.0, float("nan"), -125.0, -0.0], device="cuda")
-    y = _run(hlib, x, "fbh_exp2_fma").tolist()
-    assert y[0] == 0.0, y
-    assert abs(y[1] - 1.0) < 1e-4 and abs(y[7] - 1.0) < 1e-4, y
-    assert y[2] == 0.0 and y[3] == 0.0 and y[4] == 0.0, f"results below 2^-125 must be 0: {y}"
-    assert y[5] != y[5], "NaN in, NaN out"
-    assert abs(y[6] / 2.0 ** -125 - 1.0) < 1e-4, f"2^-125 must come out normal: {y[6]!r}"
