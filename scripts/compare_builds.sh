@@ -13,6 +13,8 @@
 # "--directions fwd --headdims 64,128"). The table keys rows by head dim, dtype, direction, mask
 # and seqlen and ends with the change of ours / SDPA flash from the first build to the last.
 # Logs: $OUT/<n>-tests.log, $OUT/<n>/<result>.json, and all builds' results in $OUT/compare.json.
+# With the same build first and last (A B C A), a second table gives each build between against
+# the mean of the two A runs, with their spread (this call's noise).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -56,6 +58,8 @@ with open(os.path.join(out, "compare.json"), "w") as f:
 print("flashback TFLOP/s (ours/sdpa_flash) per build: " + "  ".join(f"[{n}] {l}" for n, l in enumerate(libs, 1))
       + ("  | last/first ratio change" if len(libs) > 1 else ""))
 order = {"bwd": 0, "fwd": 1, "train": 2}
+bracketed = len(libs) > 2 and libs[0] == libs[-1]
+bracket = []
 for key in sorted(rows, key=lambda k: (k[0], k[1], order.get(k[2], 3), not k[3], k[4])):
     cells, ratios = [], []
     for n in range(1, len(libs) + 1):
@@ -66,4 +70,17 @@ for key in sorted(rows, key=lambda k: (k[0], k[1], order.get(k[2], 3), not k[3],
               if len(libs) > 1 and ratios[0] and ratios[-1] else "")
     print(f"d{key[0]:<4} {key[1]:5} {key[2]:5} {'causal' if key[3] else 'full  '} {key[4]:6}  "
           + "  ".join(cells) + change)
+    if bracketed:
+        ours = [rows[key].get((n, "flashback")) for n in range(1, len(libs) + 1)]
+        if all(ours):
+            base = (ours[0] + ours[-1]) / 2
+            bracket.append(f"d{key[0]:<4} {key[1]:5} {key[2]:5} {'causal' if key[3] else 'full  '} {key[4]:6}  "
+                           + "  ".join(f"{o / base - 1:+6.1%}" for o in ours[1:-1])
+                           + f"   | first/last {abs(ours[0] / ours[-1] - 1):.1%}")
+if bracket:
+    # The same build first and last: each build between against the mean of the two (TFLOP/s),
+    # and how far the two bracketing runs of one build are apart (the noise of this call).
+    print("flashback TFLOP/s against the mean of the first and last run (same build): "
+          + "  ".join(f"[{n}]" for n in range(2, len(libs))))
+    print("\n".join(bracket))
 PYEOF
