@@ -9,19 +9,26 @@
 # ROW=CANDIDATE: the candidate's initializer (its `constexpr ... CANDIDATE = {...};` line in
 # csrc/*/*.h) replaces the row's, in a copy of HEAD (a worktree under ../cand-<candidate>); the
 # checkout itself is not touched. build*/ is ignored by git: carry the folders to the device.
+# ROW=CANDIDATE,ROW2=CANDIDATE2,...: one library with all of them in place (named after the
+# first candidate, e.g. kFwdSm90Hdim64=kFwdSm90Hdim64OneLoop,kFwdSm90Hdim128=kFwdSm90Hdim128OneLoop).
 # Environment: JOBS (default 3), FLASHBACK_HEADDIMS / FLASHBACK_DTYPES passed on to CMake.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 for arg in "$@"; do
-  row=${arg%%=*}
-  cand=${arg#*=}
-  [ "$row" != "$arg" ] && [ -n "$cand" ] || { echo "usage: $0 ROW=CANDIDATE ..."; exit 2; }
+  first=${arg%%,*}
+  cand=${first#*=}
+  [ "${first%%=*}" != "$first" ] && [ -n "$cand" ] || { echo "usage: $0 ROW=CANDIDATE[,ROW=CANDIDATE...] ..."; exit 2; }
   wt="$root/../cand-$cand"
   rm -rf "$wt"
   git worktree prune
   git worktree add -q --detach "$wt" HEAD
-  python3 - "$wt" "$row" "$cand" <<'PYEOF'
+  IFS=, read -r -a pairs <<< "$arg"
+  for pair in "${pairs[@]}"; do
+  row=${pair%%=*}
+  pcand=${pair#*=}
+  [ "$row" != "$pair" ] && [ -n "$pcand" ] || { echo "usage: $0 ROW=CANDIDATE[,ROW=CANDIDATE...] ..."; exit 2; }
+  python3 - "$wt" "$row" "$pcand" <<'PYEOF'
 import glob, re, sys
 wt, row, cand = sys.argv[1:]
 for path in glob.glob(f"{wt}/csrc/*/*.h"):
@@ -38,6 +45,7 @@ for path in glob.glob(f"{wt}/csrc/*/*.h"):
 else:
     sys.exit(f"{cand}: no such config in csrc/*/*.h")
 PYEOF
+  done
   args=()
   [ -n "${FLASHBACK_HEADDIMS:-}" ] && args+=("-DFLASHBACK_HEADDIMS=$FLASHBACK_HEADDIMS")
   [ -n "${FLASHBACK_DTYPES:-}" ] && args+=("-DFLASHBACK_DTYPES=$FLASHBACK_DTYPES")
@@ -45,5 +53,5 @@ PYEOF
   cmake --build "$wt/build" -j "${JOBS:-3}" --target flashback
   mkdir -p "$root/build-$cand"
   cp "$wt/build/libflashback.so" "$root/build-$cand/"
-  echo "build-$cand/libflashback.so <- $row = $cand at $(git rev-parse --short HEAD)"
+  echo "build-$cand/libflashback.so <- $arg at $(git rev-parse --short HEAD)"
 done

@@ -64,6 +64,10 @@ struct FwdSm90Traits {
   static constexpr uint32_t kOffPipeV = kOffPipeK + sizeof(fh::TmaPipeline<kStages>);
   // dynamic_tiles: the producer hands each tile id to the consumers through a 2-slot ring.
   static constexpr bool kDynamic = kCfg.dynamic_tiles;
+  // one_tile_loop (fwd_sm90_launch.cuh): the static stride and the counter in one loop, the ids
+  // in global memory (the shared slots below then stay unused).
+  static constexpr bool kOneLoop = kCfg.one_tile_loop;
+  static_assert(!kOneLoop || kDynamic, "one_tile_loop is a form of dynamic_tiles");
   static constexpr uint32_t kOffTileIds = kOffPipeV + sizeof(fh::TmaPipeline<kStages>);
   static constexpr uint32_t kOffPipeTile = kOffTileIds + 16;
   static constexpr size_t kSmemBytes =
