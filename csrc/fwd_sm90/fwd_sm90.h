@@ -35,7 +35,7 @@ struct FwdSm90Config {
   // stride blockIdx.x + k gridDim.x (fwd_sm90_dynamic says when; fwd_sm90_launch.cuh).
   bool dynamic_tiles = false;
   // With dynamic_tiles: one tile loop for the counter and the static stride (one copy of the
-  // consumer), the tile ids handed through global memory (fwd_sm90_launch.cuh).
+  // consumer), the tile ids handed over by named barriers (fwd_sm90_launch.cuh).
   bool one_tile_loop = false;
 };
 

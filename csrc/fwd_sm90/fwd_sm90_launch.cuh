@@ -78,12 +78,16 @@ __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
 // one_tile_loop: the static stride and the counter in one tile loop, so that the kernel holds
 // one copy of the consumer (two loops doubled the code; the counter build measured 1.4% slower on
 // the static stride's d = 192 rows). Every CTA starts with tile blockIdx.x. Without a counter the
-// next tile is id + gridDim.x for everyone, no hand-off. With one, the producer thread fetches
-// the next id before it issues this tile's loads and, once they are issued, writes it into the
-// ring (CTA c's two ints p.tile_counter[1 + 2c ..] in global memory, ordered by the ring's
-// mbarriers: arrive releases and the wait acquires, at CTA scope, for global as for shared
-// memory; racecheck, which follows no mbarrier, does not see them); the consumer warps take it
-// when they finish the tile. An id past the last tile ends everyone's loop.
+// next tile is id + gridDim.x for everyone, no hand-off. With one, lane 0 of the producer warp
+// fetches the next id before it issues this tile's loads and, once they are issued, writes it
+// into one shared slot; the consumer warpgroups take it when they finish the tile. The hand-off
+// is a pair of named barriers per consumer warpgroup (full: the producer warp arrives, the
+// warpgroup syncs; empty: the reverse), not mbarriers, so that racecheck sees its order; one
+// pair per warpgroup keeps the warpgroups uncoupled (ping-pong staggers them). One slot is
+// enough: the producer writes the next id only after this tile's last loads, which needs the
+// consumers deep into this tile, long past their read of the previous id. An id past the last
+// tile ends everyone's loop; after reading it the consumers do not arrive on empty, so every
+// barrier's arrivals and syncs pair up.
 template <class T>
 __device__ __forceinline__ void fwd_sm90_tile_loop(const FwdSm90Params& p, const CUtensorMap& map_q,
                                                    const CUtensorMap& map_k,
@@ -91,42 +95,50 @@ __device__ __forceinline__ void fwd_sm90_tile_loop(const FwdSm90Params& p, const
                                                    fh::TmaPipeline<T::kQStages>* pipe_q,
                                                    fh::TmaPipeline<T::kStages>* pipe_k,
                                                    fh::TmaPipeline<T::kStages>* pipe_v, int wg) {
-  auto* pipe_tile = reinterpret_cast<fh::TmaPipeline<2>*>(smem + T::kOffPipeTile);
   const bool from_counter = p.tile_counter != nullptr;
-  volatile int* ids = p.tile_counter + 1 + 2 * blockIdx.x;  // used only with a counter
-  fh::PipelineState<2> sr;
+  volatile int* slot = reinterpret_cast<volatile int*>(smem + T::kOffTileIds);
+  constexpr uint32_t kHandThreads = 128 + 32;  // a consumer warpgroup and the producer warp
   fh::PipelineState<T::kQStages> sq;
   fh::PipelineState<T::kStages> st;
   if (wg == 0) {
     fh::setmaxnreg_dec<T::kProducerRegs>();
-    if (threadIdx.x != 0) return;
+    const int lane = threadIdx.x % 32;
+    // The whole producer warp takes part in the named barriers; lane 0 does the work.
+    if (threadIdx.x >= 32 || (!from_counter && lane != 0)) return;
     const FwdSm90Maps maps{&map_q, &map_k, &map_v};
+    bool first = true;
     for (int id = static_cast<int>(blockIdx.x); id < p.num_tiles;) {
-      const int next = from_counter ? static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1)
-                                    : id + static_cast<int>(gridDim.x);
-      const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
-      if (w.active) fwd_sm90_producer<T>(p, maps, w, smem, pipe_q, sq, pipe_k, pipe_v, st);
+      int next = 0;
+      if (lane == 0) {
+        next = from_counter ? static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1)
+                            : id + static_cast<int>(gridDim.x);
+        const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
+        if (w.active) fwd_sm90_producer<T>(p, maps, w, smem, pipe_q, sq, pipe_k, pipe_v, st);
+      }
       if (from_counter) {
-        pipe_tile->producer_acquire(sr);
-        ids[sr.stage] = next;
-        fh::mbar_arrive(pipe_tile->full_barrier(sr));  // releases the id's store
-        sr.advance();
+        next = __shfl_sync(0xffffffffu, next, 0);
+        if (!first) {
+#pragma unroll
+          for (int c = 0; c < T::kConsumerWgs; ++c) fh::named_bar_sync(T::kBarTileEmpty0 + c, kHandThreads);
+        }
+        if (lane == 0) *slot = next;
+        __syncwarp();
+#pragma unroll
+        for (int c = 0; c < T::kConsumerWgs; ++c) fh::named_bar_arrive(T::kBarTileFull0 + c, kHandThreads);
+        first = false;
       }
       id = next;
     }
   } else {
     fh::setmaxnreg_inc<T::kConsumerRegs>();
-    const bool warp_leader = (threadIdx.x % 32) == 0;
     for (int id = static_cast<int>(blockIdx.x); id < p.num_tiles;) {
       // varlen: a Q block past the end of a shorter sequence is no work (for the whole CTA)
       const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
       if (w.active) fwd_sm90_consumer<T>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg - 1);
       if (from_counter) {
-        pipe_tile->consumer_wait(sr);
-        id = ids[sr.stage];
-        __syncwarp();  // every lane's read before the leader frees the slot
-        if (warp_leader) pipe_tile->consumer_release(sr);
-        sr.advance();
+        fh::named_bar_sync(T::kBarTileFull0 + (wg - 1), kHandThreads);
+        id = *slot;
+        if (id < p.num_tiles) fh::named_bar_arrive(T::kBarTileEmpty0 + (wg - 1), kHandThreads);
       } else {
         id += static_cast<int>(gridDim.x);
       }
@@ -246,9 +258,7 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
     // them as nodes). Without a stream-ordered pool the static stride below runs instead.
     if (fwd_sm90_dynamic(p)) {
       const int grid = std::min(kp.num_tiles, fwd_sm90_sm_count());
-      // one_tile_loop: and each CTA's two tile-id slots after it (written before they are read).
-      const size_t ints = T::kOneLoop ? 1 + 2 * static_cast<size_t>(grid) : 1;
-      if (cudaMallocAsync(reinterpret_cast<void**>(&kp.tile_counter), sizeof(int) * ints, stream) ==
+      if (cudaMallocAsync(reinterpret_cast<void**>(&kp.tile_counter), sizeof(int), stream) ==
           cudaSuccess) {
         err = cudaMemsetAsync(kp.tile_counter, 0, sizeof(int), stream);
         if (err == cudaSuccess) {
