@@ -83,11 +83,13 @@ __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
 // into one shared slot; the consumer warpgroups take it when they finish the tile. The hand-off
 // is a pair of named barriers per consumer warpgroup (full: the producer warp arrives, the
 // warpgroup syncs; empty: the reverse), not mbarriers, so that racecheck sees its order; one
-// pair per warpgroup keeps the warpgroups uncoupled (ping-pong staggers them). One slot is
-// enough: the producer writes the next id only after this tile's last loads, which needs the
-// consumers deep into this tile, long past their read of the previous id. An id past the last
-// tile ends everyone's loop; after reading it the consumers do not arrive on empty, so every
-// barrier's arrivals and syncs pair up.
+// pair per warpgroup keeps the warpgroups uncoupled (ping-pong staggers them). One slot: the
+// producer overwrites it only after every warpgroup's empty arrival for the previous id, and
+// it writes the next id after this tile's loads, which usually come long after the consumers
+// read the previous one (not for an inactive or very short tile: then the producer waits at
+// empty). An id past the last tile ends everyone's loop; after reading it the consumers do not
+// arrive on empty, so every barrier's arrivals and syncs pair up. Named barriers are outside
+// the mbarrier hang guard: a protocol error here hangs instead of trapping.
 template <class T>
 __device__ __forceinline__ void fwd_sm90_tile_loop(const FwdSm90Params& p, const CUtensorMap& map_q,
                                                    const CUtensorMap& map_k,
