@@ -220,6 +220,27 @@ FB_DEVICE void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* b
       : "memory");
 }
 
+// Non-tensor bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from this
+// CTA's shared memory to the same offset `dst` in CTA `cta_rank` of the cluster, completed as
+// transaction bytes on the barrier at offset `bar` there (its own arrive_expect_tx counts them;
+// the bytes are visible to a CTA-scope waiter of that phase). The source is read through the
+// async proxy: generic stores into it need fence_proxy_async_shared() and a barrier first, and
+// it may be rewritten only once the receiver says so (e.g. a remote arrival once its barrier
+// completed). For swapping tiles between the CTAs of a pair (docs/design.md section 5, "A 2-CTA
+// pair"). PTX ISA cp.async.bulk, .shared::cluster.shared::cta (sm_90).
+FB_DEVICE void bulk_copy_to_cta(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
+                                uint32_t cta_rank) {
+  asm volatile(
+      "{\n"
+      ".reg .b32 rdst, rbar;\n"
+      "mapa.shared::cluster.u32 rdst, %0, %3;\n"
+      "mapa.shared::cluster.u32 rbar, %2, %3;\n"
+      "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [rdst], [%1], %4, [rbar];\n"
+      "}\n" ::"r"(smem_u32(dst)),
+      "r"(smem_u32(src)), "r"(smem_u32(bar)), "r"(cta_rank), "r"(bytes)
+      : "memory");
+}
+
 // Non-tensor bulk reduce: global[dst .. dst+bytes) += shared[src .. src+bytes) as fp32.
 // `bytes` a multiple of 16, both addresses 16-byte aligned. No tensor map needed: the natural
 // tool for a contiguous fp32 accumulator (e.g. dQaccum). Flushes fp32 subnormals to zero.

@@ -29,6 +29,44 @@ __global__ void cluster_dsmem_kernel(const float* in, float* out_read, float* ou
   }
 }
 
+// Pairs of CTAs swap a 10 KB tile (the size of a 64 x 80 16-bit dS tile) kRounds times with
+// bulk copies into the partner's shared memory: round r, each CTA fills `send` from in[r], and
+// after the partner freed its `recv` (a remote arrival on this CTA's `freed` barrier, from the
+// round before) one thread copies `send` to the partner's `recv`, completed on the partner's
+// `full`; each CTA waits on its own `full`, writes `recv` to out[r] and frees it for the partner.
+constexpr int kSwapBytes = 10240;
+constexpr int kSwapRounds = 3;
+__global__ void cluster_bulk_swap_kernel(const uint4* in, uint4* out) {
+  __shared__ alignas(128) uint4 send[kSwapBytes / 16];
+  __shared__ alignas(128) uint4 recv[kSwapBytes / 16];
+  __shared__ alignas(8) uint64_t full, freed;
+  const uint32_t rank = fh::cluster_ctarank();
+  const uint32_t peer = rank ^ 1;
+  const int t = threadIdx.x;
+  constexpr int kVec = kSwapBytes / 16;
+  if (t == 0) {
+    fh::mbar_init(&full, 1);   // this CTA's arrive_expect_tx + the partner's bytes
+    fh::mbar_init(&freed, 1);  // the partner's remote arrival: it read its recv
+    fh::fence_mbarrier_init();
+  }
+  fh::cluster_sync();  // barriers initialised in both CTAs before any remote use
+  for (int r = 0; r < kSwapRounds; ++r) {
+    if (t == 0) fh::mbar_arrive_expect_tx(&full, kSwapBytes);
+    // The copy of round r - 1 has completed (the partner freed recv only after its full), so
+    // send may be rewritten.
+    if (r > 0) fh::mbar_wait(&freed, (r - 1) & 1);
+    for (int i = t; i < kVec; i += blockDim.x) send[i] = in[(size_t(r) * gridDim.x + blockIdx.x) * kVec + i];
+    fh::fence_proxy_async_shared();  // generic stores -> the bulk copy's async-proxy reads
+    __syncthreads();
+    if (t == 0) fh::bulk_copy_to_cta(recv, send, kSwapBytes, &full, peer);
+    fh::mbar_wait(&full, r & 1);
+    for (int i = t; i < kVec; i += blockDim.x) out[(size_t(r) * gridDim.x + blockIdx.x) * kVec + i] = recv[i];
+    __syncthreads();  // every read of recv done before the partner may write it again
+    if (t == 0) fh::mbar_arrive_cluster(&freed, peer);
+  }
+  fh::cluster_sync();  // no CTA exits while its partner may still arrive on its barriers
+}
+
 // 384 threads, 168 registers each at entry (65536 / 384 rounded down to 8). Warpgroup 0 drops to
 // 40, warpgroups 1-2 rise to 232: 128*40 + 256*232 = 64512 <= 384*168. Consumers then hold 128
 // loaded values live at once; every thread writes a result.
@@ -62,6 +100,13 @@ FBH_EXPORT int fbh_cluster_dsmem(const float* in, float* out_read, float* out_wr
   }
   FBH_TRY(fh::launch_with_cluster(cluster_dsmem_kernel, dim3(cluster_size * nclusters), dim3(128), 0,
                                   0, dim3(cluster_size, 1, 1), in, out_read, out_written, out_rank));
+  return (int)cudaGetLastError();
+}
+
+// in, out: [kSwapRounds][2 * npairs][10240 B]. out[r][c] = in[r][c ^ 1].
+FBH_EXPORT int fbh_cluster_bulk_swap(const void* in, void* out, int npairs) {
+  FBH_TRY(fh::launch_with_cluster(cluster_bulk_swap_kernel, dim3(2 * npairs), dim3(128), 0, 0,
+                                  dim3(2, 1, 1), static_cast<const uint4*>(in), static_cast<uint4*>(out)));
   return (int)cudaGetLastError();
 }
 

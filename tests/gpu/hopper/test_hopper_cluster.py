@@ -34,6 +34,17 @@ def test_cluster_dsmem(hlib, cluster_size):
     assert torch.equal(written, expect_written)
 
 
+def test_cluster_bulk_swap(hlib):
+    # Three rounds of pairs swapping a 10 KB tile through bulk copies into the partner's shared
+    # memory, each round's buffer freed by a remote mbarrier arrival.
+    rounds, npairs, nbytes = 3, 5, 10240
+    x = torch.randint(-2**31, 2**31 - 1, (rounds, 2 * npairs, nbytes // 4), dtype=torch.int32, device="cuda")
+    out = torch.full_like(x, -1)
+    check(hlib, hlib.fbh_cluster_bulk_swap(ptr(x), ptr(out), npairs), "fbh_cluster_bulk_swap")
+    partner = torch.arange(2 * npairs, device="cuda") ^ 1
+    assert torch.equal(out, x[:, partner])
+
+
 def test_setmaxnreg_split(hlib):
     n_live = 128
     x = torch.randn(128 + 256 * n_live, device="cuda")
