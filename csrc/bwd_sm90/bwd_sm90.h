@@ -86,6 +86,12 @@ constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 2, 1, 24, 240, false, 2}
 // than kBwdSm90Hdim192 (-2.7..+3.1%, docs/perf-log.md); its kernels are compiled by the
 // flashback_candidates target (csrc/candidates/), not linked.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false, 3};
+// Candidates, NOT yet run on a GPU: the two shared-memory plans that leave room for a 2-CTA pair
+// swapping dS at d = 256 (docs/design.md section 5, "A 2-CTA pair"), measured alone first, so
+// that the pair's gain is weighed against what its room costs: one Q stage at 64 x 80, or
+// 64 x 64 tiles (1.25x the dQ adds per key). Compiled by flashback_candidates, not linked.
+constexpr BwdSm90Config kBwdSm90Hdim256Q1 = {256, 64, 80, 1, 1, 24, 240, false, 2};
+constexpr BwdSm90Config kBwdSm90Hdim256N64 = {256, 64, 64, 2, 1, 24, 240, false, 2};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {
