@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the library of each named branch into build-<branch>/libflashback.so of this checkout
-# (a worktree per branch under ../wt-<branch>), so that one device call can run the GPU tests
+# (a worktree per branch beside the checkout, wt-<branch>), so that one run on the GPU machine can run the GPU tests
 # and scripts/compare_builds.sh on all of them, beside build/libflashback.so of the checkout:
 #
 #   scripts/build_branches.sh fwd-tile-counter bwd-dq-smem

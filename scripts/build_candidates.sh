@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Builds the library with a candidate config in place of a table row, one library per argument,
-# into build-<candidate>/libflashback.so of this checkout, for one device call that runs the GPU
+# into build-<candidate>/libflashback.so of this checkout, for one run on the GPU machine that runs the GPU
 # tests and scripts/compare_builds.sh on them beside build/libflashback.so:
 #
 #   scripts/build_candidates.sh kBwdSm90Hdim192=kBwdSm90Hdim192Wg3
 #   scripts/compare_builds.sh build/libflashback.so build-kBwdSm90Hdim192Wg3/libflashback.so ...
 #
 # ROW=CANDIDATE: the candidate's initializer (its `constexpr ... CANDIDATE = {...};` line in
-# csrc/*/*.h) replaces the row's, in a copy of HEAD (a worktree under ../cand-<candidate>); the
-# checkout itself is not touched. build*/ is ignored by git: carry the folders to the device.
+# csrc/*/*.h) replaces the row's, in a copy of HEAD (a worktree beside the checkout, cand-<candidate>); the
+# checkout itself is not touched. build*/ is ignored by git: copy the folders to the GPU machine.
 # ROW=CANDIDATE,ROW2=CANDIDATE2,...: one library with all of them in place (named after the
 # first candidate, e.g. kFwdSm90Hdim64=kFwdSm90Hdim64OneLoop,kFwdSm90Hdim128=kFwdSm90Hdim128OneLoop).
 # Environment: JOBS (default 3), FLASHBACK_HEADDIMS / FLASHBACK_DTYPES passed on to CMake.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: GPU tests (head dim 256 unless TEST_ARGS says otherwise) and a short
-# benchmark for each of several builds of the library, in one call, then one table of flashback's TFLOP/s per build (same
+# benchmark for each of several builds of the library, in one run, then one table of flashback's TFLOP/s per build (same
 # process order for all, SDPA flash as the yardstick in every run). Builds nothing.
 #
 #   scripts/compare_builds.sh build/libflashback.so build-exp/libflashback.so
@@ -14,7 +14,7 @@
 # and seqlen and ends with the change of ours / SDPA flash from the first build to the last.
 # Logs: $OUT/<n>-tests.log, $OUT/<n>/<result>.json, and all builds' results in $OUT/compare.json.
 # With the same build first and last (A B C A), a second table gives each build between against
-# the mean of the two A runs, with their spread (this call's noise).
+# the mean of the two A runs, with their spread (this run's noise).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -79,7 +79,7 @@ for key in sorted(rows, key=lambda k: (k[0], k[1], order.get(k[2], 3), not k[3],
                            + f"   | first/last {abs(ours[0] / ours[-1] - 1):.1%}")
 if bracket:
     # The same build first and last: each build between against the mean of the two (TFLOP/s),
-    # and how far the two bracketing runs of one build are apart (the noise of this call).
+    # and how far the two bracketing runs of one build are apart (the noise of this run).
     print("flashback TFLOP/s against the mean of the first and last run (same build): "
           + "  ".join(f"[{n}]" for n in range(2, len(libs))))
     print("\n".join(bracket))

@@ -111,9 +111,8 @@ struct BwdSm90Params {
   float* dq_accum;        // 64 x d fp32 per tile, fragment order
   DqTiles dq_tiles;
   // Deterministic mode (deterministic=True): per dQaccum tile and phase of the adds (by head
-  // dim, or by keys with dQ^T by atom-columns, the first or the second atom-column each consumer
-  // warpgroup adds; by keys with dQ^T by queries one phase per tile, counter 0, added by one
-  // warpgroup), how many K/V blocks have added
+  // dim, the first or the second atom-column each consumer warpgroup adds; by keys one phase
+  // per tile, counter 0, added by one warpgroup), how many K/V blocks have added
   // theirs. Each tile takes the adds in one fixed order
   // (bwd_sm90_dq_rank in bwd_sm90_scheduler.cuh), so every element is summed the same way
   // every run. Null otherwise.

@@ -313,8 +313,7 @@ __device__ __forceinline__ void store_hand_t(uint8_t* hand, const float (&acc)[T
 // ------------------------------------------------------------ deterministic turn warps ---
 // Deterministic mode: warp 1 + h of the producer warpgroup keeps the dQ turns of phase h (by
 // head dim the atom-column each consumer warpgroup adds first, h = 0, or second, h = 1, into the
-// step's tile, as by keys with dQ^T by atom-columns; by keys with dQ^T by queries warpgroup h's
-// own tile of the step), so that neither the poll
+// step's tile; by keys warpgroup h's own tile of the step), so that neither the poll
 // nor the release (which waits for the adds to reach L2) stalls the consumers, and each has a
 // whole step to do both. Per step: poll the tile's phase-h counter until this K/V block's rank
 // (bwd_sm90_dq_rank), let the consumers add (kBarTurn0 + h), wait until all warpgroups have

@@ -42,13 +42,14 @@ struct FwdSm90Config {
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
 // d / 2 fp32 registers, S block_n / 2, P as 16-bit A fragments block_n / 4 (S of the next block
 // and P of this one are live together: the softmax of block j + 1 overlaps P_j V_j).
-// Shared memory: Q block_m x 2d bytes + kv_stages x 2 x block_n x 2d bytes.
+// Shared memory: Q stages x block_m x 2d bytes + kv_stages x 2 x block_n x 2d bytes (two Q
+// stages where they fit, FwdSm90Traits::kQStages).
 //   d = 64:  192 x 128, 3 consumer warpgroups: O 32 + S 64 + P 32 under 160 registers;
-//            24 KB + 2 x 2 x 16 KB = 88 KB. The exponentials cost as much as the GEMMs at
+//            2 x 24 KB + 2 x 2 x 16 KB = 112 KB. The exponentials cost as much as the GEMMs at
 //            this width, so a third warpgroup keeps the tensor cores fed during softmaxes.
-//   d = 128: 128 x 128: O 64 + S 64 + P 32; 32 KB + 2 x 2 x 32 KB = 160 KB.
-//   d = 192: 128 x 112: O 96 + S 56 + P 28; 48 KB + 2 x 2 x 42 KB = 216 KB.
-//   d = 256: 128 x 80: O 128 + S 40 + P 20; 64 KB + 2 x 2 x 40 KB = 224 KB.
+//   d = 128: 128 x 128: O 64 + S 64 + P 32; 2 x 32 KB + 2 x 2 x 32 KB = 192 KB.
+//   d = 192: 128 x 112: O 96 + S 56 + P 28; 48 KB + 2 x 2 x 42 KB = 216 KB (one Q stage).
+//   d = 256: 128 x 80: O 128 + S 40 + P 20; 64 KB + 2 x 2 x 40 KB = 224 KB (one Q stage).
 // Ping-pong (the warpgroups issue their GEMMs in turn) measured +3 to +8% at d = 64 (three
 // warpgroups, softmax as costly as the GEMMs) and -0 to -6% at d = 128 and 256, mixed at 192
 // (docs/perf-log.md, "Forward ping-pong"): on at d = 64 only.

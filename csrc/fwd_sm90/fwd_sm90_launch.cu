@@ -69,10 +69,11 @@ bool fwd_sm90_persistent(const flashback_fwd_params& p) {
 
 // Tiles from a counter (configs with dynamic_tiles: every row), docs/perf-log.md "Forward tiles
 // from a counter". Causal only: the counter keeps the longest-first order that the static stride
-// loses. Measured against the persistent static stride / one CTA per tile: at d <= 128 +2..+12% at
-// 1k-2k, +1..+4% at 4k-16k (at 512 within 2%); at 512-1024 for d = 192 / 256 (+5..+9%), where from 2048 up one CTA per tile measured
-// 1-7% faster. Non-causal tiles are all alike: the static stride (or one CTA per tile) measured
-// 0.5-3.5% faster than the counter there.
+// loses. Measured against the persistent static stride (d <= 128) or one CTA per tile: at
+// d <= 128 +2..+12% at 1k-2k, +0..+4% at 4k-16k, at 512 within 2%; at d = 192 / 256 +8.8 / +5.1%
+// and +7.0 / +0.3% at 512 / 1024, but -1.1 / -3.1% at 2048 and 2-11% slower at 4k-16k (where one
+// CTA per tile stays). Non-causal tiles are all alike: the static stride (or one CTA per tile)
+// measured 0.3-4.4% faster than the counter there.
 bool fwd_sm90_dynamic(const flashback_fwd_params& p) {
   if (!p.causal) return false;
   return p.headdim <= 128 || p.seqlen_k <= 1024;  // varlen: the longest sequence
