@@ -52,6 +52,11 @@ struct BwdSm90Config {
   // and computes dQ^T of queries 64 w.. of a block_m = 64 x W step;
   // bwd_sm90_mainloop_by_keys.cuh).
   bool by_keys = false;
+  // Default mode, split by head dim at d = 256: CTAs in clusters of two on neighbouring K/V
+  // blocks of one (batch, kv head) walk the same Q blocks; each sends its dS^T into the
+  // partner's shared memory and computes dQ^T for its half of the head dim over both blocks'
+  // keys, so each dQ element is added once per pair (docs/design.md section 5, "A 2-CTA pair").
+  bool pair_dq = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -92,6 +97,9 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // 64 x 64 tiles (1.25x the dQ adds per key). Compiled by flashback_candidates, not linked.
 constexpr BwdSm90Config kBwdSm90Hdim256Q1 = {256, 64, 80, 1, 1, 24, 240, false, 2};
 constexpr BwdSm90Config kBwdSm90Hdim256N64 = {256, 64, 64, 2, 1, 24, 240, false, 2};
+// Candidates, NOT yet run on a GPU: the 2-CTA pair on those two plans (224 KB each).
+constexpr BwdSm90Config kBwdSm90Hdim256PairQ1 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true};
+constexpr BwdSm90Config kBwdSm90Hdim256PairN64 = {256, 64, 64, 2, 1, 24, 240, false, 2, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {

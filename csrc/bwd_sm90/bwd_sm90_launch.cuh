@@ -69,10 +69,23 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     fh::mbar_init(kv_bar + 1, 1);  // V
     pipe_q->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp
     pipe_do->init(T::kConsumerWarps);
+    if constexpr (T::kPair && !kDet) {
+      uint64_t* pair_bar = reinterpret_cast<uint64_t*>(smem + T::kOffPairBar);
+      fh::mbar_init(pair_bar, 1);      // full[0]: this CTA's arrive_expect_tx + the partner's bytes
+      fh::mbar_init(pair_bar + 1, 1);  // full[1]
+      fh::mbar_init(pair_bar + 2, T::kConsumerWarps);  // free[0]: the partner's consumer warps
+      fh::mbar_init(pair_bar + 3, T::kConsumerWarps);  // free[1]
+      fh::fence_mbarrier_init();
+    }
   }
-  __syncthreads();
+  // pair_dq: both CTAs' barriers initialised before either uses the other's.
+  if constexpr (T::kPair && !kDet) {
+    fh::cluster_sync();
+  } else {
+    __syncthreads();
+  }
 
-  const BwdSm90Work w = bwd_sm90_work<T::kBlockM, T::kBlockN, kDet>(p);
+  const BwdSm90Work w = bwd_sm90_work<T::kBlockM, T::kBlockN, kDet, T::kPair && !kDet>(p);
   if (!w.active) return;  // varlen: past the end of a shorter sequence's keys (the whole CTA)
   if (wg == 0) {
     fh::setmaxnreg_dec<T::kProducerRegs>();
@@ -162,6 +175,20 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
                              static_cast<int>(T::kSmemBytes));
   if (err != cudaSuccess) return err;
   const int ctas = kp.n_blocks * p.nheads_k * p.batch;
+  if constexpr (T::kPair) {
+    if (!p.deterministic) {
+      // pair_dq: clusters of two CTAs on K/V blocks 2 j, 2 j + 1 (an odd count gets a partner
+      // past the keys, bwd_sm90_scheduler.cuh).
+      kp.block_base = 0;
+      kp.det_chunk = 1;
+      const int pair_ctas = 2 * ((kp.n_blocks + 1) / 2) * p.nheads_k * p.batch;
+      err = fh::launch_with_cluster(bwd_sm90_kernel<T, false>, dim3(pair_ctas), dim3(T::kThreads),
+                                    T::kSmemBytes, stream, dim3(2, 1, 1), map_q, map_k, map_v,
+                                    map_do, kp);
+      if (err != cudaSuccess) return err;
+      return launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, stream);
+    }
+  }
   kp.block_base = 0;
   kp.det_chunk = 1;
   if (p.deterministic) {

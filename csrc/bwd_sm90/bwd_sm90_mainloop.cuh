@@ -129,11 +129,22 @@ struct BwdSm90Traits {
   static constexpr uint32_t kStatBytes = kByKeys ? kBlockM * 4 : 0;
   static constexpr uint32_t kOffLse = kOffDqBuf + (kDqViaSmem ? kConsumerWgs * kDqBufBytes : 0);
   static constexpr uint32_t kOffDsum = kOffLse + kQStages * kStatBytes;
-  static constexpr uint32_t kOffBar = kOffDsum + kDoStages * kStatBytes;
+  // pair_dq (default mode): the partner's K for this CTA's half of the head dim (loaded with K)
+  // and two buffers for the partner's dS^T (step parity), bulk-copied in by the partner.
+  static constexpr bool kPair = kCfg.pair_dq;
+  static_assert(!kPair || (!kByKeys && !kDqViaSmem && kConsumerWgs == 2 && kAtomCols == 4),
+                "pair_dq: split by head dim, two warpgroups, d = 256 (one dQ^T atom-column of "
+                "the CTA's half each)");
+  static constexpr int kPairAtoms = kAtomCols / 2;  // dQ^T atom-columns per CTA of a pair
+  static constexpr uint32_t kOffKPeer = kOffDsum + kDoStages * kStatBytes;
+  static constexpr uint32_t kOffDsPeer = kOffKPeer + (kPair ? kPairAtoms * kKvAtomBytes : 0);
+  static constexpr uint32_t kOffBar = kOffDsPeer + (kPair ? 2 * kHandBytes : 0);
   static constexpr uint32_t kOffPipeQ = kOffBar + 16;  // after the K and V barriers
   static constexpr uint32_t kOffPipeDo = kOffPipeQ + sizeof(fh::TmaPipeline<kQStages>);
-  static constexpr size_t kSmemBytes =
-      1024 /* alignment slack */ + kOffPipeDo + sizeof(fh::TmaPipeline<kDoStages>);
+  // pair_dq: per buffer b, full[b] (this CTA's arrive_expect_tx + the partner's bytes) and
+  // free[b] (the partner's two warpgroups' remote arrivals once their dQ^T wgmmas read it).
+  static constexpr uint32_t kOffPairBar = kOffPipeDo + sizeof(fh::TmaPipeline<kDoStages>);
+  static constexpr size_t kSmemBytes = 1024 /* alignment slack */ + kOffPairBar + (kPair ? 32 : 0);
   static_assert(kSmemBytes <= 232448, "over the 227 KB a CTA may have");
   static_assert(kKvAtomBytes % 1024 == 0 && kWgKeys * 128 % 1024 == 0 && kHandBytes % 1024 == 0,
                 "swizzled tiles and each warpgroup's kWgKeys-row part must stay 1024-aligned");
@@ -199,7 +210,23 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     tma_tile<T::kAtomCols>(smem + off, T::kKvAtomBytes, map, bar, head_inner, static_cast<int>(w.seq.row_k) + n0,
              w.kv_head, w.map_batch);
   };
-  load_kv(T::kOffK, m.k, kv_bar, p.head_inner & 2);
+  if constexpr (T::kPair && !kDet) {
+    // K, then on the same barrier the partner's K rows for this CTA's dQ^T atom-columns (rank r
+    // of the pair computes atom-columns kPairAtoms r ..). Rows past the sequence's keys meet
+    // dS^T rows that are 0 (their P is 0), as in any partial block.
+    const int rank = static_cast<int>(blockIdx.x & 1);
+    const int peer_row = static_cast<int>(w.seq.row_k) + (w.n_block ^ 1) * T::kBlockN;
+    fh::mbar_arrive_expect_tx(kv_bar, T::kKvTileBytes + T::kPairAtoms * T::kKvAtomBytes);
+    tma_tile<T::kAtomCols>(smem + T::kOffK, T::kKvAtomBytes, m.k, kv_bar, p.head_inner & 2,
+                           static_cast<int>(w.seq.row_k) + n0, w.kv_head, w.map_batch);
+#pragma unroll
+    for (int a = 0; a < T::kPairAtoms; ++a) {
+      tma_rows(smem + T::kOffKPeer + a * T::kKvAtomBytes, m.k, kv_bar, p.head_inner & 2,
+               64 * (T::kPairAtoms * rank + a), peer_row, w.kv_head, w.map_batch);
+    }
+  } else {
+    load_kv(T::kOffK, m.k, kv_bar, p.head_inner & 2);
+  }
   fh::PipelineState<T::kQStages> sq;
   fh::PipelineState<T::kDoStages> sd;
   for (int it = 0; it < w.n_iters; ++it) {
@@ -264,16 +291,17 @@ __device__ __forceinline__ void gemm_dkv(float (&acc)[T::kBlockN / 2], const uin
 
 // (7) dQ^T atom-column = K^T dS^T: A = K's atom-column (64 head-dim rows, M-major over block_n
 // keys), B = dS^T [key][query] read N-major (N = 64 queries), K = block_n keys.
+// `accumulate`: add to acc (the pair's second block of keys) instead of overwriting it.
 template <class T>
 __device__ __forceinline__ void gemm_dq(float (&acc)[T::kBlockM / 2], const uint8_t* k_atom,
-                                        const uint8_t* ds) {
+                                        const uint8_t* ds, bool accumulate = false) {
   const uint64_t da = fh::desc_mnmajor_sw128(k_atom, T::kKvAtomBytes);
   const uint64_t db = fh::desc_mnmajor_sw128(ds, T::kHandBytes);
 #pragma unroll
   for (int s = 0; s < T::kBlockN / 16; ++s) {
     const uint32_t off = fh::mnmajor_k_offset(s);
     fh::wgmma_ss<T::kBlockM, 1, 1, T::kElem>(acc, fh::desc_advance(da, off), fh::desc_advance(db, off),
-                                   s > 0);
+                                   accumulate || s > 0);
   }
 }
 
@@ -406,6 +434,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   static_assert(kOwn == T::kOwn0 || kOwn == T::kOwn1, "an instance holds one warpgroup's share");
   static_assert(kOwn <= 2, "at most two dQ^T atom-columns per warpgroup (the loop below)");
   constexpr bool kDqSmem = !kDet && T::kDqViaSmem;  // the ordered adds stay in registers
+  constexpr bool kPairOn = T::kPair && !kDet;       // pair_dq: the default mode only
   constexpr int kAcc = kOwn > 0 ? kOwn : 1;  // arrays need a size; unused when kOwn = 0
   // Whether this warpgroup computes (5)-(7): false only for warpgroup 1 at d = 64.
   const bool has_cols = kOwn > 0 && T::own(wg) > 0;
@@ -418,6 +447,11 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   // This thread's two query rows in S / dP (accumulator rows) and first key column.
   const int q_row = fh::acc_row(0, t);
   const int key0 = n0 + T::kWgKeys * wg + fh::acc_col(0, t);
+  // pair_dq: rank r of the pair, its partner, the dQ^T atom-column this warpgroup computes over
+  // both blocks' keys, and the exchange barriers (full[2], free[2]: kOffPairBar).
+  const uint32_t pair_rank = blockIdx.x & 1;
+  const int dq_atom = T::kPairAtoms * static_cast<int>(pair_rank) + wg;
+  uint64_t* pair_bar = reinterpret_cast<uint64_t*>(smem + T::kOffPairBar);
   const uint8_t* k_half = smem + T::kOffK + T::kWgKeys * wg * 128;
   const uint8_t* v_half = smem + T::kOffV + T::kWgKeys * wg * 128;
 
@@ -444,6 +478,11 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     const float dsum1 = p.dsum[stat_row + 8];
     uint8_t* p_t = smem + T::kOffP + (it & 1) * T::kHandBytes;
     uint8_t* ds_t = smem + T::kOffDs + (it & 1) * T::kHandBytes;
+    if constexpr (kPairOn) {
+      // This step's partner dS^T lands in buffer it & 1: arm its full barrier (the phase of
+      // step it - 2 has completed: every thread waited for it).
+      if (wg == 0 && t == 0) fh::mbar_arrive_expect_tx(pair_bar + (it & 1), T::kHandBytes);
+    }
     const uint8_t* q_s = smem + T::kOffQ + sq.stage * T::kQTileBytes;
     const uint8_t* do_s = smem + T::kOffDo + sd.stage * T::kQTileBytes;
 
@@ -489,18 +528,62 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     fh::wgmma_fence_operand(dp);
 #pragma unroll
     for (int r = 0; r < T::kWgKeys / 2; ++r) dp[r] = s[r] * (dp[r] - ((r & 2) ? dsum1 : dsum0));
+    if constexpr (kPairOn) {
+      // ds_t was sent to the partner at step it - 2; rewrite it once the partner has read what
+      // it received then (its free arrivals), which also means the copy has read ds_t.
+      if (it >= 2) fh::mbar_wait(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
+    }
     store_hand_t<T>(ds_t, dp, wg, t);
     fh::fence_proxy_async_shared();  // stmatrix (generic proxy) -> wgmma (async proxy) reads
     // Every warpgroup's part is in place. The buffers alternate with the step's parity: the
     // other warpgroups passed this barrier only after their last wgmmas of step i-1 had completed,
     // so step i+1 may overwrite what step i-1 read.
     fh::named_bar_sync(T::kBarHandoff, T::kConsumerThreads);
+    if constexpr (kPairOn) {
+      // The whole dS^T (both warpgroups' parts, fenced for the async proxy above) to the
+      // partner's buffer it & 1, completed on its full barrier there.
+      if (wg == 0 && t == 0) {
+        fh::bulk_copy_to_cta(smem + T::kOffDsPeer + (it & 1) * T::kHandBytes, ds_t, T::kHandBytes,
+                             pair_bar + (it & 1), pair_rank ^ 1);
+      }
+    }
 
     // (7) dQ^T = K^T dS^T, (5) dV^T += dO^T P, (6) dK^T += Q^T dS. One dQ atom-column at a time
     // (32 registers: dV^T/dK^T + 2 x 32 in flight made ptxas serialize and spill at d = 256):
     // the first is added while dV^T / dK^T run, the second after them. Groups retire in order:
     // dV frees dO_i, dK frees Q_i.
-    if (has_cols) {
+    if constexpr (kPairOn) {
+      // (7) for atom-column dq_atom over both blocks' keys: K_own^T dS_own^T, then (after dV^T,
+      // which needs no partner) K_peer^T dS_peer^T once the partner's dS^T is in; dK^T last.
+      // dQ^T is complete after the first three groups: released, added while dK^T runs.
+      float dq[T::kBlockM / 2];
+      fh::zero_acc(dq);
+      fh::wgmma_fence_operand(dq);
+      fh::wgmma_fence();
+      gemm_dq<T>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, ds_t);
+      fh::wgmma_commit();
+#pragma unroll
+      for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dv[u], do_s + (first + u) * T::kQAtomBytes, p_t);
+      fh::wgmma_commit();
+      fh::mbar_wait(pair_bar + (it & 1), (it >> 1) & 1);
+      fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
+      gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
+                 smem + T::kOffDsPeer + (it & 1) * T::kHandBytes, true);
+      fh::wgmma_commit();
+#pragma unroll
+      for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
+      fh::wgmma_commit();
+      fh::wgmma_wait<1>();
+      fh::wgmma_fence_operand(dq);
+      if (warp_leader) {
+        pipe_do->consumer_release(sd);
+        // This warp's reads of the partner's buffer are done: one of its 8 free arrivals.
+        fh::mbar_arrive_cluster(pair_bar + 2 + (it & 1), pair_rank ^ 1);
+      }
+      add_dq_partial<T::kHeadDim>(p, tile, dq_atom, t, dq);
+      fh::wgmma_wait<0>();
+      if (warp_leader) pipe_q->consumer_release(sq);
+    } else if (has_cols) {
       float dq[T::kBlockM / 2];
       fh::zero_acc(dq);
       fh::wgmma_fence_operand(dq);
@@ -585,6 +668,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
                                             first, t);
   }
   copy_out_dkv<T>(p, w, stage_dv, stage_dk, n0, seqlen_k);
+  // pair_dq: neither CTA exits while its partner may still copy into it or arrive on it.
+  if constexpr (kPairOn) fh::cluster_sync();
 }
 
 }  // namespace sm90

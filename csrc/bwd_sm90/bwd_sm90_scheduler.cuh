@@ -48,20 +48,30 @@ struct BwdSm90Work {
 //     (mod m_blocks), and a tile takes the adds of the pair's earlier chunks first, then those
 //     of this chunk in the order they arrive: each block's predecessor on a tile was there at
 //     least one step earlier, and no CTA waits for one that a later chunk holds.
-template <int kBlockM, int kBlockN, bool kDet = false>
+//
+// kPair (pair_dq, clusters of two): the order above over pairs of K/V blocks; CTA r of a cluster
+// (blockIdx.x & 1) takes block 2 j + r of pair j. Both walk the lower block's Q blocks in
+// lockstep (the upper one's first steps are masked for it), and both are active while the lower
+// block holds keys (the upper may lie past seqlen_k: all its keys masked).
+template <int kBlockM, int kBlockN, bool kDet = false, bool kPair = false>
 __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
+  static_assert(!(kDet && kPair), "pairs run in the default mode only");
   BwdSm90Work w;
-  const int cta = p.block_base + static_cast<int>(blockIdx.x);
-  const GroupedTile tile = grouped_tile(cta, p.l2_group, p.n_blocks, p.nheads_k * p.batch);
-  w.n_block = (kDet && p.causal) ? p.n_blocks - 1 - tile.block : tile.block;
+  const int cta = p.block_base + static_cast<int>(kPair ? blockIdx.x / 2 : blockIdx.x);
+  const GroupedTile tile = grouped_tile(cta, p.l2_group, kPair ? (p.n_blocks + 1) / 2 : p.n_blocks,
+                                        p.nheads_k * p.batch);
+  w.n_block = (kDet && p.causal) ? p.n_blocks - 1 - tile.block
+              : kPair            ? 2 * tile.block + static_cast<int>(blockIdx.x & 1)
+                                 : tile.block;
   w.kv_head = tile.pair % p.nheads_k;
   w.batch = tile.pair / p.nheads_k;
   w.seq = seq_rows(p, w.batch);
   w.m_blocks = (w.seq.seqlen_q + kBlockM - 1) / kBlockM;
   w.n_blocks = (w.seq.seqlen_k + kBlockN - 1) / kBlockN;
   w.map_batch = w.seq.varlen ? 0 : w.batch;
-  w.active = w.n_block < w.n_blocks;
-  const int n0 = w.n_block * kBlockN;
+  const int lead = kPair ? (w.n_block & ~1) : w.n_block;  // the block whose walk this one takes
+  w.active = lead < w.n_blocks;
+  const int n0 = lead * kBlockN;
   w.m_begin = p.causal
                   ? max(0, causal_first_query(n0, w.seq.seqlen_q, w.seq.seqlen_k)) / kBlockM
                   : 0;

@@ -13,6 +13,10 @@ template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim256Q1, Dtype:
     const flashback_bwd_params&, cudaStream_t);
 template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim256N64, Dtype::kBf16>>(
     const flashback_bwd_params&, cudaStream_t);
+template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim256PairQ1, Dtype::kBf16>>(
+    const flashback_bwd_params&, cudaStream_t);
+template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim256PairN64, Dtype::kBf16>>(
+    const flashback_bwd_params&, cudaStream_t);
 template cudaError_t run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim64OneLoop, Dtype::kBf16>>(
     const flashback_fwd_params&, cudaStream_t);
 template cudaError_t run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim128OneLoop, Dtype::kBf16>>(
