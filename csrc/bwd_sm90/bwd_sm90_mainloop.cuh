@@ -23,6 +23,8 @@
 //                dS^T only)
 //   dQ^T         with dq_smem: one 16 KB fp32 buffer per consumer warpgroup
 //   LSE, D       by keys: the step's block_m rows of each per Q / dO stage
+//   K_peer, dS^T_peer  with pair_dq: the partner block's K for this CTA's dQ^T atom-columns
+//                (TMA, with K) and 2 buffers of the partner's dS^T (its bulk copies)
 // (sizes per config in bwd_sm90.h).
 //
 // wgmma operands (docs/hopper-facts.md section 11; M always 64 per instruction), N = block_n:
@@ -530,7 +532,10 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     for (int r = 0; r < T::kWgKeys / 2; ++r) dp[r] = s[r] * (dp[r] - ((r & 2) ? dsum1 : dsum0));
     if constexpr (kPairOn) {
       // ds_t was sent to the partner at step it - 2; rewrite it once the partner has read what
-      // it received then (its free arrivals), which also means the copy has read ds_t.
+      // it received then (its free arrivals), which also means the copy has read ds_t. The
+      // free barrier only hands buffers back (no data published through it: the bytes travel
+      // by complete_tx on full), so CTA-scope arrive and wait are the multicast stage-release
+      // pattern of mbar_arrive_cluster; if the GPU disagrees, the wait becomes mbar_wait_cluster.
       if (it >= 2) fh::mbar_wait(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
     }
     store_hand_t<T>(ds_t, dp, wg, t);
