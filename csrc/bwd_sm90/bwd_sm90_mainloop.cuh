@@ -307,6 +307,22 @@ __device__ __forceinline__ void gemm_dq(float (&acc)[T::kBlockM / 2], const uint
   }
 }
 
+// (7) one dQ^T atom-column over this block's keys (overwriting dq), then (5) dV^T += dO^T P for
+// the kOwn atom-columns first ..: two commit groups, both in flight on return.
+template <class T, int kOwn, int kAcc>
+__device__ __forceinline__ void issue_dq_dv(float (&dq)[T::kBlockM / 2], const uint8_t* k_atom,
+                                            const uint8_t* ds_t, float (&acc_dv)[kAcc][T::kBlockN / 2],
+                                            const uint8_t* do_s, int first, const uint8_t* p_t) {
+  fh::zero_acc(dq);
+  fh::wgmma_fence_operand(dq);
+  fh::wgmma_fence();
+  gemm_dq<T>(dq, k_atom, ds_t);
+  fh::wgmma_commit();
+#pragma unroll
+  for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dv[u], do_s + (first + u) * T::kQAtomBytes, p_t);
+  fh::wgmma_commit();
+}
+
 // A 64 x kWgKeys accumulator (queries x this warpgroup's keys) as 16-bit into the hand-off
 // tile [key][query] (block_n rows x 128 B, 128B-swizzled as a K-major wgmma operand): stmatrix.trans
 // turns each 8 x 8 block (8 queries x 8 keys) into 8 key rows of 16 contiguous bytes.
@@ -562,14 +578,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       // which needs no partner) K_peer^T dS_peer^T once the partner's dS^T is in; dK^T last.
       // dQ^T is complete after the first three groups: released, added while dK^T runs.
       float dq[T::kBlockM / 2];
-      fh::zero_acc(dq);
-      fh::wgmma_fence_operand(dq);
-      fh::wgmma_fence();
-      gemm_dq<T>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, ds_t);
-      fh::wgmma_commit();
-#pragma unroll
-      for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dv[u], do_s + (first + u) * T::kQAtomBytes, p_t);
-      fh::wgmma_commit();
+      issue_dq_dv<T, kOwn>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, ds_t, acc_dv, do_s, first, p_t);
       fh::mbar_wait(pair_bar + (it & 1), (it >> 1) & 1);
       fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
       gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
@@ -590,14 +599,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       if (warp_leader) pipe_q->consumer_release(sq);
     } else if (has_cols) {
       float dq[T::kBlockM / 2];
-      fh::zero_acc(dq);
-      fh::wgmma_fence_operand(dq);
-      fh::wgmma_fence();
-      gemm_dq<T>(dq, smem + T::kOffK + first * T::kKvAtomBytes, ds_t);
-      fh::wgmma_commit();
-#pragma unroll
-      for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dv[u], do_s + (first + u) * T::kQAtomBytes, p_t);
-      fh::wgmma_commit();
+      issue_dq_dv<T, kOwn>(dq, smem + T::kOffK + first * T::kKvAtomBytes, ds_t, acc_dv, do_s, first, p_t);
 #pragma unroll
       for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
       fh::wgmma_commit();
