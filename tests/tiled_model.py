@@ -242,6 +242,80 @@ def tiled_backward(dout, q, k, v, out, lse, causal=False, scale=None, block_m=DE
     return (dq, dk, dv, visits) if return_visits else (dq, dk, dv)
 
 
+def tiled_backward_pair(dout, q, k, v, out, lse, causal=False, scale=None, block_m=DEFAULT_BLOCK_M,
+                        block_n=DEFAULT_BLOCK_N, return_visits=False):
+    """The backward as the 2-CTA pair runs it (BwdSm90Config::pair_dq, docs/design.md section 5):
+    CTAs r = 0, 1 of pair j own K/V blocks 2 j + r (the upper one may lie past seqlen_k: zero
+    padded, all masked) and walk the lower block's Q blocks in lockstep; per step each computes
+    its dS, the two swap them, and CTA r adds dQ for head-dim half r over both blocks' keys, so
+    every dQ element gets one add per pair. Returns (dq, dk, dv), plus the steps both CTAs ran
+    (masked ones included) when return_visits."""
+    dout, q, k, v, out, lse = (np.asarray(x, dtype=np.float64) for x in (dout, q, k, v, out, lse))
+    load = _zero_padded_load({"q": q, "k": k, "v": v, "dout": dout})
+    batch, seqlen_q, nheads, d = q.shape
+    assert d % 2 == 0, "the pair splits the head dim in halves"
+    half = d // 2
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    group = nheads // nheads_k
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    scale_log2 = scale * LOG2E
+    m_blocks = _cdiv(seqlen_q, block_m)
+    seqlen_q_rounded = m_blocks * block_m
+    n_blocks = _cdiv(seqlen_k, block_n)
+    visits = 0
+
+    dsum = np.zeros((batch, nheads, seqlen_q_rounded))
+    dsum[:, :, :seqlen_q] = np.einsum("bshd,bshd->bhs", dout, out)
+    lse2 = np.full((batch, nheads, seqlen_q_rounded), np.inf)
+    lse2[:, :, :seqlen_q] = lse * LOG2E
+    dq_accum = np.zeros((batch, seqlen_q_rounded, nheads, d))
+    dk = np.zeros_like(k)
+    dv = np.zeros_like(v)
+
+    for b in range(batch):
+        for hk in range(nheads_k):
+            for pair in range(_cdiv(n_blocks, 2)):
+                blocks = (2 * pair, 2 * pair + 1)
+                k_r = [load("k", b, n * block_n, hk, block_n) for n in blocks]
+                v_r = [load("v", b, n * block_n, hk, block_n) for n in blocks]
+                dk_r = [np.zeros((block_n, d)) for _ in blocks]
+                dv_r = [np.zeros((block_n, v.shape[-1])) for _ in blocks]
+                # Both walk the lower block's Q blocks (the upper block's are a subset).
+                lo, hi = m_block_range(blocks[0], seqlen_q, seqlen_k, block_m, block_n, causal)
+                for h in range(hk * group, (hk + 1) * group):
+                    for m_block in range(lo, hi):
+                        visits += 2
+                        r0 = m_block * block_m
+                        q_i = load("q", b, r0, h, block_m)
+                        do_i = load("dout", b, r0, h, block_m)
+                        lse2_i = lse2[b, h, r0:r0 + block_m]
+                        d_i = dsum[b, h, r0:r0 + block_m]
+                        ds_r = []
+                        for r, n_block in enumerate(blocks):
+                            keep = _tile_mask(m_block, n_block, seqlen_q, seqlen_k, block_m,
+                                              block_n, causal)
+                            s = np.where(keep, q_i @ k_r[r].T, -np.inf)
+                            p = np.exp2(s * scale_log2 - lse2_i[:, None])
+                            ds = p * (do_i @ v_r[r].T - d_i[:, None])
+                            dv_r[r] += p.T @ do_i
+                            dk_r[r] += ds.T @ q_i
+                            ds_r.append(ds)
+                        # The swap: CTA r holds both dS and adds its head-dim half of dQ.
+                        for r in range(2):
+                            cols = slice(r * half, (r + 1) * half)
+                            dq_accum[b, r0:r0 + block_m, h, cols] += (
+                                ds_r[0] @ k_r[0][:, cols] + ds_r[1] @ k_r[1][:, cols])
+                for r, n_block in enumerate(blocks):
+                    c0 = n_block * block_n
+                    rows = min(block_n, seqlen_k - c0)
+                    if rows > 0:
+                        dk[b, c0:c0 + rows, hk] = (dk_r[r] * scale)[:rows]
+                        dv[b, c0:c0 + rows, hk] = dv_r[r][:rows]
+
+    dq = scale * dq_accum[:, :seqlen_q]
+    return (dq, dk, dv, visits) if return_visits else (dq, dk, dv)
+
+
 # --------------------------------------------------------------------------------------------
 # Variable-length batches
 # --------------------------------------------------------------------------------------------

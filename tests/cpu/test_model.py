@@ -16,8 +16,8 @@ import torch
 
 from reference import (attention_ref, causal_mask, check_close, dense_backward_np,
                        dense_forward_np, error_bound)
-from tiled_model import (m_block_range, n_block_range, tiled_backward, tiled_forward,
-                         visible_tile_pairs_bruteforce)
+from tiled_model import (m_block_range, n_block_range, tiled_backward, tiled_backward_pair,
+                         tiled_forward, visible_tile_pairs_bruteforce)
 
 # float64 results that differ only in summation order agree to ~1e-15 relative; 1e-10 leaves room
 # for long sums without letting any real tiling mistake through.
@@ -98,6 +98,28 @@ def test_tiled_model_matches_dense(rng, case, causal):
     assert_close64("dq", dq, dq_ref)
     assert_close64("dk", dk, dk_ref)
     assert_close64("dv", dv, dv_ref)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", MODEL_CASES, ids=_case_id)
+def test_pair_model_matches_dense(rng, case, causal):
+    """The 2-CTA pair's walk (lockstep from the lower block, a partner past the keys when the
+    block count is odd, dS swapped, dQ added per head-dim half over both blocks) gives the
+    dense gradients, and runs exactly 2 x the lower blocks' steps."""
+    batch, sq, sk, h, hk, d, block_m, block_n, scale = case
+    q, k, v, dout = make_inputs(rng, batch, sq, sk, h, hk, d)
+    out, lse = dense_forward_np(q, k, v, causal, scale)
+    dq_ref, dk_ref, dv_ref = dense_backward_np(dout, q, k, v, causal, scale)
+    dq, dk, dv, steps = tiled_backward_pair(dout, q, k, v, out, lse, causal, scale, block_m,
+                                            block_n, return_visits=True)
+    assert_close64("dq", dq, dq_ref)
+    assert_close64("dk", dk, dk_ref)
+    assert_close64("dv", dv, dv_ref)
+    n_blocks = -(-sk // block_n)
+    lower_steps = sum(
+        hi - lo for lo, hi in (m_block_range(n, sq, sk, block_m, block_n, causal)
+                               for n in range(0, n_blocks, 2)))
+    assert steps == 2 * lower_steps * batch * h
 
 
 # ---------------------------------------------------------------------------------------------
