@@ -167,6 +167,35 @@ def tiled_forward(q, k, v, causal=False, scale=None, block_m=DEFAULT_BLOCK_M,
 # Backward
 # --------------------------------------------------------------------------------------------
 
+def _bwd_preprocess(dout, out, lse, q, k, v, block_m):
+    """(0) Preprocess: D = rowsum(dO * O); LSE in base 2; zero the dQ accumulator. Per-row arrays
+    are padded to whole Q blocks; padded rows get LSE2 = +inf so that their P is exactly 0
+    (their dO and Q are zero-padded too, so they would contribute nothing either way).
+    Returns (dsum, lse2, dq_accum, dk, dv)."""
+    batch, seqlen_q, nheads, d = q.shape
+    seqlen_q_rounded = _cdiv(seqlen_q, block_m) * block_m
+    dsum = np.zeros((batch, nheads, seqlen_q_rounded))
+    dsum[:, :, :seqlen_q] = np.einsum("bshd,bshd->bhs", dout, out)
+    lse2 = np.full((batch, nheads, seqlen_q_rounded), np.inf)
+    lse2[:, :, :seqlen_q] = lse * LOG2E          # +inf (no-key rows) stays +inf
+    dq_accum = np.zeros((batch, seqlen_q_rounded, nheads, d))
+    return dsum, lse2, dq_accum, np.zeros_like(k), np.zeros_like(v)
+
+
+def _bwd_tile_p_ds(q_i, do_i, k_j, v_j, lse2_i, d_i, keep, scale_log2):
+    """Steps (1)-(4) of one tile pair: returns (P, dS)."""
+    # (1) S = Q_i K_j^T
+    s = q_i @ k_j.T
+    # (2) P = exp2(S * scale * log2e - LSE2_i), masked (S set to -inf first, as the kernel
+    # does, so masked entries cannot overflow)
+    s = np.where(keep, s, -np.inf)
+    p = np.exp2(s * scale_log2 - lse2_i[:, None])
+    # (3) dP = dO_i V_j^T
+    dp = do_i @ v_j.T
+    # (4) dS = P * (dP - D_i)
+    return p, p * (dp - d_i[:, None])
+
+
 def tiled_backward(dout, q, k, v, out, lse, causal=False, scale=None, block_m=DEFAULT_BLOCK_M,
                    block_n=DEFAULT_BLOCK_N, return_visits=False, load=None):
     """Flash backward: preprocess, main loop (one CTA per (batch, kv head, K/V block)),
@@ -179,20 +208,8 @@ def tiled_backward(dout, q, k, v, out, lse, causal=False, scale=None, block_m=DE
     group = nheads // nheads_k
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     scale_log2 = scale * LOG2E
-    m_blocks = _cdiv(seqlen_q, block_m)
-    seqlen_q_rounded = m_blocks * block_m
     visits = 0
-
-    # (0) Preprocess: D = rowsum(dO * O); LSE in base 2; zero the dQ accumulator. Per-row arrays
-    # are padded to whole Q blocks; padded rows get LSE2 = +inf so that their P is exactly 0
-    # (their dO and Q are zero-padded too, so they would contribute nothing either way).
-    dsum = np.zeros((batch, nheads, seqlen_q_rounded))
-    dsum[:, :, :seqlen_q] = np.einsum("bshd,bshd->bhs", dout, out)
-    lse2 = np.full((batch, nheads, seqlen_q_rounded), np.inf)
-    lse2[:, :, :seqlen_q] = lse * LOG2E          # +inf (no-key rows) stays +inf
-    dq_accum = np.zeros((batch, seqlen_q_rounded, nheads, d))
-    dk = np.zeros_like(k)
-    dv = np.zeros_like(v)
+    dsum, lse2, dq_accum, dk, dv = _bwd_preprocess(dout, out, lse, q, k, v, block_m)
 
     # Main kernel: each CTA owns one K/V block; its dK, dV stay in registers across the walk and
     # are written once, so kv heads shared by a GQA group need no atomics. dQ is shared between
@@ -216,16 +233,7 @@ def tiled_backward(dout, q, k, v, out, lse, causal=False, scale=None, block_m=DE
                         d_i = dsum[b, h, r0:r0 + block_m]
                         keep = _tile_mask(m_block, n_block, seqlen_q, seqlen_k, block_m, block_n,
                                           causal)
-                        # (1) S = Q_i K_j^T
-                        s = q_i @ k_j.T
-                        # (2) P = exp2(S * scale * log2e - LSE2_i), masked (S set to -inf
-                        # first, as the kernel does, so masked entries cannot overflow)
-                        s = np.where(keep, s, -np.inf)
-                        p = np.exp2(s * scale_log2 - lse2_i[:, None])
-                        # (3) dP = dO_i V_j^T
-                        dp = do_i @ v_j.T
-                        # (4) dS = P * (dP - D_i)
-                        ds = p * (dp - d_i[:, None])
+                        p, ds = _bwd_tile_p_ds(q_i, do_i, k_j, v_j, lse2_i, d_i, keep, scale_log2)
                         # (5) dV_j += P^T dO_i
                         dv_j += p.T @ do_i
                         # (6) dK_j += dS^T Q_i
@@ -259,18 +267,9 @@ def tiled_backward_pair(dout, q, k, v, out, lse, causal=False, scale=None, block
     group = nheads // nheads_k
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     scale_log2 = scale * LOG2E
-    m_blocks = _cdiv(seqlen_q, block_m)
-    seqlen_q_rounded = m_blocks * block_m
     n_blocks = _cdiv(seqlen_k, block_n)
     visits = 0
-
-    dsum = np.zeros((batch, nheads, seqlen_q_rounded))
-    dsum[:, :, :seqlen_q] = np.einsum("bshd,bshd->bhs", dout, out)
-    lse2 = np.full((batch, nheads, seqlen_q_rounded), np.inf)
-    lse2[:, :, :seqlen_q] = lse * LOG2E
-    dq_accum = np.zeros((batch, seqlen_q_rounded, nheads, d))
-    dk = np.zeros_like(k)
-    dv = np.zeros_like(v)
+    dsum, lse2, dq_accum, dk, dv = _bwd_preprocess(dout, out, lse, q, k, v, block_m)
 
     for b in range(batch):
         for hk in range(nheads_k):
@@ -294,9 +293,8 @@ def tiled_backward_pair(dout, q, k, v, out, lse, causal=False, scale=None, block
                         for r, n_block in enumerate(blocks):
                             keep = _tile_mask(m_block, n_block, seqlen_q, seqlen_k, block_m,
                                               block_n, causal)
-                            s = np.where(keep, q_i @ k_r[r].T, -np.inf)
-                            p = np.exp2(s * scale_log2 - lse2_i[:, None])
-                            ds = p * (do_i @ v_r[r].T - d_i[:, None])
+                            p, ds = _bwd_tile_p_ds(q_i, do_i, k_r[r], v_r[r], lse2_i, d_i, keep,
+                                                   scale_log2)
                             dv_r[r] += p.T @ do_i
                             dk_r[r] += ds.T @ q_i
                             ds_r.append(ds)
