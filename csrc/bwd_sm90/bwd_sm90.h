@@ -79,27 +79,30 @@ struct BwdSm90Config {
 //            dQ buffers (dq_smem) = 224 KB.
 //   d = 192: 64 x 80, own 2 / 1: 160 + 40 + 32 = 232; 60 + 2 x 2 x 24 + 40 = 196 KB.
 //   d = 256: 64 x 80, own 2 each: 232; 80 + 2 x 32 + 1 x 32 + 40 = 216 KB (a second dO stage
-//            would need 228 KB).
+//            would need 228 KB); the pair (default mode): one Q stage, + the partner's K half
+//            20 KB + its dS^T 2 x 10 KB = 224 KB.
 // Three consumer warpgroups (512 threads, 128 registers each at entry, setmaxnreg 24 / 160) split
 // the keys of (1)-(4) in three and own one atom-column each at d = 192.
 constexpr BwdSm90Config kBwdSm90Hdim64 = {64, 128, 128, 2, 2, 24, 240, false, 2, true};
 constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240, true, 2};
 constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 80, 2, 2, 24, 240, false, 2};
-constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 2, 1, 24, 240, false, 2};
+// d = 256 runs the 2-CTA pair (pair_dq): its dS^T buffers take the room of the second Q stage.
+// Measured on the H200 against one CTA with two Q stages: +0.9 / +4.4 / +5.2% causal 4k / 8k /
+// 16k, -0.5 / +0.5 / +1.9% non-causal; one Q stage alone costs 4-7% (docs/perf-log.md).
+constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true};
+// The deterministic mode's config per head dim. A pair adds each dQ element from two CTAs at
+// once, which the fixed add order (bwd_sm90_scheduler.cuh) does not cover, so d = 256 runs
+// deterministic without the pair and with the second Q stage back (216 KB). The two configs of a
+// head dim share block_m and block_n (the workspace and can_implement read the default's).
+inline constexpr const BwdSm90Config& kBwdSm90Hdim64Det = kBwdSm90Hdim64;
+inline constexpr const BwdSm90Config& kBwdSm90Hdim128Det = kBwdSm90Hdim128;
+inline constexpr const BwdSm90Config& kBwdSm90Hdim192Det = kBwdSm90Hdim192;
+constexpr BwdSm90Config kBwdSm90Hdim256Det = {256, 64, 80, 2, 1, 24, 240, false, 2};
 // d = 192 with three consumer warpgroups of one atom-column each (64 x 96, FA3's public d = 192
 // shape; registers 128 of 160, 216 KB): passed the d = 192 GPU tests and measured no faster
 // than kBwdSm90Hdim192 (-2.7..+3.1%, docs/perf-log.md); its kernels are compiled by the
 // flashback_candidates target (csrc/candidates/), not linked.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false, 3};
-// Candidates, NOT yet run on a GPU: the two shared-memory plans that leave room for a 2-CTA pair
-// swapping dS at d = 256 (docs/design.md section 5, "A 2-CTA pair"), measured alone first, so
-// that the pair's gain is weighed against what its room costs: one Q stage at 64 x 80, or
-// 64 x 64 tiles (1.25x the dQ adds per key). Compiled by flashback_candidates, not linked.
-constexpr BwdSm90Config kBwdSm90Hdim256Q1 = {256, 64, 80, 1, 1, 24, 240, false, 2};
-constexpr BwdSm90Config kBwdSm90Hdim256N64 = {256, 64, 64, 2, 1, 24, 240, false, 2};
-// Candidates, NOT yet run on a GPU: the 2-CTA pair on those two plans (224 KB each).
-constexpr BwdSm90Config kBwdSm90Hdim256PairQ1 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true};
-constexpr BwdSm90Config kBwdSm90Hdim256PairN64 = {256, 64, 64, 2, 1, 24, 240, false, 2, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {

@@ -52,6 +52,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                     const __grid_constant__ CUtensorMap map_k,
                     const __grid_constant__ CUtensorMap map_v,
                     const __grid_constant__ CUtensorMap map_do, const BwdSm90Params p) {
+  static_assert(!(T::kPair && kDet), "pairs run in the default mode only (bwd_sm90.h)");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = fh::align_smem(smem_raw);
   uint64_t* kv_bar = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
@@ -69,7 +70,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     fh::mbar_init(kv_bar + 1, 1);  // V
     pipe_q->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp
     pipe_do->init(T::kConsumerWarps);
-    if constexpr (T::kPair && !kDet) {
+    if constexpr (T::kPair) {
       uint64_t* pair_bar = reinterpret_cast<uint64_t*>(smem + T::kOffPairBar);
       fh::mbar_init(pair_bar, 1);      // full[0]: this CTA's arrive_expect_tx + the partner's bytes
       fh::mbar_init(pair_bar + 1, 1);  // full[1]
@@ -79,13 +80,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
   }
   // pair_dq: both CTAs' barriers initialised before either uses the other's.
-  if constexpr (T::kPair && !kDet) {
+  if constexpr (T::kPair) {
     fh::cluster_sync();
   } else {
     __syncthreads();
   }
 
-  const BwdSm90Work w = bwd_sm90_work<T::kBlockM, T::kBlockN, kDet, T::kPair && !kDet>(p);
+  const BwdSm90Work w = bwd_sm90_work<T::kBlockM, T::kBlockN, kDet, T::kPair>(p);
   if (!w.active) return;  // varlen: past the end of a shorter sequence's keys (the whole CTA)
   if (wg == 0) {
     fh::setmaxnreg_dec<T::kProducerRegs>();
@@ -112,7 +113,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   }
 }
 
-template <class T>
+// kDet: the deterministic mode (p.deterministic), whose config may differ from the default's
+// (bwd_sm90.h, kBwdSm90Hdim*Det).
+template <class T, bool kDet>
 cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stream) {
   CUtensorMap map_q, map_k, map_v, map_do;
   bool hi[4];
@@ -160,7 +163,7 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   kp.lse_log2 = lse_log2;
   kp.dsum = dsum;
   kp.dq_accum = dq_accum;
-  kp.dq_turn = p.deterministic ? reinterpret_cast<int*>(ws + parts.dq_turn) : nullptr;
+  kp.dq_turn = kDet ? reinterpret_cast<int*>(ws + parts.dq_turn) : nullptr;
   kp.dq_tiles = dq_tiles_of(p, tiles_m, T::kStepTiles);
   kp.cu_seqlens_q = p.cu_seqlens_q;
   kp.cu_seqlens_k = p.cu_seqlens_k;
@@ -170,28 +173,23 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   kp.dv_strides = p.dv_strides;
 
   // (1)-(7)
-  const auto kernel = p.deterministic ? bwd_sm90_kernel<T, true> : bwd_sm90_kernel<T, false>;
+  const auto kernel = bwd_sm90_kernel<T, kDet>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(T::kSmemBytes));
   if (err != cudaSuccess) return err;
   const int ctas = kp.n_blocks * p.nheads_k * p.batch;
-  if constexpr (T::kPair) {
-    if (!p.deterministic) {
-      // pair_dq: clusters of two CTAs on K/V blocks 2 j, 2 j + 1 (an odd count gets a partner
-      // past the keys, bwd_sm90_scheduler.cuh).
-      kp.block_base = 0;
-      kp.det_chunk = 1;
-      const int pair_ctas = 2 * ((kp.n_blocks + 1) / 2) * p.nheads_k * p.batch;
-      err = fh::launch_with_cluster(bwd_sm90_kernel<T, false>, dim3(pair_ctas), dim3(T::kThreads),
-                                    T::kSmemBytes, stream, dim3(2, 1, 1), map_q, map_k, map_v,
-                                    map_do, kp);
-      if (err != cudaSuccess) return err;
-      return launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, stream);
-    }
-  }
   kp.block_base = 0;
   kp.det_chunk = 1;
-  if (p.deterministic) {
+  if constexpr (T::kPair) {
+    // pair_dq: clusters of two CTAs on K/V blocks 2 j, 2 j + 1 (an odd count gets a partner
+    // past the keys, bwd_sm90_scheduler.cuh).
+    const int pair_ctas = 2 * ((kp.n_blocks + 1) / 2) * p.nheads_k * p.batch;
+    err = fh::launch_with_cluster(kernel, dim3(pair_ctas), dim3(T::kThreads), T::kSmemBytes,
+                                  stream, dim3(2, 1, 1), map_q, map_k, map_v, map_do, kp);
+    if (err != cudaSuccess) return err;
+    return launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, stream);
+  }
+  if constexpr (kDet) {
     // Non-causal: chunks of CTAs that fit on the GPU at once (bwd_sm90_scheduler.cuh), so that
     // a CTA waiting for a chunk-mate's add never holds the SM that one needs.
     err = resident_ctas(kernel, T::kThreads, T::kSmemBytes, &kp.det_chunk);
@@ -239,13 +237,20 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
 // The entry point of head dim D's instances, bf16 and fp16 (in bwd_sm90_hdim<D>.cu; the table
 // in bwd_sm90_launch.cu declares them).
 #define FLASHBACK_BWD_SM90_INSTANCES(D)                                                         \
+  static_assert(kBwdSm90Hdim##D##Det.block_m == kBwdSm90Hdim##D.block_m &&                      \
+                    kBwdSm90Hdim##D##Det.block_n == kBwdSm90Hdim##D.block_n,                    \
+                "the workspace and can_implement read the default config's tiles");             \
   FLASHBACK_SM90_IF_BF16(                                                                       \
   cudaError_t run_bwd_sm90_hdim##D##_bf16(const flashback_bwd_params& p, cudaStream_t stream) { \
-    return run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim##D, Dtype::kBf16>>(p, stream);        \
+    return p.deterministic                                                                      \
+        ? run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim##D##Det, Dtype::kBf16>, true>(p, stream) \
+        : run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim##D, Dtype::kBf16>, false>(p, stream);  \
   })                                                                                            \
   FLASHBACK_SM90_IF_FP16(                                                                       \
   cudaError_t run_bwd_sm90_hdim##D##_fp16(const flashback_bwd_params& p, cudaStream_t stream) { \
-    return run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim##D, Dtype::kF16>>(p, stream);         \
+    return p.deterministic                                                                      \
+        ? run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim##D##Det, Dtype::kF16>, true>(p, stream) \
+        : run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim##D, Dtype::kF16>, false>(p, stream);   \
   })
 
 }  // namespace sm90

@@ -212,7 +212,7 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     tma_tile<T::kAtomCols>(smem + off, T::kKvAtomBytes, map, bar, head_inner, static_cast<int>(w.seq.row_k) + n0,
              w.kv_head, w.map_batch);
   };
-  if constexpr (T::kPair && !kDet) {
+  if constexpr (T::kPair) {
     // K, then on the same barrier the partner's K rows for this CTA's dQ^T atom-columns (rank r
     // of the pair computes atom-columns kPairAtoms r ..). Rows past the sequence's keys meet
     // dS^T rows that are 0 (their P is 0), as in any partial block.
@@ -452,7 +452,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   static_assert(kOwn == T::kOwn0 || kOwn == T::kOwn1, "an instance holds one warpgroup's share");
   static_assert(kOwn <= 2, "at most two dQ^T atom-columns per warpgroup (the loop below)");
   constexpr bool kDqSmem = !kDet && T::kDqViaSmem;  // the ordered adds stay in registers
-  constexpr bool kPairOn = T::kPair && !kDet;       // pair_dq: the default mode only
+  constexpr bool kPairOn = T::kPair;  // pair_dq (the default mode only)
   constexpr int kAcc = kOwn > 0 ? kOwn : 1;  // arrays need a size; unused when kOwn = 0
   // Whether this warpgroup computes (5)-(7): false only for warpgroup 1 at d = 64.
   const bool has_cols = kOwn > 0 && T::own(wg) > 0;

@@ -8,16 +8,12 @@
 namespace flashback {
 namespace sm90 {
 #define FLASHBACK_BWD_CANDIDATE(C)                                               \
-  template cudaError_t run_bwd_sm90_config<BwdSm90Traits<C, Dtype::kBf16>>(   \
+  template cudaError_t run_bwd_sm90_config<BwdSm90Traits<C, Dtype::kBf16>, false>(   \
       const flashback_bwd_params&, cudaStream_t);
 #define FLASHBACK_FWD_CANDIDATE(C)                                               \
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>(   \
       const flashback_fwd_params&, cudaStream_t);
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256Q1)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256N64)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256PairQ1)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256PairN64)
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64OneLoop)
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128OneLoop)
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192OneLoop)
