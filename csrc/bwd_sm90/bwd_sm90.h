@@ -57,6 +57,10 @@ struct BwdSm90Config {
   // partner's shared memory and computes dQ^T for its half of the head dim over both blocks'
   // keys, so each dQ element is added once per pair (docs/design.md section 5, "A 2-CTA pair").
   bool pair_dq = false;
+  // Split by head dim: each Q / dO stage also brings the step's LSE * log2(e) / D rows into
+  // shared memory (as by keys), read after the stage's full wait, instead of four global loads
+  // per thread at the step's top, whose latency the S wgmma may not hide. CANDIDATE.
+  bool stats_smem = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -103,6 +107,10 @@ constexpr BwdSm90Config kBwdSm90Hdim256Det = {256, 64, 80, 2, 1, 24, 240, false,
 // than kBwdSm90Hdim192 (-2.7..+3.1%, docs/perf-log.md); its kernels are compiled by the
 // flashback_candidates target (csrc/candidates/), not linked.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false, 3};
+// Candidates, NOT yet run on a GPU: the rows of the split by head dim with stats_smem.
+constexpr BwdSm90Config kBwdSm90Hdim128Stats = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, true};
+constexpr BwdSm90Config kBwdSm90Hdim192Stats = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
+constexpr BwdSm90Config kBwdSm90Hdim256Stats = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {

@@ -128,7 +128,9 @@ struct BwdSm90Traits {
   // By keys a thread needs LSE and D of 32 query columns, too many to hold from the step's
   // start: each Q stage brings the step's LSE * log2(e) rows, each dO stage its D rows (bulk
   // copies on the stage's full barrier), read from shared memory next to their use.
-  static constexpr uint32_t kStatBytes = kByKeys ? kBlockM * 4 : 0;
+  // stats_smem: the same for the split by head dim.
+  static constexpr bool kStatsSmem = kByKeys || kCfg.stats_smem;
+  static constexpr uint32_t kStatBytes = kStatsSmem ? kBlockM * 4 : 0;
   static constexpr uint32_t kOffLse = kOffDqBuf + (kDqViaSmem ? kConsumerWgs * kDqBufBytes : 0);
   static constexpr uint32_t kOffDsum = kOffLse + kQStages * kStatBytes;
   // pair_dq (default mode): the partner's K for this CTA's half of the head dim (loaded with K)
@@ -489,11 +491,14 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     bwd_sm90_iter<kDet>(p, w, it, head, m_block);
     const int m0 = m_block * T::kBlockM;
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);  // dQaccum, stats, turns
-    const int64_t stat_row = tile * T::kBlockM + q_row;
-    const float lse0 = p.lse_log2[stat_row];
-    const float lse1 = p.lse_log2[stat_row + 8];
-    const float dsum0 = p.dsum[stat_row];
-    const float dsum1 = p.dsum[stat_row + 8];
+    float lse0 = 0.f, lse1 = 0.f, dsum0 = 0.f, dsum1 = 0.f;
+    if constexpr (!T::kStatsSmem) {
+      const int64_t stat_row = tile * T::kBlockM + q_row;
+      lse0 = p.lse_log2[stat_row];
+      lse1 = p.lse_log2[stat_row + 8];
+      dsum0 = p.dsum[stat_row];
+      dsum1 = p.dsum[stat_row + 8];
+    }
     uint8_t* p_t = smem + T::kOffP + (it & 1) * T::kHandBytes;
     uint8_t* ds_t = smem + T::kOffDs + (it & 1) * T::kHandBytes;
     if constexpr (kPairOn) {
@@ -511,11 +516,21 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     fh::wgmma_fence();
     gemm_q_by_kv<T>(s, q_s, k_half);
     fh::wgmma_commit();
+    if constexpr (T::kStatsSmem) {
+      const float* lse_s = reinterpret_cast<const float*>(smem + T::kOffLse + sq.stage * T::kStatBytes);
+      lse0 = lse_s[q_row];
+      lse1 = lse_s[q_row + 8];
+    }
     if (it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
     pipe_do->consumer_wait(sd);
     fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
     gemm_q_by_kv<T>(dp, do_s, v_half);
     fh::wgmma_commit();
+    if constexpr (T::kStatsSmem) {
+      const float* dsum_s = reinterpret_cast<const float*>(smem + T::kOffDsum + sd.stage * T::kStatBytes);
+      dsum0 = dsum_s[q_row];
+      dsum1 = dsum_s[q_row + 8];
+    }
 
     // (2) P = exp2(S * scale * log2e - LSE * log2e) while dP is on the tensor cores. Keys past
     // seqlen_k and (causal) after the query's diagonal give 0; query rows past seqlen_q have
