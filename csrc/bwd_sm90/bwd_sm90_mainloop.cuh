@@ -140,7 +140,8 @@ struct BwdSm90Traits {
                 "pair_dq: split by head dim, two warpgroups, d = 256 (one dQ^T atom-column of "
                 "the CTA's half each)");
   static constexpr int kPairAtoms = kAtomCols / 2;  // dQ^T atom-columns per CTA of a pair
-  static constexpr uint32_t kOffKPeer = kOffDsum + kDoStages * kStatBytes;
+  // Swizzled tiles start on 1024 bytes (the stat rows before may end anywhere).
+  static constexpr uint32_t kOffKPeer = (kOffDsum + kDoStages * kStatBytes + 1023) / 1024 * 1024;
   static constexpr uint32_t kOffDsPeer = kOffKPeer + (kPair ? kPairAtoms * kKvAtomBytes : 0);
   static constexpr uint32_t kOffBar = kOffDsPeer + (kPair ? 2 * kHandBytes : 0);
   static constexpr uint32_t kOffPipeQ = kOffBar + 16;  // after the K and V barriers
@@ -152,6 +153,8 @@ struct BwdSm90Traits {
   static_assert(kSmemBytes <= 232448, "over the 227 KB a CTA may have");
   static_assert(kKvAtomBytes % 1024 == 0 && kWgKeys * 128 % 1024 == 0 && kHandBytes % 1024 == 0,
                 "swizzled tiles and each warpgroup's kWgKeys-row part must stay 1024-aligned");
+  static_assert((kOffQ | kOffDo | kOffP | kOffDs | kOffDqBuf | kOffKPeer | kOffDsPeer) % 1024 == 0,
+                "every swizzled tile starts 1024-aligned");
   // Epilogue staging of dV and dK as 16-bit [key][d] rows padded by 16 bytes (stmatrix rows of
   // one matrix then fall into 8 different bank groups), over K, V and Q, dead by then.
   static constexpr uint32_t kStageRowBytes = kHeadDim * 2 + 16;
