@@ -59,7 +59,8 @@ struct BwdSm90Config {
   bool pair_dq = false;
   // Split by head dim: each Q / dO stage also brings the step's LSE * log2(e) / D rows into
   // shared memory (as by keys), read after the stage's full wait, instead of four global loads
-  // per thread at the step's top, whose latency the S wgmma may not hide. CANDIDATE.
+  // per thread at the step's top, whose latency the S wgmma does not hide. Measured +0.5..+4.7%
+  // at d = 128 / 192; -0.2..-2.0% at d = 256, whose one Q stage then waits for the rows too.
   bool stats_smem = false;
 };
 
@@ -88,8 +89,8 @@ struct BwdSm90Config {
 // Three consumer warpgroups (512 threads, 128 registers each at entry, setmaxnreg 24 / 160) split
 // the keys of (1)-(4) in three and own one atom-column each at d = 192.
 constexpr BwdSm90Config kBwdSm90Hdim64 = {64, 128, 128, 2, 2, 24, 240, false, 2, true};
-constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240, true, 2};
-constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 80, 2, 2, 24, 240, false, 2};
+constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, true};
+constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
 // d = 256 runs the 2-CTA pair (pair_dq): its dS^T buffers take the room of the second Q stage.
 // Measured on the H200 against one CTA with two Q stages: +0.9 / +4.4 / +5.2% causal 4k / 8k /
 // 16k, -0.5 / +0.5 / +1.9% non-causal; one Q stage alone costs 4-7% (docs/perf-log.md).
@@ -107,10 +108,6 @@ constexpr BwdSm90Config kBwdSm90Hdim256Det = {256, 64, 80, 2, 1, 24, 240, false,
 // than kBwdSm90Hdim192 (-2.7..+3.1%, docs/perf-log.md); its kernels are compiled by the
 // flashback_candidates target (csrc/candidates/), not linked.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false, 3};
-// Candidates, NOT yet run on a GPU: the rows of the split by head dim with stats_smem.
-constexpr BwdSm90Config kBwdSm90Hdim128Stats = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, true};
-constexpr BwdSm90Config kBwdSm90Hdim192Stats = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
-constexpr BwdSm90Config kBwdSm90Hdim256Stats = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {

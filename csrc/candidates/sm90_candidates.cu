@@ -14,9 +14,6 @@ namespace sm90 {
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>(   \
       const flashback_fwd_params&, cudaStream_t);
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim128Stats)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Stats)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256Stats)
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64OneLoop)
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128OneLoop)
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192OneLoop)
