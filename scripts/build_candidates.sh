@@ -10,7 +10,7 @@
 # csrc/*/*.h) replaces the row's, in a copy of HEAD (a worktree beside the checkout, cand-<candidate>); the
 # checkout itself is not touched. build*/ is ignored by git: copy the folders to the GPU machine.
 # ROW=CANDIDATE,ROW2=CANDIDATE2,...: one library with all of them in place (named after the
-# first candidate, e.g. kFwdSm90Hdim64=kFwdSm90Hdim64OneLoop,kFwdSm90Hdim128=kFwdSm90Hdim128OneLoop).
+# first candidate, e.g. kBwdSm90Hdim128=kBwdSm90Hdim128X,kBwdSm90Hdim192=kBwdSm90Hdim192X).
 # Environment: JOBS (default 3), FLASHBACK_HEADDIMS / FLASHBACK_DTYPES passed on to CMake.
 set -euo pipefail
 cd "$(dirname "$0")/.."

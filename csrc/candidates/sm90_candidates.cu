@@ -3,22 +3,13 @@
 // by the `flashback_candidates` target, which CI builds and nothing links. So a change that
 // breaks a candidate shows before anyone swaps it into a table.
 #include "bwd_sm90/bwd_sm90_launch.cuh"
-#include "fwd_sm90/fwd_sm90_launch.cuh"
 
 namespace flashback {
 namespace sm90 {
 #define FLASHBACK_BWD_CANDIDATE(C)                                               \
   template cudaError_t run_bwd_sm90_config<BwdSm90Traits<C, Dtype::kBf16>, false>(   \
       const flashback_bwd_params&, cudaStream_t);
-#define FLASHBACK_FWD_CANDIDATE(C)                                               \
-  template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>(   \
-      const flashback_fwd_params&, cudaStream_t);
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64OneLoop)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128OneLoop)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192OneLoop)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256OneLoop)
 #undef FLASHBACK_BWD_CANDIDATE
-#undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

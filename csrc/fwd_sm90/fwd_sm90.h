@@ -34,9 +34,6 @@ struct FwdSm90Config {
   // (longest first when causal) as each CTA's producer becomes free, instead of the static
   // stride blockIdx.x + k gridDim.x (fwd_sm90_dynamic says when; fwd_sm90_launch.cuh).
   bool dynamic_tiles = false;
-  // With dynamic_tiles: one tile loop for the counter and the static stride (one copy of the
-  // consumer), the tile ids handed over by named barriers (fwd_sm90_launch.cuh).
-  bool one_tile_loop = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -57,12 +54,6 @@ constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false, true};
-// Candidates, NOT yet run on a GPU (docs/perf-log.md, "Forward: one tile loop"): each row with
-// one_tile_loop. Compiled by the flashback_candidates target, not linked.
-constexpr FwdSm90Config kFwdSm90Hdim64OneLoop = {64, 128, 3, 2, 24, 160, true, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim128OneLoop = {128, 128, 2, 2, 24, 240, false, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim192OneLoop = {192, 112, 2, 2, 24, 240, false, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim256OneLoop = {256, 80, 2, 2, 24, 240, false, true, true};
 
 struct FwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k

@@ -75,79 +75,6 @@ __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
   }
 }
 
-// one_tile_loop: the static stride and the counter in one tile loop, so that the kernel holds
-// one copy of the consumer (two loops doubled the code; the counter build measured 1.4% slower on
-// the static stride's d = 192 rows). Every CTA starts with tile blockIdx.x. Without a counter the
-// next tile is id + gridDim.x for everyone, no hand-off. With one, lane 0 of the producer warp
-// fetches the next id before it issues this tile's loads and, once they are issued, writes it
-// into one shared slot; the consumer warpgroups take it when they finish the tile. The hand-off
-// is a pair of named barriers per consumer warpgroup (full: the producer warp arrives, the
-// warpgroup syncs; empty: the reverse), not mbarriers, so that racecheck sees its order; one
-// pair per warpgroup keeps the warpgroups uncoupled (ping-pong staggers them). One slot: the
-// producer overwrites it only after every warpgroup's empty arrival for the previous id, and
-// it writes the next id after this tile's loads, which usually come long after the consumers
-// read the previous one (not for an inactive or very short tile: then the producer waits at
-// empty). An id past the last tile ends everyone's loop; after reading it the consumers do not
-// arrive on empty, so every barrier's arrivals and syncs pair up. Named barriers are outside
-// the mbarrier hang guard: a protocol error here hangs instead of trapping.
-template <class T>
-__device__ __forceinline__ void fwd_sm90_tile_loop(const FwdSm90Params& p, const CUtensorMap& map_q,
-                                                   const CUtensorMap& map_k,
-                                                   const CUtensorMap& map_v, uint8_t* smem,
-                                                   fh::TmaPipeline<T::kQStages>* pipe_q,
-                                                   fh::TmaPipeline<T::kStages>* pipe_k,
-                                                   fh::TmaPipeline<T::kStages>* pipe_v, int wg) {
-  const bool from_counter = p.tile_counter != nullptr;
-  volatile int* slot = reinterpret_cast<volatile int*>(smem + T::kOffTileIds);
-  constexpr uint32_t kHandThreads = 128 + 32;  // a consumer warpgroup and the producer warp
-  fh::PipelineState<T::kQStages> sq;
-  fh::PipelineState<T::kStages> st;
-  if (wg == 0) {
-    fh::setmaxnreg_dec<T::kProducerRegs>();
-    const int lane = threadIdx.x % 32;
-    // The whole producer warp takes part in the named barriers; lane 0 does the work.
-    if (threadIdx.x >= 32 || (!from_counter && lane != 0)) return;
-    const FwdSm90Maps maps{&map_q, &map_k, &map_v};
-    bool first = true;
-    for (int id = static_cast<int>(blockIdx.x); id < p.num_tiles;) {
-      int next = 0;
-      if (lane == 0) {
-        next = from_counter ? static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1)
-                            : id + static_cast<int>(gridDim.x);
-        const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
-        if (w.active) fwd_sm90_producer<T>(p, maps, w, smem, pipe_q, sq, pipe_k, pipe_v, st);
-      }
-      if (from_counter) {
-        next = __shfl_sync(0xffffffffu, next, 0);
-        if (!first) {
-#pragma unroll
-          for (int c = 0; c < T::kConsumerWgs; ++c) fh::named_bar_sync(T::kBarTileEmpty0 + c, kHandThreads);
-        }
-        if (lane == 0) *slot = next;
-        __syncwarp();
-#pragma unroll
-        for (int c = 0; c < T::kConsumerWgs; ++c) fh::named_bar_arrive(T::kBarTileFull0 + c, kHandThreads);
-        first = false;
-      }
-      id = next;
-    }
-  } else {
-    fh::setmaxnreg_inc<T::kConsumerRegs>();
-    for (int id = static_cast<int>(blockIdx.x); id < p.num_tiles;) {
-      // varlen: a Q block past the end of a shorter sequence is no work (for the whole CTA)
-      const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
-      if (w.active) fwd_sm90_consumer<T>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg - 1);
-      if (from_counter) {
-        fh::named_bar_sync(T::kBarTileFull0 + (wg - 1), kHandThreads);
-        id = *slot;
-        if (id < p.num_tiles) fh::named_bar_arrive(T::kBarTileEmpty0 + (wg - 1), kHandThreads);
-      } else {
-        id += static_cast<int>(gridDim.x);
-      }
-    }
-  }
-}
-
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q,
@@ -173,10 +100,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
   }
   __syncthreads();
-  if constexpr (T::kOneLoop) {
-    fwd_sm90_tile_loop<T>(p, map_q, map_k, map_v, smem, pipe_q, pipe_k, pipe_v, wg);
-    return;
-  }
   if constexpr (T::kDynamic) {
     if (p.tile_counter != nullptr) {
       fwd_sm90_dynamic_tiles<T>(p, map_q, map_k, map_v, smem, pipe_q, pipe_k, pipe_v, wg);
@@ -259,11 +182,11 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
     // (all in stream order, so concurrent streams never share one and graph capture records
     // them as nodes). Without a stream-ordered pool the static stride below runs instead.
     if (fwd_sm90_dynamic(p)) {
-      const int grid = std::min(kp.num_tiles, fwd_sm90_sm_count());
       if (cudaMallocAsync(reinterpret_cast<void**>(&kp.tile_counter), sizeof(int), stream) ==
           cudaSuccess) {
         err = cudaMemsetAsync(kp.tile_counter, 0, sizeof(int), stream);
         if (err == cudaSuccess) {
+          const int grid = std::min(kp.num_tiles, fwd_sm90_sm_count());
           kernel<<<dim3(grid), T::kThreads, T::kSmemBytes, stream>>>(map_q, map_k, map_v, kp);
           err = cudaGetLastError();
         }

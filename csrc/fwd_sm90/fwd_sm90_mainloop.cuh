@@ -64,10 +64,6 @@ struct FwdSm90Traits {
   static constexpr uint32_t kOffPipeV = kOffPipeK + sizeof(fh::TmaPipeline<kStages>);
   // dynamic_tiles: the producer hands each tile id to the consumers through a 2-slot ring.
   static constexpr bool kDynamic = kCfg.dynamic_tiles;
-  // one_tile_loop (fwd_sm90_launch.cuh): the static stride and the counter in one loop, the id
-  // handed over in the first of the slots below by named barriers (kBarTileFull0 ..).
-  static constexpr bool kOneLoop = kCfg.one_tile_loop;
-  static_assert(!kOneLoop || kDynamic, "one_tile_loop is a form of dynamic_tiles");
   static constexpr uint32_t kOffTileIds = kOffPipeV + sizeof(fh::TmaPipeline<kStages>);
   static constexpr uint32_t kOffPipeTile = kOffTileIds + 16;
   static constexpr size_t kSmemBytes =
@@ -91,12 +87,8 @@ struct FwdSm90Traits {
   static constexpr bool kPingpong = kCfg.pingpong && kConsumerWgs > 1;
   static constexpr uint32_t kBarEpilogue0 = 1;
   static constexpr uint32_t kBarTurn0 = 4;
-  // one_tile_loop: kBarTileFull0 + w / kBarTileEmpty0 + w the tile-id hand-off to warpgroup w.
-  static constexpr uint32_t kBarTileFull0 = kBarTurn0 + kConsumerWgs;
-  static constexpr uint32_t kBarTileEmpty0 = kBarTileFull0 + kConsumerWgs;
-  static_assert(kBarEpilogue0 + kConsumerWgs <= kBarTurn0 && kBarTileEmpty0 + kConsumerWgs <= 16,
-                "named barrier ids: 16 per CTA, the epilogue's, the turns' and the tile hand-off's "
-                "must not overlap");
+  static_assert(kBarEpilogue0 + kConsumerWgs <= kBarTurn0 && kBarTurn0 + kConsumerWgs <= 16,
+                "named barrier ids: 16 per CTA, the epilogue's and the turns' must not overlap");
 };
 
 struct FwdSm90Maps {
