@@ -62,6 +62,12 @@ struct BwdSm90Config {
   // per thread at the step's top, whose latency the S wgmma does not hide. Measured +0.5..+4.7%
   // at d = 128 / 192; -0.2..-2.0% at d = 256, whose one Q stage then waits for the rows too.
   bool stats_smem = false;
+  // pair_dq: the step's wgmma groups in the order dQ^T own, dV^T, dK^T, dQ^T peer (instead of
+  // dK^T last), so that dO is released after dV^T and the one Q stage after dK^T, while the
+  // peer dQ^T still runs: the producer's next Q load overlaps it and the dQ adds. ncu on the
+  // default order: 17% of the stall samples in the wait for Q, 10% in the wait for the
+  // partner's dS^T (docs/perf-log.md). CANDIDATE.
+  bool pair_dk_early = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -108,6 +114,8 @@ constexpr BwdSm90Config kBwdSm90Hdim256Det = {256, 64, 80, 2, 1, 24, 240, false,
 // than kBwdSm90Hdim192 (-2.7..+3.1%, docs/perf-log.md); its kernels are compiled by the
 // flashback_candidates target (csrc/candidates/), not linked.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false, 3};
+// Candidate, NOT yet run on a GPU: the d = 256 pair with pair_dk_early.
+constexpr BwdSm90Config kBwdSm90Hdim256DkEarly = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {

@@ -140,6 +140,8 @@ struct BwdSm90Traits {
                 "pair_dq: split by head dim, two warpgroups, d = 256 (one dQ^T atom-column of "
                 "the CTA's half each)");
   static constexpr int kPairAtoms = kAtomCols / 2;  // dQ^T atom-columns per CTA of a pair
+  static constexpr bool kPairDkEarly = kCfg.pair_dk_early;
+  static_assert(!kPairDkEarly || kPair, "pair_dk_early orders the pair's groups");
   // Swizzled tiles start on 1024 bytes (the stat rows before may end anywhere).
   static constexpr uint32_t kOffKPeer = (kOffDsum + kDoStages * kStatBytes + 1023) / 1024 * 1024;
   static constexpr uint32_t kOffDsPeer = kOffKPeer + (kPair ? kPairAtoms * kKvAtomBytes : 0);
@@ -595,26 +597,47 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       // (7) for atom-column dq_atom over both blocks' keys: K_own^T dS_own^T, then (after dV^T,
       // which needs no partner) K_peer^T dS_peer^T once the partner's dS^T is in; dK^T last.
       // dQ^T is complete after the first three groups: released, added while dK^T runs.
+      // (pair_dk_early: dK^T third, the peer dQ^T last; Q is released before the dQ adds.)
       float dq[T::kBlockM / 2];
       issue_dq_dv<T, kOwn>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, ds_t, acc_dv, do_s, first, p_t);
-      fh::mbar_wait(pair_bar + (it & 1), (it >> 1) & 1);
-      fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
-      gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
-                 smem + T::kOffDsPeer + (it & 1) * T::kHandBytes, true);
-      fh::wgmma_commit();
+      if constexpr (T::kPairDkEarly) {
 #pragma unroll
-      for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
-      fh::wgmma_commit();
-      fh::wgmma_wait<1>();
-      fh::wgmma_fence_operand(dq);
-      if (warp_leader) {
-        pipe_do->consumer_release(sd);
+        for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
+        fh::wgmma_commit();
+        fh::wgmma_wait<1>();  // dQ^T own and dV^T
+        if (warp_leader) pipe_do->consumer_release(sd);
+        fh::mbar_wait(pair_bar + (it & 1), (it >> 1) & 1);
+        fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
+        gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
+                   smem + T::kOffDsPeer + (it & 1) * T::kHandBytes, true);
+        fh::wgmma_commit();
+        fh::wgmma_wait<1>();  // dK^T
+        if (warp_leader) pipe_q->consumer_release(sq);
+        fh::wgmma_wait<0>();
+        fh::wgmma_fence_operand(dq);
         // This warp's reads of the partner's buffer are done: one of its 8 free arrivals.
-        fh::mbar_arrive_cluster(pair_bar + 2 + (it & 1), pair_rank ^ 1);
+        if (warp_leader) fh::mbar_arrive_cluster(pair_bar + 2 + (it & 1), pair_rank ^ 1);
+        add_dq_partial<T::kHeadDim>(p, tile, dq_atom, t, dq);
+      } else {
+        fh::mbar_wait(pair_bar + (it & 1), (it >> 1) & 1);
+        fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
+        gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
+                   smem + T::kOffDsPeer + (it & 1) * T::kHandBytes, true);
+        fh::wgmma_commit();
+#pragma unroll
+        for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
+        fh::wgmma_commit();
+        fh::wgmma_wait<1>();
+        fh::wgmma_fence_operand(dq);
+        if (warp_leader) {
+          pipe_do->consumer_release(sd);
+          // This warp's reads of the partner's buffer are done: one of its 8 free arrivals.
+          fh::mbar_arrive_cluster(pair_bar + 2 + (it & 1), pair_rank ^ 1);
+        }
+        add_dq_partial<T::kHeadDim>(p, tile, dq_atom, t, dq);
+        fh::wgmma_wait<0>();
+        if (warp_leader) pipe_q->consumer_release(sq);
       }
-      add_dq_partial<T::kHeadDim>(p, tile, dq_atom, t, dq);
-      fh::wgmma_wait<0>();
-      if (warp_leader) pipe_q->consumer_release(sq);
     } else if (has_cols) {
       float dq[T::kBlockM / 2];
       issue_dq_dv<T, kOwn>(dq, smem + T::kOffK + first * T::kKvAtomBytes, ds_t, acc_dv, do_s, first, p_t);

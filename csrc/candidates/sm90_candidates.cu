@@ -1,4 +1,4 @@
-// The Hopper kernels' candidate configs (bwd_sm90.h, fwd_sm90.h; each has a section in
+// The Hopper kernels' candidate configs (bwd_sm90.h, fwd_sm90.h when it has any; each has a section in
 // docs/perf-log.md with its prediction and how to measure it): their kernels, compiled for bf16
 // by the `flashback_candidates` target, which CI builds and nothing links. So a change that
 // breaks a candidate shows before anyone swaps it into a table.
@@ -10,6 +10,7 @@ namespace sm90 {
   template cudaError_t run_bwd_sm90_config<BwdSm90Traits<C, Dtype::kBf16>, false>(   \
       const flashback_bwd_params&, cudaStream_t);
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
+FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256DkEarly)
 #undef FLASHBACK_BWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback
