@@ -101,9 +101,9 @@ constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 80, 2, 2, 24, 240, false, 2,
 // Measured on the H200 against one CTA with two Q stages: +0.9 / +4.4 / +5.2% causal 4k / 8k /
 // 16k, -0.5 / +0.5 / +1.9% non-causal; one Q stage alone costs 4-7% (docs/perf-log.md).
 constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true};
-// The deterministic mode's config per head dim. A pair adds each dQ element from two CTAs at
-// once, which the fixed add order (bwd_sm90_scheduler.cuh) does not cover, so d = 256 runs
-// deterministic without the pair and with the second Q stage back (216 KB). The two configs of a
+// The deterministic mode's config per head dim. d = 256 runs deterministic without the pair and
+// with the second Q stage back (216 KB), as measured before the pair (the pair in this mode:
+// candidate kBwdSm90Hdim256PairDet). The two configs of a
 // head dim share block_m and block_n (the workspace and can_implement read the default's).
 inline constexpr const BwdSm90Config& kBwdSm90Hdim64Det = kBwdSm90Hdim64;
 inline constexpr const BwdSm90Config& kBwdSm90Hdim128Det = kBwdSm90Hdim128;
@@ -116,6 +116,9 @@ constexpr BwdSm90Config kBwdSm90Hdim256Det = {256, 64, 80, 2, 1, 24, 240, false,
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false, 3};
 // Candidate, NOT yet run on a GPU: the d = 256 pair with pair_dk_early.
 constexpr BwdSm90Config kBwdSm90Hdim256DkEarly = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true};
+// Candidate, NOT yet run on a GPU: the deterministic mode with the pair (the add order over
+// units of two K/V blocks, bwd_sm90_scheduler.cuh), in place of kBwdSm90Hdim256Det.
+constexpr BwdSm90Config kBwdSm90Hdim256PairDet = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {

@@ -52,7 +52,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                     const __grid_constant__ CUtensorMap map_k,
                     const __grid_constant__ CUtensorMap map_v,
                     const __grid_constant__ CUtensorMap map_do, const BwdSm90Params p) {
-  static_assert(!(T::kPair && kDet), "pairs run in the default mode only (bwd_sm90.h)");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = fh::align_smem(smem_raw);
   uint64_t* kv_bar = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
@@ -184,6 +183,14 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
     // pair_dq: clusters of two CTAs on K/V blocks 2 j, 2 j + 1 (an odd count gets a partner
     // past the keys, bwd_sm90_scheduler.cuh).
     const int pair_ctas = 2 * ((kp.n_blocks + 1) / 2) * p.nheads_k * p.batch;
+    if constexpr (kDet) {
+      // Non-causal: chunks of the clusters that fit on the GPU at once (the scheduler's units).
+      if (!p.causal) {
+        err = fh::max_active_clusters(kernel, dim3(pair_ctas), dim3(T::kThreads), T::kSmemBytes,
+                                      dim3(2, 1, 1), &kp.det_chunk);
+        if (err != cudaSuccess) return err;
+      }
+    }
     err = fh::launch_with_cluster(kernel, dim3(pair_ctas), dim3(T::kThreads), T::kSmemBytes,
                                   stream, dim3(2, 1, 1), map_q, map_k, map_v, map_do, kp);
     if (err != cudaSuccess) return err;

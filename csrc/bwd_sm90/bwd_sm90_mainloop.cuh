@@ -181,7 +181,9 @@ struct BwdSm90Traits {
   // Deterministic mode, per phase h of the dQ adds (h: the h-th atom-column each warpgroup
   // adds) and its turn warp (bwd_sm90_turn_warp):
   // By keys, phase h is warpgroup h's tile (step tile h), which only that warpgroup adds.
-  static constexpr int kDqPhases = kByKeys ? kConsumerWgs : kOwn0;
+  // Add phases per step: by keys one per warpgroup's tile; by head dim one per atom-column a
+  // warpgroup adds (pair_dq: one, the CTA's half of the head dim).
+  static constexpr int kDqPhases = kByKeys ? kConsumerWgs : kPair ? 1 : kOwn0;
   static_assert(kDqPhases <= 2, "two turn warps and barrier pairs");
   static constexpr uint32_t kBarTurn0 = 3;   // 3 + h: the tile's turn for phase h has come
   static constexpr uint32_t kBarAdded0 = 5;  // 5 + h: all warpgroups issued their phase-h adds
@@ -380,12 +382,15 @@ __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block, pos;
     bwd_sm90_iter<true>(p, w, it, head, m_block, pos);
-    // By keys phase h is the step's tile h (one counter each), else both phases share a tile.
+    // By keys phase h is the step's tile h (one counter each), else both phases share a tile
+    // (pair_dq: one phase, counter r for the head-dim half of the pair's rank r).
+    const int counter = T::kPair ? static_cast<int>(blockIdx.x & 1) : h;
     int* turn = T::kByKeys
                     ? p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles + h) *
                                       kDqTurnsPerTile
-                    : p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block) * kDqTurnsPerTile + h;
-    if (leader) dq_turn_acquire(turn, bwd_sm90_dq_rank<T::kBlockM, T::kBlockN>(p, w, m_block, pos));
+                    : p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block) * kDqTurnsPerTile + counter;
+    constexpr int kUnitKeys = (T::kPair ? 2 : 1) * T::kBlockN;
+    if (leader) dq_turn_acquire(turn, bwd_sm90_dq_rank<T::kBlockM, kUnitKeys>(p, w, m_block, pos));
     __syncwarp();
     fh::named_bar_arrive(T::kBarTurn0 + h, T::kTurnThreads);
     fh::named_bar_sync(T::kBarAdded0 + h, T::kTurnThreads);
@@ -459,7 +464,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   static_assert(kOwn == T::kOwn0 || kOwn == T::kOwn1, "an instance holds one warpgroup's share");
   static_assert(kOwn <= 2, "at most two dQ^T atom-columns per warpgroup (the loop below)");
   constexpr bool kDqSmem = !kDet && T::kDqViaSmem;  // the ordered adds stay in registers
-  constexpr bool kPairOn = T::kPair;  // pair_dq (the default mode only)
+  constexpr bool kPairOn = T::kPair;  // pair_dq
   constexpr int kAcc = kOwn > 0 ? kOwn : 1;  // arrays need a size; unused when kOwn = 0
   // Whether this warpgroup computes (5)-(7): false only for warpgroup 1 at d = 64.
   const bool has_cols = kOwn > 0 && T::own(wg) > 0;
@@ -617,7 +622,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         fh::wgmma_fence_operand(dq);
         // This warp's reads of the partner's buffer are done: one of its 8 free arrivals.
         if (warp_leader) fh::mbar_arrive_cluster(pair_bar + 2 + (it & 1), pair_rank ^ 1);
+        if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0, T::kTurnThreads);  // the unit's turn
         add_dq_partial<T::kHeadDim>(p, tile, dq_atom, t, dq);
+        if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0, T::kTurnThreads);
       } else {
         fh::mbar_wait(pair_bar + (it & 1), (it >> 1) & 1);
         fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
@@ -634,7 +641,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
           // This warp's reads of the partner's buffer are done: one of its 8 free arrivals.
           fh::mbar_arrive_cluster(pair_bar + 2 + (it & 1), pair_rank ^ 1);
         }
+        if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0, T::kTurnThreads);  // the unit's turn
         add_dq_partial<T::kHeadDim>(p, tile, dq_atom, t, dq);
+        if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0, T::kTurnThreads);
         fh::wgmma_wait<0>();
         if (warp_leader) pipe_q->consumer_release(sq);
       }

@@ -17,7 +17,10 @@ struct BwdSm90Work {
   int n_iters;   // group * m_count: the GQA group's q heads walked one after the other, so
                  // dK / dV of the kv head sum in registers with no atomics
   int shift;     // deterministic, non-causal: the walk starts at Q block m_begin + shift
-  int det_lo, det_size;  // deterministic, non-causal: this pair's K/V blocks in this CTA's chunk
+  int det_lo, det_size;  // deterministic, non-causal: this pair's units in this CTA's chunk
+  // The add order's unit: the K/V block, or (kPair) the cluster's two blocks, which add into a
+  // dQ tile together (each CTA half the head dim). unit < units of this sequence.
+  int unit, units;
   // This sequence (dense: the params'; varlen: its own, flashback.h):
   SeqRows seq;
   int m_blocks, n_blocks;  // its Q and K/V blocks (p.m_blocks / p.n_blocks are the longest's)
@@ -49,25 +52,28 @@ struct BwdSm90Work {
 //     of this chunk in the order they arrive: each block's predecessor on a tile was there at
 //     least one step earlier, and no CTA waits for one that a later chunk holds.
 //
-// kPair (pair_dq, clusters of two): the order above over pairs of K/V blocks; CTA r of a cluster
-// (blockIdx.x & 1) takes block 2 j + r of pair j. Both walk the lower block's Q blocks in
-// lockstep (the upper one's first steps are masked for it), and both are active while the lower
-// block holds keys (the upper may lie past seqlen_k: all its keys masked).
+// kPair (pair_dq, clusters of two): the order above over units of two K/V blocks; CTA r of a
+// cluster (blockIdx.x & 1) takes block 2 j + r of unit j. Both walk the lower block's Q blocks
+// in lockstep (the upper one's first steps are masked for it), and both are active while the
+// lower block holds keys (the upper may lie past seqlen_k: all its keys masked). Deterministic,
+// the unit is what the add order ranks (each CTA of it has its own counter, for its half of the
+// head dim); the arguments above hold for units as for blocks (a unit's first Q block is its
+// lower block's).
 template <int kBlockM, int kBlockN, bool kDet = false, bool kPair = false>
 __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
-  static_assert(!(kDet && kPair), "pairs run in the default mode only");
+  constexpr int kUnitBlocks = kPair ? 2 : 1;
   BwdSm90Work w;
   const int cta = p.block_base + static_cast<int>(kPair ? blockIdx.x / 2 : blockIdx.x);
-  const GroupedTile tile = grouped_tile(cta, p.l2_group, kPair ? (p.n_blocks + 1) / 2 : p.n_blocks,
-                                        p.nheads_k * p.batch);
-  w.n_block = (kDet && p.causal) ? p.n_blocks - 1 - tile.block
-              : kPair            ? 2 * tile.block + static_cast<int>(blockIdx.x & 1)
-                                 : tile.block;
+  const int grid_units = (p.n_blocks + kUnitBlocks - 1) / kUnitBlocks;
+  const GroupedTile tile = grouped_tile(cta, p.l2_group, grid_units, p.nheads_k * p.batch);
+  w.unit = (kDet && p.causal) ? grid_units - 1 - tile.block : tile.block;
+  w.n_block = kPair ? 2 * w.unit + static_cast<int>(blockIdx.x & 1) : w.unit;
   w.kv_head = tile.pair % p.nheads_k;
   w.batch = tile.pair / p.nheads_k;
   w.seq = seq_rows(p, w.batch);
   w.m_blocks = (w.seq.seqlen_q + kBlockM - 1) / kBlockM;
   w.n_blocks = (w.seq.seqlen_k + kBlockN - 1) / kBlockN;
+  w.units = (w.n_blocks + kUnitBlocks - 1) / kUnitBlocks;
   w.map_batch = w.seq.varlen ? 0 : w.batch;
   const int lead = kPair ? (w.n_block & ~1) : w.n_block;  // the block whose walk this one takes
   w.active = lead < w.n_blocks;
@@ -80,14 +86,14 @@ __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
   w.shift = 0;
   w.det_lo = 0;
   w.det_size = 0;
-  if (kDet && !p.causal && w.m_count > 0) {  // l2_group is 1: blockIdx = pair * n_blocks + n_block
-    // Chunks are slices of the grid; the blocks of this sequence in it are those below its
-    // own n_blocks (varlen: the grid's other ones exit at once).
-    const int pair_base = tile.pair * p.n_blocks;
+  if (kDet && !p.causal && w.m_count > 0) {  // l2_group is 1: cta = pair * grid_units + unit
+    // Chunks are slices of the grid (p.det_chunk units); the units of this sequence in it are
+    // those below its own units (varlen: the grid's other ones exit at once).
+    const int pair_base = tile.pair * grid_units;
     const int chunk = cta / p.det_chunk;
     w.det_lo = max(0, chunk * p.det_chunk - pair_base);
-    w.det_size = min(w.n_blocks, (chunk + 1) * p.det_chunk - pair_base) - w.det_lo;
-    w.shift = (w.n_block - w.det_lo) % w.m_blocks;
+    w.det_size = min(w.units, (chunk + 1) * p.det_chunk - pair_base) - w.det_lo;
+    w.shift = (w.unit - w.det_lo) % w.m_blocks;
   }
   return w;
 }
@@ -114,24 +120,25 @@ __device__ __forceinline__ void bwd_sm90_iter(const BwdSm90Params& p, const BwdS
   bwd_sm90_iter<kDet>(p, w, it, head, m_block, pos);
 }
 
-// Deterministic mode: how many K/V blocks add into Q tile `m_block` (of any q head) before
-// block w.n_block, which is at position `pos` of its walk there. The turn counter of the tile
-// must hold this value before the block adds.
-template <int kBlockM, int kBlockN>
+// Deterministic mode: how many units (K/V blocks, or pairs of them: kUnitKeys = block_n or
+// 2 block_n keys) add into Q tile `m_block` (of any q head) before unit w.unit, which is at
+// position `pos` of its walk there. The turn counter of the tile must hold this value before
+// the unit adds.
+template <int kBlockM, int kUnitKeys>
 __device__ __forceinline__ int bwd_sm90_dq_rank(const BwdSm90Params& p, const BwdSm90Work& w,
                                                 int m_block, int pos) {
   if (p.causal) {
-    // Blocks 0 .. n_max see the tile (block n does iff its m_begin <= m_block); the adds run
-    // from n_max down.
+    // Units 0 .. u_max see the tile (unit u does iff its m_begin <= m_block); the adds run
+    // from u_max down.
     const int rows_end = kBlockM * (m_block + 1) + (w.seq.seqlen_k - w.seq.seqlen_q);  // > 0 here
-    const int n_max = min(w.n_blocks - 1, (rows_end - 1) / kBlockN);
-    return n_max - w.n_block;
+    const int u_max = min(w.units - 1, (rows_end - 1) / kUnitKeys);
+    return u_max - w.unit;
   }
-  // Non-causal: the pair's blocks in earlier chunks, then the blocks i' of this chunk that
+  // Non-causal: the pair's units in earlier chunks, then the units i' of this chunk that
   // reach the tile at an earlier position (position of i' = (m - i') mod M, M = m_blocks),
   // ties by index.
   const int M = w.m_blocks;
-  const int i = w.n_block - w.det_lo;
+  const int i = w.unit - w.det_lo;
   const int size = w.det_size;
   // Blocks i' in [0, size) whose start residue i' mod M lies in the cyclic range
   // [m - pos + 1, m] (the positions below pos): pos * (size / M) plus those among the first

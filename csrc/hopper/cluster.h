@@ -39,6 +39,28 @@ inline cudaError_t launch_with_cluster(void (*kernel)(KernelArgs...), dim3 grid,
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
+// How many clusters of `cluster` CTAs of `kernel` can be resident at once (at least 1): the
+// co-residency that a schedule whose clusters wait for each other relies on.
+template <typename... KernelArgs>
+inline cudaError_t max_active_clusters(void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
+                                       size_t smem_bytes, dim3 cluster, int* clusters) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem_bytes;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster.x;
+  attr[0].val.clusterDim.y = cluster.y;
+  attr[0].val.clusterDim.z = cluster.z;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  int n = 0;
+  const cudaError_t err = cudaOccupancyMaxActiveClusters(&n, kernel, &config);
+  *clusters = n > 0 ? n : 1;
+  return err;
+}
+
 // ---------------------------------------------------------------------------------- device ---
 
 // This CTA's rank in its cluster (0 .. cluster_size-1); used for multicast masks and mapa.
