@@ -255,7 +255,8 @@ flashback_status launch_direction(const Params& p, bool (*can_implement)(const P
       if (st == FLASHBACK_SUCCESS) record_path(last, direction, "sm90", nullptr);
       return st;
     }
-    why = "the driver did not encode a tensor map of the Hopper path";
+    why = "the Hopper path declined at launch (a tensor map the driver did not encode, or no "
+          "room for the backward's 2-CTA clusters on this device)";
   }
   if (!reference_serves(p.headdim, p.dtype))
     return fail(FLASHBACK_ERROR_NOT_SUPPORTED,

@@ -62,12 +62,14 @@ struct BwdSm90Config {
   // per thread at the step's top, whose latency the S wgmma does not hide. Measured +0.5..+4.7%
   // at d = 128 / 192; -0.2..-2.0% at d = 256, whose one Q stage then waits for the rows too.
   bool stats_smem = false;
-  // pair_dq: the step's wgmma groups in the order dQ^T own, dV^T, dK^T, dQ^T peer (instead of
-  // dK^T last), so that dO is released after dV^T and the one Q stage after dK^T, while the
-  // peer dQ^T still runs: the producer's next Q load overlaps it and the dQ adds. ncu on the
-  // default order: 17% of the stall samples in the wait for Q, 10% in the wait for the
-  // partner's dS^T (docs/perf-log.md). CANDIDATE.
-  bool pair_dk_early = false;
+  // pair_dq: the order of the step's wgmma groups. 0: dQ^T own, dV^T, dQ^T peer, dK^T (dQ^T
+  // added while dK^T runs; the one Q stage freed last). 1: dQ^T own, dV^T, dK^T, dQ^T peer: dO
+  // released after dV^T, the Q stage after dK^T while the peer dQ^T still runs, so the
+  // producer's next Q load overlaps it and the dQ adds. 2: as 1, but the Q stage released
+  // before the wait for the partner's dS^T (dK^T waited for first). ncu on order 0: 17% of the
+  // stall samples in the wait for Q, 10% in the wait for the partner's dS^T (docs/perf-log.md).
+  // 1 and 2 are CANDIDATES.
+  int pair_order = 0;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -105,17 +107,18 @@ constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2,
 // with the second Q stage back (216 KB), as measured before the pair (the pair in this mode:
 // candidate kBwdSm90Hdim256PairDet). The two configs of a
 // head dim share block_m and block_n (the workspace and can_implement read the default's).
-inline constexpr const BwdSm90Config& kBwdSm90Hdim64Det = kBwdSm90Hdim64;
-inline constexpr const BwdSm90Config& kBwdSm90Hdim128Det = kBwdSm90Hdim128;
-inline constexpr const BwdSm90Config& kBwdSm90Hdim192Det = kBwdSm90Hdim192;
+static constexpr const BwdSm90Config& kBwdSm90Hdim64Det = kBwdSm90Hdim64;
+static constexpr const BwdSm90Config& kBwdSm90Hdim128Det = kBwdSm90Hdim128;
+static constexpr const BwdSm90Config& kBwdSm90Hdim192Det = kBwdSm90Hdim192;
 constexpr BwdSm90Config kBwdSm90Hdim256Det = {256, 64, 80, 2, 1, 24, 240, false, 2};
 // d = 192 with three consumer warpgroups of one atom-column each (64 x 96, FA3's public d = 192
 // shape; registers 128 of 160, 216 KB): passed the d = 192 GPU tests and measured no faster
 // than kBwdSm90Hdim192 (-2.7..+3.1%, docs/perf-log.md); its kernels are compiled by the
 // flashback_candidates target (csrc/candidates/), not linked.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false, 3};
-// Candidate, NOT yet run on a GPU: the d = 256 pair with pair_dk_early.
-constexpr BwdSm90Config kBwdSm90Hdim256DkEarly = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true};
+// Candidates, NOT yet run on a GPU: the d = 256 pair with pair_order 1 and 2.
+constexpr BwdSm90Config kBwdSm90Hdim256DkEarly = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, 1};
+constexpr BwdSm90Config kBwdSm90Hdim256DkEarlyQ = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, 2};
 // Candidate, NOT yet run on a GPU: the deterministic mode with the pair (the add order over
 // units of two K/V blocks, bwd_sm90_scheduler.cuh), in place of kBwdSm90Hdim256Det.
 constexpr BwdSm90Config kBwdSm90Hdim256PairDet = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true};

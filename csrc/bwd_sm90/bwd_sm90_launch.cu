@@ -66,8 +66,11 @@ bool bwd_sm90_can_implement(const flashback_bwd_params& p, const char** why) {
     reason = "dtype is neither bf16 nor fp16";
   } else if (!dtype_compiled(p.dtype)) {
     reason = dtype_not_compiled(p.dtype);  // FLASHBACK_DTYPES left it out: the row's instance is null
-  } else if (int64_t{(p.seqlen_k + row->cfg->block_n - 1) / row->cfg->block_n} * p.nheads_k * p.batch >
-             int64_t{0x7fffffff}) {
+  } else if ((row->cfg->pair_dq ? 2 : 1) *
+                 int64_t{(p.seqlen_k + (row->cfg->pair_dq ? 2 : 1) * row->cfg->block_n - 1) /
+                         ((row->cfg->pair_dq ? 2 : 1) * row->cfg->block_n)} *
+                 p.nheads_k * p.batch >
+             int64_t{0x7fffffff}) {  // pair_dq: the grid is rounded up to whole clusters
     reason = "grid too large (batch x kv heads x key blocks of the longest sequence)";
   } else {
     // The dK/dV/dQ writes and the preprocess use 4- and 16-byte vectors (the API checks

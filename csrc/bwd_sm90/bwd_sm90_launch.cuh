@@ -125,6 +125,27 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
       make_call_map(&map_do, &hi[3], p.dout, p.dout_strides, p, true, kRowsQ) != cudaSuccess) {
     return cudaErrorNotSupported;  // nothing launched: the caller takes the reference path
   }
+  const auto kernel = bwd_sm90_kernel<T, kDet>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(T::kSmemBytes));
+  if (err != cudaSuccess) return err;
+  int resident_pairs = 0;  // pair_dq: clusters resident at once
+  if constexpr (T::kPair) {
+    // Two CTAs of ~225 KB each on one GPC: where SMs are partitioned away (MPS, green contexts)
+    // none may fit. Asked once per process (and instance) before anything is queued, so that
+    // the caller can take the reference path.
+    static const int kResident = [&] {
+      int n = 0;
+      const cudaError_t e = fh::max_active_clusters(kernel, dim3(2), dim3(T::kThreads),
+                                                    T::kSmemBytes, dim3(2, 1, 1), &n);
+      return e == cudaSuccess ? n : 0;
+    }();
+    if (kResident < 1) {
+      (void)cudaGetLastError();
+      return cudaErrorNotSupported;
+    }
+    resident_pairs = kResident;
+  }
   const WorkspaceParts parts = bwd_sm90_workspace_parts(p);
   uint8_t* ws = static_cast<uint8_t*>(p.workspace);
   float* dq_accum = reinterpret_cast<float*>(ws + parts.dq_accum);
@@ -133,7 +154,7 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   const int m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;  // steps
   const int tiles_m = m_blocks * T::kStepTiles;  // 64-row workspace tiles (bwd_sm90_prepost.h)
 
-  cudaError_t err = cudaMemsetAsync(dq_accum, 0, parts.lse - parts.dq_accum, stream);
+  err = cudaMemsetAsync(dq_accum, 0, parts.lse - parts.dq_accum, stream);
   if (err != cudaSuccess) return err;
   // (0) D = rowsum(dO * O), LSE * log2(e)
   err = launch_bwd_sm90_preprocess(p, tiles_m, T::kStepTiles, lse_log2, dsum, stream);
@@ -172,10 +193,6 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   kp.dv_strides = p.dv_strides;
 
   // (1)-(7)
-  const auto kernel = bwd_sm90_kernel<T, kDet>;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(T::kSmemBytes));
-  if (err != cudaSuccess) return err;
   const int ctas = kp.n_blocks * p.nheads_k * p.batch;
   kp.block_base = 0;
   kp.det_chunk = 1;
@@ -183,14 +200,9 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
     // pair_dq: clusters of two CTAs on K/V blocks 2 j, 2 j + 1 (an odd count gets a partner
     // past the keys, bwd_sm90_scheduler.cuh).
     const int pair_ctas = 2 * ((kp.n_blocks + 1) / 2) * p.nheads_k * p.batch;
-    if constexpr (kDet) {
-      // Non-causal: chunks of the clusters that fit on the GPU at once (the scheduler's units).
-      if (!p.causal) {
-        err = fh::max_active_clusters(kernel, dim3(pair_ctas), dim3(T::kThreads), T::kSmemBytes,
-                                      dim3(2, 1, 1), &kp.det_chunk);
-        if (err != cudaSuccess) return err;
-      }
-    }
+    // Deterministic, non-causal: chunks of the clusters that fit on the GPU at once (the
+    // scheduler's units).
+    if (kDet && !p.causal) kp.det_chunk = resident_pairs;
     err = fh::launch_with_cluster(kernel, dim3(pair_ctas), dim3(T::kThreads), T::kSmemBytes,
                                   stream, dim3(2, 1, 1), map_q, map_k, map_v, map_do, kp);
     if (err != cudaSuccess) return err;

@@ -22,7 +22,7 @@
 //   P^T, dS^T    2 buffers each (step parity), block_n rows x 128 B per 64 queries (by keys:
 //                dS^T only)
 //   dQ^T         with dq_smem: one 16 KB fp32 buffer per consumer warpgroup
-//   LSE, D       by keys: the step's block_m rows of each per Q / dO stage
+//   LSE, D       by keys or stats_smem: the step's block_m rows of each per Q / dO stage
 //   K_peer, dS^T_peer  with pair_dq: the partner block's K for this CTA's dQ^T atom-columns
 //                (TMA, with K) and 2 buffers of the partner's dS^T (its bulk copies)
 // (sizes per config in bwd_sm90.h).
@@ -140,8 +140,8 @@ struct BwdSm90Traits {
                 "pair_dq: split by head dim, two warpgroups, d = 256 (one dQ^T atom-column of "
                 "the CTA's half each)");
   static constexpr int kPairAtoms = kAtomCols / 2;  // dQ^T atom-columns per CTA of a pair
-  static constexpr bool kPairDkEarly = kCfg.pair_dk_early;
-  static_assert(!kPairDkEarly || kPair, "pair_dk_early orders the pair's groups");
+  static constexpr int kPairOrder = kCfg.pair_order;
+  static_assert(kPairOrder == 0 || (kPair && kPairOrder <= 2), "pair_order orders the pair's groups");
   // Swizzled tiles start on 1024 bytes (the stat rows before may end anywhere).
   static constexpr uint32_t kOffKPeer = (kOffDsum + kDoStages * kStatBytes + 1023) / 1024 * 1024;
   static constexpr uint32_t kOffDsPeer = kOffKPeer + (kPair ? kPairAtoms * kKvAtomBytes : 0);
@@ -204,8 +204,9 @@ struct BwdSm90Maps {
 };
 
 // ------------------------------------------------------------------------------ producer ---
-// One thread: K_j and V_j once, then Q_i and dO_i of every step into their rings (by keys with
-// the step's LSE * log2(e) or D rows, kStatBytes, copied on the same full barrier).
+// One thread: K_j and V_j once, then Q_i and dO_i of every step into their rings (by keys or
+// stats_smem with the step's LSE * log2(e) or D rows, kStatBytes, copied on the same full
+// barrier).
 // Maps (sm90_common.h) give boxes of 64 d x block_m rows (Q, dO) or 64 d x block_n rows (K, V).
 template <class T, bool kDet>
 __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const BwdSm90Maps& m,
@@ -246,8 +247,8 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     const int m0 = m_block * T::kBlockM;
     // Q first: with one dO stage the producer waits here for dO_{i-1} to be released (after
     // dV of step i-1), and Q_i is already on its way by then.
-    // Rows m0.. of Q or dO of this q head into the next stage of their ring, by keys with the
-    // step's rows of `stat` (its kStepTiles workspace tiles, consecutive).
+    // Rows m0.. of Q or dO of this q head into the next stage of their ring, with the step's
+    // rows of `stat` where kStatBytes > 0 (its kStepTiles workspace tiles, consecutive).
     auto load_rows = [&](auto* pipe, auto& st, uint32_t off, const CUtensorMap* map, bool inner,
                          uint32_t stat_off, const float* stat) {
       pipe->producer_acquire(st);
@@ -602,22 +603,28 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       // (7) for atom-column dq_atom over both blocks' keys: K_own^T dS_own^T, then (after dV^T,
       // which needs no partner) K_peer^T dS_peer^T once the partner's dS^T is in; dK^T last.
       // dQ^T is complete after the first three groups: released, added while dK^T runs.
-      // (pair_dk_early: dK^T third, the peer dQ^T last; Q is released before the dQ adds.)
+      // (pair_order 1 / 2: dK^T third, the peer dQ^T last; Q is released before the dQ adds.)
       float dq[T::kBlockM / 2];
       issue_dq_dv<T, kOwn>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, ds_t, acc_dv, do_s, first, p_t);
-      if constexpr (T::kPairDkEarly) {
+      if constexpr (T::kPairOrder > 0) {
 #pragma unroll
         for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
         fh::wgmma_commit();
         fh::wgmma_wait<1>();  // dQ^T own and dV^T
         if (warp_leader) pipe_do->consumer_release(sd);
+        if constexpr (T::kPairOrder == 2) {
+          fh::wgmma_wait<0>();  // dK^T
+          if (warp_leader) pipe_q->consumer_release(sq);
+        }
         fh::mbar_wait(pair_bar + (it & 1), (it >> 1) & 1);
         fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
         gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
                    smem + T::kOffDsPeer + (it & 1) * T::kHandBytes, true);
         fh::wgmma_commit();
-        fh::wgmma_wait<1>();  // dK^T
-        if (warp_leader) pipe_q->consumer_release(sq);
+        if constexpr (T::kPairOrder == 1) {
+          fh::wgmma_wait<1>();  // dK^T
+          if (warp_leader) pipe_q->consumer_release(sq);
+        }
         fh::wgmma_wait<0>();
         fh::wgmma_fence_operand(dq);
         // This warp's reads of the partner's buffer are done: one of its 8 free arrivals.

@@ -39,8 +39,9 @@ inline cudaError_t launch_with_cluster(void (*kernel)(KernelArgs...), dim3 grid,
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
-// How many clusters of `cluster` CTAs of `kernel` can be resident at once (at least 1): the
-// co-residency that a schedule whose clusters wait for each other relies on.
+// How many clusters of `cluster` CTAs of `kernel` can be resident at once (0: none fits): the
+// co-residency that a schedule whose clusters wait for each other relies on. The kernel's
+// dynamic shared-memory attribute must be set first.
 template <typename... KernelArgs>
 inline cudaError_t max_active_clusters(void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
                                        size_t smem_bytes, dim3 cluster, int* clusters) {
@@ -55,10 +56,8 @@ inline cudaError_t max_active_clusters(void (*kernel)(KernelArgs...), dim3 grid,
   attr[0].val.clusterDim.z = cluster.z;
   config.attrs = attr;
   config.numAttrs = 1;
-  int n = 0;
-  const cudaError_t err = cudaOccupancyMaxActiveClusters(&n, kernel, &config);
-  *clusters = n > 0 ? n : 1;
-  return err;
+  *clusters = 0;
+  return cudaOccupancyMaxActiveClusters(clusters, kernel, &config);
 }
 
 // ---------------------------------------------------------------------------------- device ---

@@ -4,8 +4,9 @@
 // The build passes FLASHBACK_HEADDIM_<d> for every head dim it wants (CMake's
 // FLASHBACK_HEADDIMS) and FLASHBACK_WITH_BF16 / FLASHBACK_WITH_FP16 for every dtype it wants
 // (CMake's FLASHBACK_DTYPES); a translation unit compiled on its own gets all of them. Each
-// compiled head dim has one forward and one backward config (fwd_sm90.h, bwd_sm90.h), each
-// instantiated for every compiled dtype. Adding a head dim: a config in each header, a line
+// compiled head dim has one forward config and a backward config per mode (fwd_sm90.h;
+// bwd_sm90.h: default and deterministic, often the same), each instantiated for every compiled
+// dtype. Adding a head dim: a config in each header, a line
 // below, an instance file per kernel, and the measurement in docs/perf-log.md.
 #pragma once
 
