@@ -70,6 +70,12 @@ struct BwdSm90Config {
   // stall samples in the wait for Q, 10% in the wait for the partner's dS^T (docs/perf-log.md).
   // 1 and 2 are CANDIDATES.
   int pair_order = 0;
+  // pair_dq with an odd number of K/V blocks: the last cluster's upper CTA holds no keys. With
+  // pair_ghost it loads only the partner's K half and per step computes the partner block's
+  // dQ^T for its head-dim half from the dS^T it receives (no S, dP, dV, dK, no Q / dO loads);
+  // the partner skips the peer dQ^T. Without it that CTA runs every step on masked keys: 1 in
+  // 8 CTAs at seqlen 512 (7 blocks of 80 keys). Order 0 only. CANDIDATE.
+  bool pair_ghost = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -119,6 +125,8 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // Candidates, NOT yet run on a GPU: the d = 256 pair with pair_order 1 and 2.
 constexpr BwdSm90Config kBwdSm90Hdim256DkEarly = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, 1};
 constexpr BwdSm90Config kBwdSm90Hdim256DkEarlyQ = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, 2};
+// Candidate, NOT yet run on a GPU: the d = 256 pair with pair_ghost.
+constexpr BwdSm90Config kBwdSm90Hdim256Ghost = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, 0, true};
 // Candidate, NOT yet run on a GPU: the deterministic mode with the pair (the add order over
 // units of two K/V blocks, bwd_sm90_scheduler.cuh), in place of kBwdSm90Hdim256Det.
 constexpr BwdSm90Config kBwdSm90Hdim256PairDet = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true};

@@ -100,6 +100,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
   } else {
     fh::setmaxnreg_inc<T::kConsumerRegs>();
+    if constexpr (T::kPairGhost) {
+      if (w.n_block >= w.n_blocks) {
+        bwd_sm90_consumer_ghost<T, kDet>(p, w, smem, kv_bar, wg - 1);
+        return;
+      }
+    }
     if constexpr (T::kByKeys) {
       bwd_sm90_consumer_by_keys<T, kDet>(p, w, smem, kv_bar, pipe_q, pipe_do, wg - 1);
     } else if constexpr (T::kSharedConsumer) {

@@ -140,6 +140,8 @@ struct BwdSm90Traits {
                 "pair_dq: split by head dim, two warpgroups, d = 256 (one dQ^T atom-column of "
                 "the CTA's half each)");
   static constexpr int kPairAtoms = kAtomCols / 2;  // dQ^T atom-columns per CTA of a pair
+  static constexpr bool kPairGhost = kCfg.pair_ghost;
+  static_assert(!kPairGhost || (kPair && kCfg.pair_order == 0), "pair_ghost: the pair, order 0");
   static constexpr int kPairOrder = kCfg.pair_order;
   static_assert(kPairOrder == 0 || (kPair && kPairOrder <= 2), "pair_order orders the pair's groups");
   // Swizzled tiles start on 1024 bytes (the stat rows before may end anywhere).
@@ -228,6 +230,16 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     // dS^T rows that are 0 (their P is 0), as in any partial block.
     const int rank = static_cast<int>(blockIdx.x & 1);
     const int peer_row = static_cast<int>(w.seq.row_k) + (w.n_block ^ 1) * T::kBlockN;
+    if (T::kPairGhost && w.n_block >= w.n_blocks) {
+      // A ghost (pair_ghost): the partner's K half is all it reads.
+      fh::mbar_arrive_expect_tx(kv_bar, T::kPairAtoms * T::kKvAtomBytes);
+#pragma unroll
+      for (int a = 0; a < T::kPairAtoms; ++a) {
+        tma_rows(smem + T::kOffKPeer + a * T::kKvAtomBytes, m.k, kv_bar, p.head_inner & 2,
+                 64 * (T::kPairAtoms * rank + a), peer_row, w.kv_head, w.map_batch);
+      }
+      return;
+    }
     fh::mbar_arrive_expect_tx(kv_bar, T::kKvTileBytes + T::kPairAtoms * T::kKvAtomBytes);
     tma_tile<T::kAtomCols>(smem + T::kOffK, T::kKvAtomBytes, m.k, kv_bar, p.head_inner & 2,
                            static_cast<int>(w.seq.row_k) + n0, w.kv_head, w.map_batch);
@@ -483,6 +495,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   const uint32_t pair_rank = blockIdx.x & 1;
   const int dq_atom = T::kPairAtoms * static_cast<int>(pair_rank) + wg;
   uint64_t* pair_bar = reinterpret_cast<uint64_t*>(smem + T::kOffPairBar);
+  // pair_ghost: the partner holds no keys, sends no dS^T and needs no free arrivals.
+  const bool partner_ghost = T::kPairGhost && pair_rank == 0 && w.n_block + 1 >= w.n_blocks;
   const uint8_t* k_half = smem + T::kOffK + T::kWgKeys * wg * 128;
   const uint8_t* v_half = smem + T::kOffV + T::kWgKeys * wg * 128;
 
@@ -515,7 +529,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     if constexpr (kPairOn) {
       // This step's partner dS^T lands in buffer it & 1: arm its full barrier (the phase of
       // step it - 2 has completed: every thread waited for it).
-      if (wg == 0 && t == 0) fh::mbar_arrive_expect_tx(pair_bar + (it & 1), T::kHandBytes);
+      if (wg == 0 && t == 0 && !partner_ghost) fh::mbar_arrive_expect_tx(pair_bar + (it & 1), T::kHandBytes);
     }
     const uint8_t* q_s = smem + T::kOffQ + sq.stage * T::kQTileBytes;
     const uint8_t* do_s = smem + T::kOffDo + sd.stage * T::kQTileBytes;
@@ -632,6 +646,19 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0, T::kTurnThreads);  // the unit's turn
         add_dq_partial<T::kHeadDim>(p, tile, dq_atom, t, dq);
         if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0, T::kTurnThreads);
+      } else if (T::kPairGhost && partner_ghost) {
+        // Nothing from the partner: dQ^T own, dV^T, dK^T; dQ^T is complete at wait<1>.
+#pragma unroll
+        for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
+        fh::wgmma_commit();
+        fh::wgmma_wait<1>();
+        fh::wgmma_fence_operand(dq);
+        if (warp_leader) pipe_do->consumer_release(sd);
+        if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0, T::kTurnThreads);  // the unit's turn
+        add_dq_partial<T::kHeadDim>(p, tile, dq_atom, t, dq);
+        if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0, T::kTurnThreads);
+        fh::wgmma_wait<0>();
+        if (warp_leader) pipe_q->consumer_release(sq);
       } else {
         fh::mbar_wait(pair_bar + (it & 1), (it >> 1) & 1);
         fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
@@ -734,6 +761,40 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   copy_out_dkv<T>(p, w, stage_dv, stage_dk, n0, seqlen_k);
   // pair_dq: neither CTA exits while its partner may still copy into it or arrive on it.
   if constexpr (kPairOn) fh::cluster_sync();
+}
+
+// pair_ghost: the consumer warpgroups of a cluster's upper CTA that holds no keys (odd block
+// count). Per step of the partner's walk: receive its dS^T, compute dQ^T of this CTA's
+// head-dim half over the partner's keys (warpgroup w: atom-column kPairAtoms + w), hand the
+// buffer back, add. No dV / dK (its rows are past the keys), no stores.
+template <class T, bool kDet>
+__device__ __forceinline__ void bwd_sm90_consumer_ghost(const BwdSm90Params& p, const BwdSm90Work& w,
+                                                        uint8_t* smem, uint64_t* kv_bar, const int wg) {
+  const int t = threadIdx.x % 128;
+  const bool warp_leader = (threadIdx.x % 32) == 0;
+  const uint32_t pair_rank = blockIdx.x & 1;  // 1: the lower block holds keys
+  const int dq_atom = T::kPairAtoms * static_cast<int>(pair_rank) + wg;
+  uint64_t* pair_bar = reinterpret_cast<uint64_t*>(smem + T::kOffPairBar);
+  if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);  // the partner's K half
+  for (int it = 0; it < w.n_iters; ++it) {
+    int head, m_block;
+    bwd_sm90_iter<kDet>(p, w, it, head, m_block);
+    const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);
+    if (wg == 0 && t == 0) fh::mbar_arrive_expect_tx(pair_bar + (it & 1), T::kHandBytes);
+    float dq[T::kBlockM / 2];
+    fh::mbar_wait(pair_bar + (it & 1), (it >> 1) & 1);
+    fh::wgmma_fence();
+    gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
+               smem + T::kOffDsPeer + (it & 1) * T::kHandBytes);
+    fh::wgmma_commit();
+    fh::wgmma_wait<0>();
+    fh::wgmma_fence_operand(dq);
+    if (warp_leader) fh::mbar_arrive_cluster(pair_bar + 2 + (it & 1), pair_rank ^ 1);
+    if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0, T::kTurnThreads);  // the unit's turn
+    add_dq_partial<T::kHeadDim>(p, tile, dq_atom, t, dq);
+    if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0, T::kTurnThreads);
+  }
+  fh::cluster_sync();  // as bwd_sm90_consumer: no exit while the partner may still copy in
 }
 
 }  // namespace sm90
