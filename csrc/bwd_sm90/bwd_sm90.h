@@ -150,12 +150,13 @@ struct BwdSm90Params {
   DqTiles dq_tiles;
   // Deterministic mode (deterministic=True): per dQaccum tile and phase of the adds (by head
   // dim, the first or the second atom-column each consumer warpgroup adds; by keys one phase
-  // per tile, counter 0, added by one warpgroup), how many K/V blocks have added
-  // theirs. Each tile takes the adds in one fixed order
+  // per tile, counter 0, added by one warpgroup; pair_dq: counter r for the head-dim half that
+  // rank r adds), how many units (K/V blocks, or a pair's two) have added theirs. Each tile takes the adds in one fixed order
   // (bwd_sm90_dq_rank in bwd_sm90_scheduler.cuh), so every element is summed the same way
   // every run. Null otherwise.
   int* dq_turn;           // per workspace tile (dq_tile, bwd_sm90_prepost.h): 2 counters
-  int det_chunk;          // deterministic, non-causal: CTAs per chunk of the grid (the SM count)
+  int det_chunk;          // deterministic, non-causal: units per chunk of the grid (what is
+                          // resident at once: CTAs, or pair_dq clusters)
   int block_base;         // grid index of this launch's CTA 0 (cooperative chunk launches), else 0
   // Varlen (flashback.h): per-sequence offsets, null for dense batches; seqlen_q / seqlen_k
   // (and m_blocks / n_blocks) are then the longest sequence's, and the maps address packed rows.
@@ -175,8 +176,9 @@ bool bwd_sm90_can_implement(const flashback_bwd_params& p, const char** why);
 size_t bwd_sm90_workspace_size(const flashback_bwd_params& p);
 
 // Runs (0) preprocess, the main kernel, the postprocess on p.stream. Returns
-// cudaErrorNotSupported without launching anything when a tensor map cannot be encoded (the
-// caller then takes the reference path).
+// cudaErrorNotSupported without launching anything when a tensor map cannot be encoded or no
+// 2-CTA cluster of a pair_dq config fits on the device (the caller then takes the reference
+// path).
 cudaError_t run_bwd_sm90(const flashback_bwd_params& p, cudaStream_t stream);
 
 }  // namespace sm90

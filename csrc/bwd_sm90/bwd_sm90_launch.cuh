@@ -138,19 +138,15 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   int resident_pairs = 0;  // pair_dq: clusters resident at once
   if constexpr (T::kPair) {
     // Two CTAs of ~225 KB each on one GPC: where SMs are partitioned away (MPS, green contexts)
-    // none may fit. Asked once per process (and instance) before anything is queued, so that
-    // the caller can take the reference path.
-    static const int kResident = [&] {
-      int n = 0;
-      const cudaError_t e = fh::max_active_clusters(kernel, dim3(2), dim3(T::kThreads),
-                                                    T::kSmemBytes, dim3(2, 1, 1), &n);
-      return e == cudaSuccess ? n : 0;
-    }();
-    if (kResident < 1) {
+    // none may fit. Asked before anything is queued, so that the caller can take the reference
+    // path; every call, as the non-pair deterministic launch asks for its CTAs (the
+    // deterministic non-causal order needs this device's count).
+    if (fh::max_active_clusters(kernel, dim3(2), dim3(T::kThreads), T::kSmemBytes, dim3(2, 1, 1),
+                                &resident_pairs) != cudaSuccess ||
+        resident_pairs < 1) {
       (void)cudaGetLastError();
       return cudaErrorNotSupported;
     }
-    resident_pairs = kResident;
   }
   const WorkspaceParts parts = bwd_sm90_workspace_parts(p);
   uint8_t* ws = static_cast<uint8_t*>(p.workspace);

@@ -734,7 +734,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     if constexpr (kDet) {
       // Phases this warpgroup has no atom-column for still take part in the turn barriers.
 #pragma unroll
-      for (int h = has_cols ? kOwn : 0; h < T::kDqPhases; ++h) {
+      for (int h = !has_cols ? 0 : kPairOn ? 1 : kOwn; h < T::kDqPhases; ++h) {
         fh::named_bar_sync(T::kBarTurn0 + h, T::kTurnThreads);
         fh::named_bar_arrive(T::kBarAdded0 + h, T::kTurnThreads);
       }

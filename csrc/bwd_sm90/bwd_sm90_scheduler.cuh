@@ -45,7 +45,7 @@ struct BwdSm90Work {
 //     was launched earlier, so a CTA only ever waits for CTAs of lower blockIdx.
 //   non-causal: every block sees every tile, so a plain walk would have all blocks of a head
 //     on the same tile at once, each waiting for the previous one. Instead the grid is cut into
-//     chunks of p.det_chunk CTAs (the SM count: a chunk is resident at once, and as all CTAs
+//     chunks of p.det_chunk CTAs (what is resident at once, and as all CTAs
 //     take equally long, chunk c runs when chunk c - 1 is done); the blocks [det_lo,
 //     det_lo + det_size) of a pair inside one chunk start their walks at Q blocks 0, 1, ..
 //     (mod m_blocks), and a tile takes the adds of the pair's earlier chunks first, then those

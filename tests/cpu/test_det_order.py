@@ -86,7 +86,6 @@ def run_grid(p, unit_blocks, resident):
         steps.append(s)
     for tile, ranks in seen.items():
         assert sorted(ranks) == list(range(len(ranks))), (p, unit_blocks, tile, ranks)
-    # Every (pair, q head, Q block) that some key sees is added to.
     counter = {t: 0 for t in seen}
     at = [0] * ctas
     running, next_cta, done = [], 0, 0
