@@ -41,6 +41,11 @@ bool bwd_sm90_det_cooperative() {
   return on;
 }
 
+bool bwd_sm90_no_pair() {
+  static const bool on = env_switch("FLASHBACK_BWD_NO_PAIR");
+  return on;
+}
+
 WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p) {
   const BwdSm90Row* row = find_row(kTable, p.headdim);
   const int block_m = row != nullptr ? row->cfg->block_m : kDqTileRows;

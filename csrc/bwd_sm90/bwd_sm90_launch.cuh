@@ -45,6 +45,9 @@ struct WorkspaceParts {
 WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p);
 // FLASHBACK_DET_COOPERATIVE, read once per process.
 bool bwd_sm90_det_cooperative();
+// FLASHBACK_BWD_NO_PAIR (EXPERIMENTAL, read once per process): the default mode runs without
+// the 2-CTA pair where a head dim has one (run_bwd_sm90_default), for A/B runs and tests.
+bool bwd_sm90_no_pair();
 
 template <class T, bool kDet>
 __global__ void __launch_bounds__(T::kThreads, 1)
@@ -255,6 +258,22 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   return launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, stream);
 }
 
+// The default mode of one head dim. Where its config is a 2-CTA pair and the deterministic
+// one is not: when no cluster fits on the device (cudaErrorNotSupported, nothing queued) or
+// FLASHBACK_BWD_NO_PAIR is set, the deterministic mode's single-CTA config runs the default
+// mode instead, so fp16 (which the reference kernels do not serve) keeps a fast path.
+template <const BwdSm90Config& kCfg, const BwdSm90Config& kDetCfg, Dtype kDtype>
+cudaError_t run_bwd_sm90_default(const flashback_bwd_params& p, cudaStream_t stream) {
+  if constexpr (kCfg.pair_dq && !kDetCfg.pair_dq) {
+    using Single = BwdSm90Traits<kDetCfg, kDtype>;
+    if (bwd_sm90_no_pair()) return run_bwd_sm90_config<Single, false>(p, stream);
+    const cudaError_t err = run_bwd_sm90_config<BwdSm90Traits<kCfg, kDtype>, false>(p, stream);
+    return err == cudaErrorNotSupported ? run_bwd_sm90_config<Single, false>(p, stream) : err;
+  } else {
+    return run_bwd_sm90_config<BwdSm90Traits<kCfg, kDtype>, false>(p, stream);
+  }
+}
+
 // The entry point of head dim D's instances, bf16 and fp16 (in bwd_sm90_hdim<D>.cu; the table
 // in bwd_sm90_launch.cu declares them).
 #define FLASHBACK_BWD_SM90_INSTANCES(D)                                                         \
@@ -265,13 +284,13 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   cudaError_t run_bwd_sm90_hdim##D##_bf16(const flashback_bwd_params& p, cudaStream_t stream) { \
     return p.deterministic                                                                      \
         ? run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim##D##Det, Dtype::kBf16>, true>(p, stream) \
-        : run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim##D, Dtype::kBf16>, false>(p, stream);  \
+        : run_bwd_sm90_default<kBwdSm90Hdim##D, kBwdSm90Hdim##D##Det, Dtype::kBf16>(p, stream);  \
   })                                                                                            \
   FLASHBACK_SM90_IF_FP16(                                                                       \
   cudaError_t run_bwd_sm90_hdim##D##_fp16(const flashback_bwd_params& p, cudaStream_t stream) { \
     return p.deterministic                                                                      \
         ? run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim##D##Det, Dtype::kF16>, true>(p, stream) \
-        : run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim##D, Dtype::kF16>, false>(p, stream);   \
+        : run_bwd_sm90_default<kBwdSm90Hdim##D, kBwdSm90Hdim##D##Det, Dtype::kF16>(p, stream);   \
   })
 
 }  // namespace sm90

@@ -355,6 +355,27 @@ def test_deterministic_cooperative_launches_give_the_same_bits(tmp_path):
         assert torch.equal(a, b), f"{name}: cooperative chunk launches differ from the single launch"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_bwd_without_the_pair_gives_the_same_dk_dv(tmp_path, dtype):
+    """FLASHBACK_BWD_NO_PAIR=1 runs the d = 256 default-mode backward on one CTA per K/V block
+    (the fallback where no 2-CTA cluster fits). dK and dV are summed in the same order either
+    way, so they must be bitwise equal; dQ (atomics in either) within rounding. 13 K/V blocks:
+    the last cluster's upper CTA lies past the keys."""
+    paired, plain = _bits_under_env(tmp_path, "FLASHBACK_BWD_NO_PAIR", (
+        "g = torch.Generator(device='cuda').manual_seed(4321)\n"
+        f"q, k, v, do = (torch.randn(2, 1000, 4, 256, generator=g, device='cuda').to(torch.{dtype}) for _ in range(4))\n"
+        "out, lse = flashback.attention_forward(q, k, v, causal=True)\n"
+        "grads = flashback.attention_backward(do, q, k, v, out, lse, causal=True)\n"
+        "assert flashback.last_backward_path() == 'sm90', flashback.last_backward_path()\n"
+        "torch.save([t.cpu() for t in grads], sys.argv[1])\n"))
+    dq_a, dq_b = plain[0].float(), paired[0].float()
+    assert torch.isfinite(dq_a).all() and torch.isfinite(dq_b).all()
+    assert (dq_a - dq_b).abs().max() <= 1e-2 * dq_a.abs().max(), "dq: the pair and one CTA per block disagree"
+    for name, a, b in zip(("dk", "dv"), plain[1:], paired[1:]):
+        assert torch.equal(a, b), f"{name}: the pair and one CTA per block differ"
+
+
 def _attention_and_grads(fn, x, causal, return_lse):
     leaves = [t.clone().requires_grad_() for t in (x.q, x.k, x.v)]
     res = fn(*leaves, causal=causal, deterministic=True, return_lse=return_lse)
