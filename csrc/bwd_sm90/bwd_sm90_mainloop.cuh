@@ -378,6 +378,16 @@ __device__ __forceinline__ void store_hand_t(uint8_t* hand, const float (&acc)[T
   }
 }
 
+// One dQ^T atom-column of this step into dQaccum; deterministic, inside add phase h's turn
+// (the turn warp opens it, kBarTurn0 + h, and waits for every warpgroup's adds, kBarAdded0 + h).
+template <class T, bool kDet>
+__device__ __forceinline__ void add_dq_in_turn(const BwdSm90Params& p, int64_t tile, int atom,
+                                               int t, const float (&dq)[T::kBlockM / 2], int h = 0) {
+  if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + h, T::kTurnThreads);
+  add_dq_partial<T::kHeadDim>(p, tile, atom, t, dq);
+  if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + h, T::kTurnThreads);
+}
+
 // ------------------------------------------------------------ deterministic turn warps ---
 // Deterministic mode: warp 1 + h of the producer warpgroup keeps the dQ turns of phase h (by
 // head dim the atom-column each consumer warpgroup adds first, h = 0, or second, h = 1, into the
@@ -643,9 +653,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         fh::wgmma_fence_operand(dq);
         // This warp's reads of the partner's buffer are done: one of its 8 free arrivals.
         if (warp_leader) fh::mbar_arrive_cluster(pair_bar + 2 + (it & 1), pair_rank ^ 1);
-        if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0, T::kTurnThreads);  // the unit's turn
-        add_dq_partial<T::kHeadDim>(p, tile, dq_atom, t, dq);
-        if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0, T::kTurnThreads);
+        add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
       } else if (T::kPairGhost && partner_ghost) {
         // Nothing from the partner: dQ^T own, dV^T, dK^T; dQ^T is complete at wait<1>.
 #pragma unroll
@@ -654,9 +662,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         fh::wgmma_wait<1>();
         fh::wgmma_fence_operand(dq);
         if (warp_leader) pipe_do->consumer_release(sd);
-        if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0, T::kTurnThreads);  // the unit's turn
-        add_dq_partial<T::kHeadDim>(p, tile, dq_atom, t, dq);
-        if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0, T::kTurnThreads);
+        add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
         fh::wgmma_wait<0>();
         if (warp_leader) pipe_q->consumer_release(sq);
       } else {
@@ -675,9 +681,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
           // This warp's reads of the partner's buffer are done: one of its 8 free arrivals.
           fh::mbar_arrive_cluster(pair_bar + 2 + (it & 1), pair_rank ^ 1);
         }
-        if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0, T::kTurnThreads);  // the unit's turn
-        add_dq_partial<T::kHeadDim>(p, tile, dq_atom, t, dq);
-        if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0, T::kTurnThreads);
+        add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
         fh::wgmma_wait<0>();
         if (warp_leader) pipe_q->consumer_release(sq);
       }
@@ -691,9 +695,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       fh::wgmma_fence_operand(dq);
       if constexpr (!kDqSmem) {
         // Deterministic: wait until the phase-0 turn warp says this block's turn has come.
-        if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0, T::kTurnThreads);
-        add_dq_partial<T::kHeadDim>(p, tile, first, t, dq);
-        if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0, T::kTurnThreads);
+        add_dq_in_turn<T, kDet>(p, tile, first, t, dq);
       }
       if constexpr (kOwn == 2) {
         fh::wgmma_fence();
@@ -705,9 +707,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         if (warp_leader) pipe_q->consumer_release(sq);
         fh::wgmma_wait<0>();
         fh::wgmma_fence_operand(dq);
-        if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + 1, T::kTurnThreads);
-        add_dq_partial<T::kHeadDim>(p, tile, first + 1, t, dq);
-        if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + 1, T::kTurnThreads);
+        add_dq_in_turn<T, kDet>(p, tile, first + 1, t, dq, 1);
       } else {
         fh::wgmma_wait<1>();
         if (warp_leader) pipe_do->consumer_release(sd);
@@ -790,9 +790,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_ghost(const BwdSm90Params& p, 
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(dq);
     if (warp_leader) fh::mbar_arrive_cluster(pair_bar + 2 + (it & 1), pair_rank ^ 1);
-    if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0, T::kTurnThreads);  // the unit's turn
-    add_dq_partial<T::kHeadDim>(p, tile, dq_atom, t, dq);
-    if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0, T::kTurnThreads);
+    add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
   }
   fh::cluster_sync();  // as bwd_sm90_consumer: no exit while the partner may still copy in
 }

@@ -17,6 +17,24 @@ namespace hopper {
 
 // ------------------------------------------------------------------------------------ host ---
 
+// A launch configuration with clusters of (cx, cy, cz) CTAs, its one attribute in `attr`.
+inline cudaLaunchConfig_t cluster_config(dim3 grid, dim3 block, size_t smem_bytes,
+                                         cudaStream_t stream, dim3 cluster,
+                                         cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = cluster.x;
+  attr->val.clusterDim.y = cluster.y;
+  attr->val.clusterDim.z = cluster.z;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  return config;
+}
+
 // Launch `kernel` with clusters of (cx, cy, cz) CTAs; grid dims must be multiples of them.
 // cudaLaunchKernelEx is the run-time way to pick the cluster shape (the compile-time way is
 // __cluster_dims__). Sizes above 8 also need cudaFuncAttributeNonPortableClusterSizeAllowed.
@@ -24,18 +42,8 @@ template <typename... KernelArgs, typename... Args>
 inline cudaError_t launch_with_cluster(void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
                                        size_t smem_bytes, cudaStream_t stream, dim3 cluster,
                                        Args&&... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster.x;
-  attr[0].val.clusterDim.y = cluster.y;
-  attr[0].val.clusterDim.z = cluster.z;
-  config.attrs = attr;
-  config.numAttrs = 1;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t config = cluster_config(grid, block, smem_bytes, stream, cluster, &attr);
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
@@ -45,17 +53,8 @@ inline cudaError_t launch_with_cluster(void (*kernel)(KernelArgs...), dim3 grid,
 template <typename... KernelArgs>
 inline cudaError_t max_active_clusters(void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
                                        size_t smem_bytes, dim3 cluster, int* clusters) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem_bytes;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster.x;
-  attr[0].val.clusterDim.y = cluster.y;
-  attr[0].val.clusterDim.z = cluster.z;
-  config.attrs = attr;
-  config.numAttrs = 1;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t config = cluster_config(grid, block, smem_bytes, nullptr, cluster, &attr);
   *clusters = 0;
   return cudaOccupancyMaxActiveClusters(clusters, kernel, &config);
 }
