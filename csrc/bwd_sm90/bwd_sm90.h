@@ -95,8 +95,9 @@ struct BwdSm90Config {
 // atom 32 in flight. Shared memory: K, V block_n x 2d bytes each, Q and dO 64 x 2d bytes per
 // stage, P^T and dS^T double-buffered (step parity: one barrier per step), block_n x 128 B each.
 //   d = 128: 64 x 128, own 1 each: 224 registers; 64 + 2 x 2 x 16 + 64 = 192 KB, + 2 x 16 KB
-//            dQ buffers (dq_smem) = 224 KB.
-//   d = 192: 64 x 80, own 2 / 1: 160 + 40 + 32 = 232; 60 + 2 x 2 x 24 + 40 = 196 KB.
+//            dQ buffers (dq_smem) = 224 KB, + LSE / D rows (stats_smem) 1 KB.
+//   d = 192: 64 x 80, own 2 / 1: 160 + 40 + 32 = 232; 60 + 2 x 2 x 24 + 40 = 196 KB, + 1 KB of
+//            LSE / D rows.
 //   d = 256: 64 x 80, own 2 each: 232; 80 + 2 x 32 + 1 x 32 + 40 = 216 KB (a second dO stage
 //            would need 228 KB); the pair (default mode): one Q stage, + the partner's K half
 //            20 KB + its dS^T 2 x 10 KB = 224 KB.
@@ -111,8 +112,9 @@ constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 80, 2, 2, 24, 240, false, 2,
 constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true};
 // The deterministic mode's config per head dim. d = 256 runs deterministic without the pair and
 // with the second Q stage back (216 KB), as measured before the pair (the pair in this mode:
-// candidate kBwdSm90Hdim256PairDet). The two configs of a
-// head dim share block_m and block_n (the workspace and can_implement read the default's).
+// candidate kBwdSm90Hdim256PairDet); it also runs the default mode where no 2-CTA cluster fits
+// (run_bwd_sm90_default). The two configs of a head dim share block_m and block_n (the
+// workspace and can_implement read the default's).
 static constexpr const BwdSm90Config& kBwdSm90Hdim64Det = kBwdSm90Hdim64;
 static constexpr const BwdSm90Config& kBwdSm90Hdim128Det = kBwdSm90Hdim128;
 static constexpr const BwdSm90Config& kBwdSm90Hdim192Det = kBwdSm90Hdim192;
