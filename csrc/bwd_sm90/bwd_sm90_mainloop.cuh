@@ -240,11 +240,13 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
       }
       return;
     }
-    fh::mbar_arrive_expect_tx(kv_bar, T::kKvTileBytes + T::kPairAtoms * T::kKvAtomBytes);
+    // pair_ghost: a partner past the keys sends nothing, so its K rows are not read here.
+    const bool peer_k = !(T::kPairGhost && rank == 0 && w.n_block + 1 >= w.n_blocks);
+    fh::mbar_arrive_expect_tx(kv_bar, T::kKvTileBytes + (peer_k ? T::kPairAtoms * T::kKvAtomBytes : 0));
     tma_tile<T::kAtomCols>(smem + T::kOffK, T::kKvAtomBytes, m.k, kv_bar, p.head_inner & 2,
                            static_cast<int>(w.seq.row_k) + n0, w.kv_head, w.map_batch);
 #pragma unroll
-    for (int a = 0; a < T::kPairAtoms; ++a) {
+    for (int a = 0; a < (peer_k ? T::kPairAtoms : 0); ++a) {
       tma_rows(smem + T::kOffKPeer + a * T::kKvAtomBytes, m.k, kv_bar, p.head_inner & 2,
                64 * (T::kPairAtoms * rank + a), peer_row, w.kv_head, w.map_batch);
     }
@@ -656,6 +658,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
       } else if (T::kPairGhost && partner_ghost) {
         // Nothing from the partner: dQ^T own, dV^T, dK^T; dQ^T is complete at wait<1>.
+        fh::wgmma_fence();  // a wgmma after a branch (C7519)
 #pragma unroll
         for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
         fh::wgmma_commit();
@@ -782,6 +785,8 @@ __device__ __forceinline__ void bwd_sm90_consumer_ghost(const BwdSm90Params& p, 
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);
     if (wg == 0 && t == 0) fh::mbar_arrive_expect_tx(pair_bar + (it & 1), T::kHandBytes);
     float dq[T::kBlockM / 2];
+    fh::zero_acc(dq);  // overwritten by the first wgmma; defined for the "+f" operands
+    fh::wgmma_fence_operand(dq);
     fh::mbar_wait(pair_bar + (it & 1), (it >> 1) & 1);
     fh::wgmma_fence();
     gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
