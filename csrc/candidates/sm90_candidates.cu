@@ -3,6 +3,7 @@
 // by the `flashback_candidates` target, which CI builds and nothing links. So a change that
 // breaks a candidate shows before anyone swaps it into a table.
 #include "bwd_sm90/bwd_sm90_launch.cuh"
+#include "fwd_sm90/fwd_sm90_launch.cuh"
 
 namespace flashback {
 namespace sm90 {
@@ -17,6 +18,14 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256DkEarly)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256DkEarlyQ)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256Ghost)
 FLASHBACK_BWD_DET_CANDIDATE(kBwdSm90Hdim256PairDet)
+#define FLASHBACK_FWD_CANDIDATE(C)                                               \
+  template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>(   \
+      const flashback_fwd_params&, cudaStream_t);
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64AsyncIds)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128AsyncIds)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192AsyncIds)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256AsyncIds)
+#undef FLASHBACK_FWD_CANDIDATE
 #undef FLASHBACK_BWD_CANDIDATE
 #undef FLASHBACK_BWD_DET_CANDIDATE
 }  // namespace sm90
