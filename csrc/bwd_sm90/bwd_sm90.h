@@ -70,11 +70,14 @@ struct BwdSm90Config {
   // stall samples in the wait for Q, 10% in the wait for the partner's dS^T (docs/perf-log.md).
   // 1 and 2 are CANDIDATES.
   int pair_order = 0;
-  // pair_dq with an odd number of K/V blocks: the last cluster's upper CTA holds no keys. With
-  // pair_ghost it loads only the partner's K half and per step computes the partner block's
-  // dQ^T for its head-dim half from the dS^T it receives (no S, dP, dV, dK, no Q / dO loads);
-  // the partner skips the peer dQ^T. Without it that CTA runs every step on masked keys: 1 in
-  // 8 CTAs at seqlen 512 (7 blocks of 80 keys). Order 0 only. CANDIDATE.
+  // pair_dq: the upper block of a pair walks the lower's Q blocks, so it has steps in which it
+  // holds no key the queries see: causal, its first 1-2 Q blocks of every q head's walk; with
+  // an odd block count, every step of the last cluster's upper CTA (past the keys). With
+  // pair_ghost such a step is a ghost step: no Q / dO loads, no S, dP, dV, dK; the upper CTA
+  // only computes its dQ^T half over the lower block's keys from the dS^T it receives, sends
+  // nothing, and the lower skips its peer dQ^T (a CTA past the keys loads only the lower's K
+  // half). Without it those steps run in full on masked keys (at seqlen 512 causal ~1 in 4 of
+  // the upper CTAs' steps). Order 0 only. CANDIDATE.
   bool pair_ghost = false;
 };
 

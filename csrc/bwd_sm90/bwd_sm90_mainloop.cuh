@@ -205,6 +205,17 @@ struct BwdSm90Maps {
   const CUtensorMap* dout;
 };
 
+// pair_ghost: whether the pair's upper block (2 j + 1) holds no key that the queries of Q block
+// m_block see (past the sequence's keys, or causal and after every row's diagonal): a ghost step
+// for that CTA, which then only computes its dQ^T half from the lower block's dS^T.
+template <class T>
+__device__ __forceinline__ bool bwd_sm90_upper_masked(const BwdSm90Params& p, const BwdSm90Work& w,
+                                                      int m_block) {
+  const int n0u = (w.n_block | 1) * T::kBlockN;
+  const int diag = w.seq.seqlen_k - w.seq.seqlen_q;
+  return n0u >= w.seq.seqlen_k || (p.causal && n0u > m_block * T::kBlockM + T::kBlockM - 1 + diag);
+}
+
 // ------------------------------------------------------------------------------ producer ---
 // One thread: K_j and V_j once, then Q_i and dO_i of every step into their rings (by keys or
 // stats_smem with the step's LSE * log2(e) or D rows, kStatBytes, copied on the same full
@@ -255,9 +266,13 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
   }
   fh::PipelineState<T::kQStages> sq;
   fh::PipelineState<T::kDoStages> sd;
+  bool v_pending = true;  // pair_ghost: V comes with the first step that is not a ghost's
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block;
     bwd_sm90_iter<kDet>(p, w, it, head, m_block);
+    if constexpr (T::kPairGhost) {
+      if ((blockIdx.x & 1) && bwd_sm90_upper_masked<T>(p, w, m_block)) continue;  // no Q, dO
+    }
     const int m0 = m_block * T::kBlockM;
     // Q first: with one dO stage the producer waits here for dO_{i-1} to be released (after
     // dV of step i-1), and Q_i is already on its way by then.
@@ -277,7 +292,8 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
       st.advance();
     };
     load_rows(pipe_q, sq, T::kOffQ, m.q, p.head_inner & 1, T::kOffLse, p.lse_log2);
-    if (it == 0) load_kv(T::kOffV, m.v, kv_bar + 1, p.head_inner & 4);
+    if (T::kPairGhost ? v_pending : it == 0) load_kv(T::kOffV, m.v, kv_bar + 1, p.head_inner & 4);
+    v_pending = false;
     load_rows(pipe_do, sd, T::kOffDo, m.dout, p.head_inner & 8, T::kOffDsum, p.dsum);
   }
 }
@@ -507,8 +523,11 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   const uint32_t pair_rank = blockIdx.x & 1;
   const int dq_atom = T::kPairAtoms * static_cast<int>(pair_rank) + wg;
   uint64_t* pair_bar = reinterpret_cast<uint64_t*>(smem + T::kOffPairBar);
-  // pair_ghost: the partner holds no keys, sends no dS^T and needs no free arrivals.
-  const bool partner_ghost = T::kPairGhost && pair_rank == 0 && w.n_block + 1 >= w.n_blocks;
+  // pair_ghost: in the upper block's ghost steps (bwd_sm90_upper_masked) the upper CTA sends no
+  // dS^T, so the lower counts what it received per buffer for its full barriers' phases; the
+  // upper still reads the lower's every step, which keeps it in lockstep without free waits.
+  int received0 = 0, received1 = 0;
+  bool v_pending = true;
   const uint8_t* k_half = smem + T::kOffK + T::kWgKeys * wg * 128;
   const uint8_t* v_half = smem + T::kOffV + T::kWgKeys * wg * 128;
 
@@ -528,6 +547,30 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     bwd_sm90_iter<kDet>(p, w, it, head, m_block);
     const int m0 = m_block * T::kBlockM;
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);  // dQaccum, stats, turns
+    const bool ghost_step = T::kPairGhost && bwd_sm90_upper_masked<T>(p, w, m_block);
+    const bool partner_ghost = ghost_step && pair_rank == 0;  // nothing comes from the upper
+    if constexpr (T::kPairGhost) {
+      if (ghost_step && pair_rank == 1) {
+        // A ghost step: the lower's dS^T in, this CTA's dQ^T half over the lower's keys, out.
+        // The hand-off barrier still marks the step: it is what lets step it + 1 rewrite the
+        // buffers that step it - 1's wgmmas read.
+        if (wg == 0 && t == 0) fh::mbar_arrive_expect_tx(pair_bar + (it & 1), T::kHandBytes);
+        fh::named_bar_sync(T::kBarHandoff, T::kConsumerThreads);
+        float dq[T::kBlockM / 2];
+        fh::zero_acc(dq);
+        fh::wgmma_fence_operand(dq);
+        fh::mbar_wait(pair_bar + (it & 1), (it >> 1) & 1);
+        fh::wgmma_fence();
+        gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
+                   smem + T::kOffDsPeer + (it & 1) * T::kHandBytes);
+        fh::wgmma_commit();
+        fh::wgmma_wait<0>();
+        fh::wgmma_fence_operand(dq);
+        if (warp_leader) fh::mbar_arrive_cluster(pair_bar + 2 + (it & 1), pair_rank ^ 1);
+        add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
+        continue;  // no Q / dO stage was loaded for it
+      }
+    }
     float lse0 = 0.f, lse1 = 0.f, dsum0 = 0.f, dsum1 = 0.f;
     if constexpr (!T::kStatsSmem) {
       const int64_t stat_row = tile * T::kBlockM + q_row;
@@ -558,7 +601,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       lse0 = lse_s[q_row];
       lse1 = lse_s[q_row + 8];
     }
-    if (it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
+    if (T::kPairGhost ? v_pending : it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
+    v_pending = false;
     pipe_do->consumer_wait(sd);
     fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
     gemm_q_by_kv<T>(dp, do_s, v_half);
@@ -604,7 +648,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       // free barrier only hands buffers back (no data published through it: the bytes travel
       // by complete_tx on full), so CTA-scope arrive and wait are the multicast stage-release
       // pattern of mbar_arrive_cluster; if the GPU disagrees, the wait becomes mbar_wait_cluster.
-      if (it >= 2) fh::mbar_wait(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
+      if (it >= 2 && !(T::kPairGhost && pair_rank == 1)) {
+        fh::mbar_wait(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
+      }
     }
     store_hand_t<T>(ds_t, dp, wg, t);
     fh::fence_proxy_async_shared();  // stmatrix (generic proxy) -> wgmma (async proxy) reads
@@ -669,7 +715,13 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         fh::wgmma_wait<0>();
         if (warp_leader) pipe_q->consumer_release(sq);
       } else {
-        fh::mbar_wait(pair_bar + (it & 1), (it >> 1) & 1);
+        if (T::kPairGhost && pair_rank == 0) {
+          // The phase of this buffer's full barrier: the upper's sends into it so far.
+          const int n = (it & 1) ? received1++ : received0++;
+          fh::mbar_wait(pair_bar + (it & 1), n & 1);
+        } else {
+          fh::mbar_wait(pair_bar + (it & 1), (it >> 1) & 1);
+        }
         fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
         gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
                    smem + T::kOffDsPeer + (it & 1) * T::kHandBytes, true);

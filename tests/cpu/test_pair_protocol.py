@@ -79,6 +79,79 @@ def steps(me, partner, n_iters, copies, free_wait=True):
         yield
 
 
+def steps_ghost_steps(me, partner, ghost, copies, upper):
+    """pair_ghost per step: `ghost[it]` says the upper block's keys are all masked at step it.
+    The lower sends every step; the upper sends on the other steps only. The lower counts the
+    upper's sends per buffer for its full barriers and waits for its free barrier by the step
+    (the upper reads every step); the upper never waits for its free barrier (the lower's sends,
+    one per step, keep it in lockstep)."""
+    recv = [0, 0]  # the lower: the upper's sends received per buffer
+    for it in range(len(ghost)):
+        b = it & 1
+        sends = not (upper and ghost[it])
+        receives = upper or not ghost[it]
+        if receives:
+            me.full[b].arrive(expect_tx=1)
+        if sends:
+            if not upper and it >= 2:
+                while not me.free[b].passed((it >> 1) - 1):
+                    yield
+            me.ds[b] = it
+            copies.append((me, partner, b))
+            yield
+        if receives:
+            n = (it >> 1) if upper else recv[b]
+            while not me.full[b].passed(n):
+                yield
+            assert me.peer[b] == it, f"step {it}: read the partner's step {me.peer[b]}"
+            me.read.append(it)
+            recv[b] += 1
+            yield
+            partner.free[b].arrive()
+        yield
+
+
+def run_ghost_steps(ghost, seed, max_actions=200000):
+    rng = random.Random(seed)
+    lower, upper = Cta(False), Cta(False)
+    copies = []
+    actors = [steps_ghost_steps(lower, upper, ghost, copies, False),
+              steps_ghost_steps(upper, lower, ghost, copies, True)]
+    done = [False, False]
+    for _ in range(max_actions):
+        if all(done) and not copies:
+            break
+        choices = [i for i in range(2) if not done[i]] + (["copy"] if copies else [])
+        pick = rng.choice(choices)
+        if pick == "copy":
+            src, dst, b = copies.pop(rng.randrange(len(copies)))
+            dst.peer[b] = src.ds[b]
+            dst.full[b].complete_tx(1)
+        else:
+            try:
+                next(actors[pick])
+            except StopIteration:
+                done[pick] = True
+    else:
+        raise AssertionError(f"no progress: ghost={ghost} seed={seed}")
+    assert upper.read == list(range(len(ghost)))
+    assert lower.read == [it for it, g in enumerate(ghost) if not g]
+
+
+def test_pair_ghost_steps_under_random_interleavings():
+    """Ghost steps at the start of every q head's walk (causal: the upper block's first Q blocks
+    see none of its keys), one to three of them, GQA groups of one to three heads; and every
+    step a ghost (the upper block past the keys)."""
+    patterns = [[True] * 5]
+    for g in (1, 2, 3):
+        for heads in (1, 2, 3):
+            for m_count in (g, g + 1, g + 4):
+                patterns.append(([True] * g + [False] * (m_count - g)) * heads)
+    for ghost in patterns:
+        for seed in range(60):
+            run_ghost_steps(ghost, seed)
+
+
 def run(n_iters, ghost_upper, seed, free_wait=True, max_actions=200000):
     rng = random.Random(seed)
     lower, upper = Cta(False), Cta(ghost_upper)
