@@ -648,6 +648,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       // free barrier only hands buffers back (no data published through it: the bytes travel
       // by complete_tx on full), so CTA-scope arrive and wait are the multicast stage-release
       // pattern of mbar_arrive_cluster; if the GPU disagrees, the wait becomes mbar_wait_cluster.
+      // pair_ghost, upper CTA: no wait. The lower sends every step, and its send of step it - 1
+      // follows its hand-off barrier of it - 1, by which both its warpgroups retired their reads
+      // of what this CTA sent before; this CTA waited for that send (full) before getting here.
       if (it >= 2 && !(T::kPairGhost && pair_rank == 1)) {
         fh::mbar_wait(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
       }
@@ -733,8 +736,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         fh::wgmma_fence_operand(dq);
         if (warp_leader) {
           pipe_do->consumer_release(sd);
-          // This warp's reads of the partner's buffer are done: one of its 8 free arrivals.
-          fh::mbar_arrive_cluster(pair_bar + 2 + (it & 1), pair_rank ^ 1);
+          // This warp's reads of the partner's buffer are done: one of its 8 free arrivals
+          // (pair_ghost: the upper waits for none).
+          if (!(T::kPairGhost && pair_rank == 0)) fh::mbar_arrive_cluster(pair_bar + 2 + (it & 1), pair_rank ^ 1);
         }
         add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
         fh::wgmma_wait<0>();

@@ -74,7 +74,8 @@ def steps(me, partner, n_iters, copies, free_wait=True):
                 yield
             assert me.peer[b] == it, f"step {it}: read the partner's step {me.peer[b]}"
             me.read.append(it)
-            yield
+            yield  # the read lasts until the wgmma that reads the tile retires
+            assert me.peer[b] == it, f"step {it}: the tile changed while being read"
             partner.free[b].arrive()
         yield
 
@@ -84,7 +85,7 @@ def steps_ghost_steps(me, partner, ghost, copies, upper):
     The lower sends every step; the upper sends on the other steps only. The lower counts the
     upper's sends per buffer for its full barriers and waits for its free barrier by the step
     (the upper reads every step); the upper never waits for its free barrier (the lower's sends,
-    one per step, keep it in lockstep)."""
+    one per step, keep it in lockstep), and the lower does not arrive on it."""
     recv = [0, 0]  # the lower: the upper's sends received per buffer
     for it in range(len(ghost)):
         b = it & 1
@@ -106,8 +107,10 @@ def steps_ghost_steps(me, partner, ghost, copies, upper):
             assert me.peer[b] == it, f"step {it}: read the partner's step {me.peer[b]}"
             me.read.append(it)
             recv[b] += 1
-            yield
-            partner.free[b].arrive()
+            yield  # the read lasts until the wgmma that reads the tile retires
+            assert me.peer[b] == it, f"step {it}: the tile changed while being read"
+            if upper:
+                partner.free[b].arrive()
         yield
 
 
