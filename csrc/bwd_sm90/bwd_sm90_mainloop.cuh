@@ -406,6 +406,31 @@ __device__ __forceinline__ void add_dq_in_turn(const BwdSm90Params& p, int64_t t
   if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + h, T::kTurnThreads);
 }
 
+// pair_ghost: one ghost step of the pair's upper CTA (warpgroup wg): the lower's dS^T in, the
+// dQ^T atom-column kPairAtoms + wg over the lower's keys, the buffer handed back, the add. With
+// `handoff`, the hand-off barrier marks the step for the warpgroups' own P^T / dS^T buffers
+// (their step parity: step it + 1 may rewrite what step it - 1 read).
+template <class T, bool kDet>
+__device__ __forceinline__ void pair_ghost_step(const BwdSm90Params& p, uint8_t* smem, int it,
+                                                int64_t tile, int wg, bool handoff) {
+  const int t = threadIdx.x % 128;
+  uint64_t* pair_bar = reinterpret_cast<uint64_t*>(smem + T::kOffPairBar);
+  if (wg == 0 && t == 0) fh::mbar_arrive_expect_tx(pair_bar + (it & 1), T::kHandBytes);
+  if (handoff) fh::named_bar_sync(T::kBarHandoff, T::kConsumerThreads);
+  float dq[T::kBlockM / 2];
+  fh::zero_acc(dq);  // overwritten by the first wgmma; defined for the "+f" operands
+  fh::wgmma_fence_operand(dq);
+  fh::mbar_wait(pair_bar + (it & 1), (it >> 1) & 1);
+  fh::wgmma_fence();
+  gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
+             smem + T::kOffDsPeer + (it & 1) * T::kHandBytes);
+  fh::wgmma_commit();
+  fh::wgmma_wait<0>();
+  fh::wgmma_fence_operand(dq);
+  if (threadIdx.x % 32 == 0) fh::mbar_arrive_cluster(pair_bar + 2 + (it & 1), 0);  // the lower
+  add_dq_in_turn<T, kDet>(p, tile, T::kPairAtoms + wg, t, dq);
+}
+
 // ------------------------------------------------------------ deterministic turn warps ---
 // Deterministic mode: warp 1 + h of the producer warpgroup keeps the dQ turns of phase h (by
 // head dim the atom-column each consumer warpgroup adds first, h = 0, or second, h = 1, into the
@@ -551,23 +576,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     const bool partner_ghost = ghost_step && pair_rank == 0;  // nothing comes from the upper
     if constexpr (T::kPairGhost) {
       if (ghost_step && pair_rank == 1) {
-        // A ghost step: the lower's dS^T in, this CTA's dQ^T half over the lower's keys, out.
-        // The hand-off barrier still marks the step: it is what lets step it + 1 rewrite the
-        // buffers that step it - 1's wgmmas read.
-        if (wg == 0 && t == 0) fh::mbar_arrive_expect_tx(pair_bar + (it & 1), T::kHandBytes);
-        fh::named_bar_sync(T::kBarHandoff, T::kConsumerThreads);
-        float dq[T::kBlockM / 2];
-        fh::zero_acc(dq);
-        fh::wgmma_fence_operand(dq);
-        fh::mbar_wait(pair_bar + (it & 1), (it >> 1) & 1);
-        fh::wgmma_fence();
-        gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
-                   smem + T::kOffDsPeer + (it & 1) * T::kHandBytes);
-        fh::wgmma_commit();
-        fh::wgmma_wait<0>();
-        fh::wgmma_fence_operand(dq);
-        if (warp_leader) fh::mbar_arrive_cluster(pair_bar + 2 + (it & 1), pair_rank ^ 1);
-        add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
+        // A ghost step; the hand-off barrier still marks it for the buffers' step parity.
+        pair_ghost_step<T, kDet>(p, smem, it, tile, wg, true);
         continue;  // no Q / dO stage was loaded for it
       }
     }
@@ -829,29 +839,12 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
 template <class T, bool kDet>
 __device__ __forceinline__ void bwd_sm90_consumer_ghost(const BwdSm90Params& p, const BwdSm90Work& w,
                                                         uint8_t* smem, uint64_t* kv_bar, const int wg) {
-  const int t = threadIdx.x % 128;
-  const bool warp_leader = (threadIdx.x % 32) == 0;
-  const uint32_t pair_rank = blockIdx.x & 1;  // 1: the lower block holds keys
-  const int dq_atom = T::kPairAtoms * static_cast<int>(pair_rank) + wg;
-  uint64_t* pair_bar = reinterpret_cast<uint64_t*>(smem + T::kOffPairBar);
   if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);  // the partner's K half
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block;
     bwd_sm90_iter<kDet>(p, w, it, head, m_block);
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);
-    if (wg == 0 && t == 0) fh::mbar_arrive_expect_tx(pair_bar + (it & 1), T::kHandBytes);
-    float dq[T::kBlockM / 2];
-    fh::zero_acc(dq);  // overwritten by the first wgmma; defined for the "+f" operands
-    fh::wgmma_fence_operand(dq);
-    fh::mbar_wait(pair_bar + (it & 1), (it >> 1) & 1);
-    fh::wgmma_fence();
-    gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
-               smem + T::kOffDsPeer + (it & 1) * T::kHandBytes);
-    fh::wgmma_commit();
-    fh::wgmma_wait<0>();
-    fh::wgmma_fence_operand(dq);
-    if (warp_leader) fh::mbar_arrive_cluster(pair_bar + 2 + (it & 1), pair_rank ^ 1);
-    add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
+    pair_ghost_step<T, kDet>(p, smem, it, tile, wg, false);  // no hand-off buffers in use
   }
   fh::cluster_sync();  // as bwd_sm90_consumer: no exit while the partner may still copy in
 }

@@ -114,29 +114,33 @@ def steps_ghost_steps(me, partner, ghost, copies, upper):
         yield
 
 
-def run_ghost_steps(ghost, seed, max_actions=200000):
-    rng = random.Random(seed)
-    lower, upper = Cta(False), Cta(False)
-    copies = []
-    actors = [steps_ghost_steps(lower, upper, ghost, copies, False),
-              steps_ghost_steps(upper, lower, ghost, copies, True)]
+def _schedule(actors, copies, rng, max_actions, what):
+    """Runs the two consumers and the copy engine in a random order until all are done."""
     done = [False, False]
     for _ in range(max_actions):
         if all(done) and not copies:
-            break
+            return
         choices = [i for i in range(2) if not done[i]] + (["copy"] if copies else [])
         pick = rng.choice(choices)
         if pick == "copy":
             src, dst, b = copies.pop(rng.randrange(len(copies)))
-            dst.peer[b] = src.ds[b]
+            dst.peer[b] = src.ds[b]  # the engine reads the source now
             dst.full[b].complete_tx(1)
         else:
             try:
                 next(actors[pick])
             except StopIteration:
                 done[pick] = True
-    else:
-        raise AssertionError(f"no progress: ghost={ghost} seed={seed}")
+    raise AssertionError(f"no progress: {what}")
+
+
+def run_ghost_steps(ghost, seed, max_actions=200000):
+    rng = random.Random(seed)
+    lower, upper = Cta(False), Cta(False)
+    copies = []
+    actors = [steps_ghost_steps(lower, upper, ghost, copies, False),
+              steps_ghost_steps(upper, lower, ghost, copies, True)]
+    _schedule(actors, copies, rng, max_actions, f"ghost={ghost} seed={seed}")
     assert upper.read == list(range(len(ghost)))
     assert lower.read == [it for it, g in enumerate(ghost) if not g]
 
@@ -160,23 +164,7 @@ def run(n_iters, ghost_upper, seed, free_wait=True, max_actions=200000):
     lower, upper = Cta(False), Cta(ghost_upper)
     copies = []  # issued, not yet completed: (source CTA, destination CTA, buffer)
     actors = [steps(lower, upper, n_iters, copies, free_wait), steps(upper, lower, n_iters, copies, free_wait)]
-    done = [False, False]
-    for _ in range(max_actions):
-        if all(done) and not copies:
-            break
-        choices = [i for i in range(2) if not done[i]] + (["copy"] if copies else [])
-        pick = rng.choice(choices)
-        if pick == "copy":
-            src, dst, b = copies.pop(rng.randrange(len(copies)))
-            dst.peer[b] = src.ds[b]  # the engine reads the source now
-            dst.full[b].complete_tx(1)
-        else:
-            try:
-                next(actors[pick])
-            except StopIteration:
-                done[pick] = True
-    else:
-        raise AssertionError(f"no progress: n_iters={n_iters} ghost={ghost_upper} seed={seed}")
+    _schedule(actors, copies, rng, max_actions, f"n_iters={n_iters} ghost={ghost_upper} seed={seed}")
     expect = list(range(n_iters))
     assert upper.read == expect
     assert lower.read == ([] if ghost_upper else expect)
