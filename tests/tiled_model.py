@@ -182,6 +182,12 @@ def _bwd_preprocess(dout, out, lse, q, k, v, block_m):
     return dsum, lse2, dq_accum, np.zeros_like(k), np.zeros_like(v)
 
 
+def _bwd_step_rows(load, lse2, dsum, b, h, r0, block_m):
+    """A backward step's Q and dO rows r0.. of head h, with their LSE * log2(e) and D."""
+    return (load("q", b, r0, h, block_m), load("dout", b, r0, h, block_m),
+            lse2[b, h, r0:r0 + block_m], dsum[b, h, r0:r0 + block_m])
+
+
 def _bwd_tile_p_ds(q_i, do_i, k_j, v_j, lse2_i, d_i, keep, scale_log2):
     """Steps (1)-(4) of one tile pair: returns (P, dS)."""
     # (1) S = Q_i K_j^T
@@ -227,10 +233,7 @@ def tiled_backward(dout, q, k, v, out, lse, causal=False, scale=None, block_m=DE
                     for m_block in range(lo, hi):
                         visits += 1
                         r0 = m_block * block_m
-                        q_i = load("q", b, r0, h, block_m)
-                        do_i = load("dout", b, r0, h, block_m)
-                        lse2_i = lse2[b, h, r0:r0 + block_m]
-                        d_i = dsum[b, h, r0:r0 + block_m]
+                        q_i, do_i, lse2_i, d_i = _bwd_step_rows(load, lse2, dsum, b, h, r0, block_m)
                         keep = _tile_mask(m_block, n_block, seqlen_q, seqlen_k, block_m, block_n,
                                           causal)
                         p, ds = _bwd_tile_p_ds(q_i, do_i, k_j, v_j, lse2_i, d_i, keep, scale_log2)
@@ -285,10 +288,7 @@ def tiled_backward_pair(dout, q, k, v, out, lse, causal=False, scale=None, block
                     for m_block in range(lo, hi):
                         visits += 2
                         r0 = m_block * block_m
-                        q_i = load("q", b, r0, h, block_m)
-                        do_i = load("dout", b, r0, h, block_m)
-                        lse2_i = lse2[b, h, r0:r0 + block_m]
-                        d_i = dsum[b, h, r0:r0 + block_m]
+                        q_i, do_i, lse2_i, d_i = _bwd_step_rows(load, lse2, dsum, b, h, r0, block_m)
                         ds_r = []
                         for r, n_block in enumerate(blocks):
                             keep = _tile_mask(m_block, n_block, seqlen_q, seqlen_k, block_m,

@@ -32,6 +32,13 @@ constexpr BwdSm90Row kTable[] = {FLASHBACK_SM90_FOR_EACH_HEADDIM(FLASHBACK_BWD_R
 
 constexpr size_t kAlign = 256;
 
+// The main kernel's CTAs for the longest sequence: one per K/V block (pair_dq: whole clusters
+// of two).
+int64_t grid_ctas(const BwdSm90Config& cfg, const flashback_bwd_params& p) {
+  const int64_t unit_keys = int64_t{cfg.pair_dq ? 2 : 1} * cfg.block_n;
+  return (p.seqlen_k + unit_keys - 1) / unit_keys * (cfg.pair_dq ? 2 : 1) * p.nheads_k * p.batch;
+}
+
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 }  // namespace
@@ -71,11 +78,7 @@ bool bwd_sm90_can_implement(const flashback_bwd_params& p, const char** why) {
     reason = "dtype is neither bf16 nor fp16";
   } else if (!dtype_compiled(p.dtype)) {
     reason = dtype_not_compiled(p.dtype);  // FLASHBACK_DTYPES left it out: the row's instance is null
-  } else if ((row->cfg->pair_dq ? 2 : 1) *
-                 int64_t{(p.seqlen_k + (row->cfg->pair_dq ? 2 : 1) * row->cfg->block_n - 1) /
-                         ((row->cfg->pair_dq ? 2 : 1) * row->cfg->block_n)} *
-                 p.nheads_k * p.batch >
-             int64_t{0x7fffffff}) {  // pair_dq: the grid is rounded up to whole clusters
+  } else if (grid_ctas(*row->cfg, p) > int64_t{0x7fffffff}) {
     reason = "grid too large (batch x kv heads x key blocks of the longest sequence)";
   } else {
     // The dK/dV/dQ writes and the preprocess use 4- and 16-byte vectors (the API checks

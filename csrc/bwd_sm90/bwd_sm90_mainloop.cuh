@@ -241,14 +241,17 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     // dS^T rows that are 0 (their P is 0), as in any partial block.
     const int rank = static_cast<int>(blockIdx.x & 1);
     const int peer_row = static_cast<int>(w.seq.row_k) + (w.n_block ^ 1) * T::kBlockN;
-    if (T::kPairGhost && w.n_block >= w.n_blocks) {
-      // A ghost (pair_ghost): the partner's K half is all it reads.
-      fh::mbar_arrive_expect_tx(kv_bar, T::kPairAtoms * T::kKvAtomBytes);
+    auto load_peer_k = [&] {
 #pragma unroll
       for (int a = 0; a < T::kPairAtoms; ++a) {
         tma_rows(smem + T::kOffKPeer + a * T::kKvAtomBytes, m.k, kv_bar, p.head_inner & 2,
                  64 * (T::kPairAtoms * rank + a), peer_row, w.kv_head, w.map_batch);
       }
+    };
+    if (T::kPairGhost && w.n_block >= w.n_blocks) {
+      // A ghost (pair_ghost): the partner's K half is all it reads.
+      fh::mbar_arrive_expect_tx(kv_bar, T::kPairAtoms * T::kKvAtomBytes);
+      load_peer_k();
       return;
     }
     // pair_ghost: a partner past the keys sends nothing, so its K rows are not read here.
@@ -256,11 +259,7 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     fh::mbar_arrive_expect_tx(kv_bar, T::kKvTileBytes + (peer_k ? T::kPairAtoms * T::kKvAtomBytes : 0));
     tma_tile<T::kAtomCols>(smem + T::kOffK, T::kKvAtomBytes, m.k, kv_bar, p.head_inner & 2,
                            static_cast<int>(w.seq.row_k) + n0, w.kv_head, w.map_batch);
-#pragma unroll
-    for (int a = 0; a < (peer_k ? T::kPairAtoms : 0); ++a) {
-      tma_rows(smem + T::kOffKPeer + a * T::kKvAtomBytes, m.k, kv_bar, p.head_inner & 2,
-               64 * (T::kPairAtoms * rank + a), peer_row, w.kv_head, w.map_batch);
-    }
+    if (peer_k) load_peer_k();
   } else {
     load_kv(T::kOffK, m.k, kv_bar, p.head_inner & 2);
   }

@@ -52,7 +52,7 @@ __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
       pipe_tile->producer_acquire(sr);
       if constexpr (T::kAsyncTileIds) {
         fh::mbar_arrive_expect_tx(pipe_tile->full_barrier(sr), 4);
-        fh::st_async_u32(const_cast<uint32_t*>(reinterpret_cast<volatile uint32_t*>(ids + sr.stage)),
+        fh::st_async_u32(reinterpret_cast<uint32_t*>(smem + T::kOffTileIds) + sr.stage,
                          static_cast<uint32_t>(id), pipe_tile->full_barrier(sr), fh::cluster_ctarank());
       } else {
         ids[sr.stage] = id;

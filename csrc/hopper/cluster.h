@@ -106,15 +106,10 @@ FB_DEVICE void st_shared_cluster_u32(uint32_t cluster_addr, uint32_t v) {
 // reads the value. A value handed over this way has no generic-proxy store that a race detector
 // must pair with the barrier (the forward's tile ids). PTX ISA st.async (sm_90, PTX 8.1).
 FB_DEVICE void st_async_u32(uint32_t* dst, uint32_t value, uint64_t* bar, uint32_t rank) {
-  asm volatile(
-      "{\n"
-      ".reg .b32 rdst, rbar;\n"
-      "mapa.shared::cluster.u32 rdst, %0, %3;\n"
-      "mapa.shared::cluster.u32 rbar, %2, %3;\n"
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.u32 [rdst], %1, [rbar];\n"
-      "}\n" ::"r"(smem_u32(dst)),
-      "r"(value), "r"(smem_u32(bar)), "r"(rank)
-      : "memory");
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.u32 [%0], %1, [%2];" ::"r"(
+                   mapa_shared(smem_u32(dst), rank)),
+               "r"(value), "r"(mapa_shared(smem_u32(bar), rank))
+               : "memory");
 }
 
 // Cluster barrier, split in two so independent work can go between arrive and wait. Each

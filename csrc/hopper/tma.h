@@ -14,6 +14,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include "hopper/cluster.h"  // mapa_shared
 #include "hopper/common.h"
 
 namespace flashback {
@@ -231,13 +232,9 @@ FB_DEVICE void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* b
 FB_DEVICE void bulk_copy_to_cta(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
                                 uint32_t cta_rank) {
   asm volatile(
-      "{\n"
-      ".reg .b32 rdst, rbar;\n"
-      "mapa.shared::cluster.u32 rdst, %0, %3;\n"
-      "mapa.shared::cluster.u32 rbar, %2, %3;\n"
-      "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [rdst], [%1], %4, [rbar];\n"
-      "}\n" ::"r"(smem_u32(dst)),
-      "r"(smem_u32(src)), "r"(smem_u32(bar)), "r"(cta_rank), "r"(bytes)
+      "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %3, [%2];" ::"r"(
+          mapa_shared(smem_u32(dst), cta_rank)),
+      "r"(smem_u32(src)), "r"(mapa_shared(smem_u32(bar), cta_rank)), "r"(bytes)
       : "memory");
 }
 
