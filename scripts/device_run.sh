@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, with the library already built into build/ (this script builds nothing):
 #   1. every GPU test; a failing test does not stop the others  -> $OUT/tests.log
+#      and the d = 256 tests again with the 2-CTA backward pair forced -> $OUT/tests-pair.log
 #   2. the benchmark sweep with its plot, always, even after failed tests
 #                                -> benchmarks/results/, copied into $OUT (+ $OUT/bench.log)
 #   3. a short summary, last: test counts and failures, then the benchmark table.
@@ -49,6 +50,12 @@ echo "== GPU tests (log: $OUT_DIR/tests.log)"
 timeout -k 10 "$TEST_TIMEOUT" $PY -m pytest tests -m gpu -q -rfEs -p no:cacheprovider > "$OUT_DIR/tests.log" 2>&1
 test_rc=$?
 tail -n 3 "$OUT_DIR/tests.log"
+# The d = 256 backward runs most test shapes (short walks) on one CTA per K/V block; its tests
+# again with the 2-CTA pair forced, so the pair kernel meets every shape too.
+timeout -k 10 "$TEST_TIMEOUT" env FLASHBACK_BWD_PAIR=1 $PY -m pytest tests/gpu/test_attention.py -m gpu -q -rfEs \
+  -p no:cacheprovider -k d256 > "$OUT_DIR/tests-pair.log" 2>&1
+pair_rc=$?
+tail -n 1 "$OUT_DIR/tests-pair.log"
 
 echo
 echo "== benchmark (log: $OUT_DIR/bench.log)"
@@ -78,6 +85,9 @@ case $test_rc in
 esac
 echo "tests: ${counts:-no summary line} [$status] (full log: $OUT_DIR/tests.log)"
 grep -E '^(FAILED|ERROR) ' "$OUT_DIR/tests.log" | head -n 25
+pair_counts=$(grep -E '[0-9]+ (passed|failed|error|errors|skipped|deselected)|no tests ran' "$OUT_DIR/tests-pair.log" | tail -n 1)
+echo "tests with FLASHBACK_BWD_PAIR=1 (d256): ${pair_counts:-no summary line} [exit $pair_rc] (log: $OUT_DIR/tests-pair.log)"
+grep -E '^(FAILED|ERROR) ' "$OUT_DIR/tests-pair.log" | head -n 10
 case $bench_rc in
   0) status="ok" ;;
   124|137) status="TIMED OUT after ${left}s: partial results" ;;
@@ -91,5 +101,5 @@ else
   tail -n 2 "$OUT_DIR/bench.log"
   echo "no result file"
 fi
-[ "$test_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+[ "$test_rc" -eq 0 ] && [ "$pair_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
 exit $?

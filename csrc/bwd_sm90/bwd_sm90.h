@@ -62,14 +62,6 @@ struct BwdSm90Config {
   // per thread at the step's top, whose latency the S wgmma does not hide. Measured +0.5..+4.7%
   // at d = 128 / 192; -0.2..-2.0% at d = 256, whose one Q stage then waits for the rows too.
   bool stats_smem = false;
-  // pair_dq: the order of the step's wgmma groups. 0: dQ^T own, dV^T, dQ^T peer, dK^T (dQ^T
-  // added while dK^T runs; the one Q stage freed last). 1: dQ^T own, dV^T, dK^T, dQ^T peer: dO
-  // released after dV^T, the Q stage after dK^T while the peer dQ^T still runs, so the
-  // producer's next Q load overlaps it and the dQ adds. 2: as 1, but the Q stage released
-  // before the wait for the partner's dS^T (dK^T waited for first). ncu on order 0: 17% of the
-  // stall samples in the wait for Q, 10% in the wait for the partner's dS^T (docs/perf-log.md).
-  // 1 and 2 are CANDIDATES.
-  int pair_order = 0;
   // pair_dq: the upper block of a pair walks the lower's Q blocks, so it has steps in which it
   // holds no key the queries see: causal, its first 1-2 Q blocks of every q head's walk; with
   // an odd block count, every step of the last cluster's upper CTA (past the keys). With
@@ -77,7 +69,7 @@ struct BwdSm90Config {
   // only computes its dQ^T half over the lower block's keys from the dS^T it receives, sends
   // nothing, and the lower skips its peer dQ^T (a CTA past the keys loads only the lower's K
   // half). Without it those steps run in full on masked keys (at seqlen 512 causal ~1 in 4 of
-  // the upper CTAs' steps). Order 0 only. CANDIDATE.
+  // the upper CTAs' steps). Measured +0..+2.6% on the main sweep, +0.7..+3.6% at 512-2048.
   bool pair_ghost = false;
 };
 
@@ -109,32 +101,37 @@ struct BwdSm90Config {
 constexpr BwdSm90Config kBwdSm90Hdim64 = {64, 128, 128, 2, 2, 24, 240, false, 2, true};
 constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, true};
 constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
-// d = 256 runs the 2-CTA pair (pair_dq): its dS^T buffers take the room of the second Q stage.
-// Measured on the H200 against one CTA with two Q stages: +0.9 / +4.4 / +5.2% causal 4k / 8k /
-// 16k, -0.5 / +0.5 / +1.9% non-causal; one Q stage alone costs 4-7% (docs/perf-log.md).
-constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true};
-// The deterministic mode's config per head dim. d = 256 runs deterministic without the pair and
-// with the second Q stage back (216 KB), as measured before the pair (the pair in this mode:
-// candidate kBwdSm90Hdim256PairDet); it also runs the default mode where no 2-CTA cluster fits
-// (run_bwd_sm90_default). The two configs of a head dim share block_m and block_n (the
-// workspace and can_implement read the default's).
+// d = 256 runs the 2-CTA pair (pair_dq, with pair_ghost): its dS^T buffers take the room of
+// the second Q stage. Measured on the H200 against one CTA with two Q stages: +0.9 / +4.4 /
+// +5.2% causal 4k / 8k / 16k, -0.5 / +0.5 / +1.9% non-causal; one Q stage alone costs 4-7%;
+// pair_ghost on top +0..+2.6% (docs/perf-log.md).
+constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true};
+// The deterministic mode's config per head dim (the two configs of a head dim share block_m
+// and block_n: the workspace and can_implement read the default's). d = 256: the pair without
+// ghost steps; against the single-CTA config in this mode +3.5 / +5.3 / +7.9% causal,
+// +5.0 / +5.5 / +5.8% non-causal (docs/perf-log.md).
 static constexpr const BwdSm90Config& kBwdSm90Hdim64Det = kBwdSm90Hdim64;
 static constexpr const BwdSm90Config& kBwdSm90Hdim128Det = kBwdSm90Hdim128;
 static constexpr const BwdSm90Config& kBwdSm90Hdim192Det = kBwdSm90Hdim192;
-constexpr BwdSm90Config kBwdSm90Hdim256Det = {256, 64, 80, 2, 1, 24, 240, false, 2};
+constexpr BwdSm90Config kBwdSm90Hdim256Det = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true};
+// The single-CTA config of a head dim whose configs are pairs: it runs both modes where the
+// pair does not pay (short walks: fewer than kBwdSm90PairMinRows query rows per CTA, measured
+// 1.7-12% faster than the pair at seqlen 512-2048) or cannot run (no 2-CTA cluster fits, or
+// FLASHBACK_BWD_PAIR=0). d = 256: the second Q stage back, 216 KB, as measured before the
+// pair. Where no config is a pair it is the default's and never runs on its own.
+static constexpr const BwdSm90Config& kBwdSm90Hdim64Single = kBwdSm90Hdim64;
+static constexpr const BwdSm90Config& kBwdSm90Hdim128Single = kBwdSm90Hdim128;
+static constexpr const BwdSm90Config& kBwdSm90Hdim192Single = kBwdSm90Hdim192;
+constexpr BwdSm90Config kBwdSm90Hdim256Single = {256, 64, 80, 2, 1, 24, 240, false, 2};
+// Query rows a CTA walks (seqlen_q x the GQA group) from which a pair config runs. Measured
+// at d = 256: the single CTA faster by 1.7-12% at 512-2048 rows, the pair faster from 4096
+// (docs/perf-log.md); between, the midpoint.
+constexpr int kBwdSm90PairMinRows = 3072;
 // d = 192 with three consumer warpgroups of one atom-column each (64 x 96, FA3's public d = 192
 // shape; registers 128 of 160, 216 KB): passed the d = 192 GPU tests and measured no faster
 // than kBwdSm90Hdim192 (-2.7..+3.1%, docs/perf-log.md); its kernels are compiled by the
 // flashback_candidates target (csrc/candidates/), not linked.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false, 3};
-// Candidates, NOT yet run on a GPU: the d = 256 pair with pair_order 1 and 2.
-constexpr BwdSm90Config kBwdSm90Hdim256DkEarly = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, 1};
-constexpr BwdSm90Config kBwdSm90Hdim256DkEarlyQ = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, 2};
-// Candidate, NOT yet run on a GPU: the d = 256 pair with pair_ghost.
-constexpr BwdSm90Config kBwdSm90Hdim256Ghost = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, 0, true};
-// Candidate, NOT yet run on a GPU: the deterministic mode with the pair (the add order over
-// units of two K/V blocks, bwd_sm90_scheduler.cuh), in place of kBwdSm90Hdim256Det.
-constexpr BwdSm90Config kBwdSm90Hdim256PairDet = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {

@@ -1,6 +1,8 @@
 // Hopper backward: which config serves a call (the table), its workspace, whether the fast path
 // takes it (can_implement), and the dispatch to the instance.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "bwd_sm90/bwd_sm90.h"
 #include "bwd_sm90/bwd_sm90_launch.cuh"
@@ -48,9 +50,21 @@ bool bwd_sm90_det_cooperative() {
   return on;
 }
 
-bool bwd_sm90_no_pair() {
-  static const bool on = env_switch("FLASHBACK_BWD_NO_PAIR");
-  return on;
+int bwd_sm90_pair_switch() {
+  static const int value = [] {
+    const char* v = std::getenv("FLASHBACK_BWD_PAIR");
+    if (v == nullptr || v[0] == '\0' || std::strcmp(v, "auto") == 0) return -1;
+    return v[0] == '0' ? 0 : 1;
+  }();
+  return value;
+}
+
+bool bwd_sm90_pair_pays(const flashback_bwd_params& p) {
+  const int forced = bwd_sm90_pair_switch();
+  if (forced >= 0) return forced == 1;
+  // A CTA walks every q head of its kv head's group over the (longest) sequence's queries.
+  const int64_t rows = int64_t{p.seqlen_q} * (p.nheads / p.nheads_k);
+  return rows >= kBwdSm90PairMinRows;
 }
 
 WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p) {

@@ -45,9 +45,10 @@ struct WorkspaceParts {
 WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p);
 // FLASHBACK_DET_COOPERATIVE, read once per process.
 bool bwd_sm90_det_cooperative();
-// FLASHBACK_BWD_NO_PAIR (EXPERIMENTAL, read once per process): the default mode runs without
-// the 2-CTA pair where a head dim has one (run_bwd_sm90_default), for A/B runs and tests.
-bool bwd_sm90_no_pair();
+// Does a 2-CTA pair config pay for these params (run_bwd_sm90_mode): enough query rows per CTA
+// (kBwdSm90PairMinRows). FLASHBACK_BWD_PAIR (for A/B runs and tests, read once per process)
+// overrides it: 0 never, 1 always (where a cluster fits), auto or unset by the rows.
+bool bwd_sm90_pair_pays(const flashback_bwd_params& p);
 
 template <class T, bool kDet>
 __global__ void __launch_bounds__(T::kThreads, 1)
@@ -258,40 +259,40 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   return launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, stream);
 }
 
-// The default mode of one head dim. Where its config is a 2-CTA pair and the deterministic
-// one is not: when no cluster fits on the device (cudaErrorNotSupported, nothing queued) or
-// FLASHBACK_BWD_NO_PAIR is set, the deterministic mode's single-CTA config runs the default
-// mode instead, so fp16 (which the reference kernels do not serve) keeps a fast path.
-template <const BwdSm90Config& kCfg, const BwdSm90Config& kDetCfg, Dtype kDtype>
-cudaError_t run_bwd_sm90_default(const flashback_bwd_params& p, cudaStream_t stream) {
-  if constexpr (kCfg.pair_dq && !kDetCfg.pair_dq) {
-    using Single = BwdSm90Traits<kDetCfg, kDtype>;
-    if (bwd_sm90_no_pair()) return run_bwd_sm90_config<Single, false>(p, stream);
-    const cudaError_t err = run_bwd_sm90_config<BwdSm90Traits<kCfg, kDtype>, false>(p, stream);
-    return err == cudaErrorNotSupported ? run_bwd_sm90_config<Single, false>(p, stream) : err;
+// One mode of one head dim (kCfg: its default or deterministic config). Where kCfg is a 2-CTA
+// pair, the head dim's single-CTA config runs the call instead when the pair does not pay
+// (bwd_sm90_pair_pays: short walks, or FLASHBACK_BWD_PAIR=0) or cannot run (no cluster fits:
+// cudaErrorNotSupported with nothing queued), so fp16, which the reference kernels do not
+// serve, keeps a fast path.
+template <const BwdSm90Config& kCfg, const BwdSm90Config& kSingleCfg, Dtype kDtype, bool kDet>
+cudaError_t run_bwd_sm90_mode(const flashback_bwd_params& p, cudaStream_t stream) {
+  if constexpr (kCfg.pair_dq) {
+    static_assert(!kSingleCfg.pair_dq, "the fallback of a pair is one CTA per K/V block");
+    using Single = BwdSm90Traits<kSingleCfg, kDtype>;
+    if (!bwd_sm90_pair_pays(p)) return run_bwd_sm90_config<Single, kDet>(p, stream);
+    const cudaError_t err = run_bwd_sm90_config<BwdSm90Traits<kCfg, kDtype>, kDet>(p, stream);
+    return err == cudaErrorNotSupported ? run_bwd_sm90_config<Single, kDet>(p, stream) : err;
   } else {
-    return run_bwd_sm90_config<BwdSm90Traits<kCfg, kDtype>, false>(p, stream);
+    return run_bwd_sm90_config<BwdSm90Traits<kCfg, kDtype>, kDet>(p, stream);
   }
 }
 
 // The entry point of head dim D's instances, bf16 and fp16 (in bwd_sm90_hdim<D>.cu; the table
 // in bwd_sm90_launch.cu declares them).
+#define FLASHBACK_BWD_SM90_ENTRY(D, DT, DTYPE)                                                     \
+  cudaError_t run_bwd_sm90_hdim##D##_##DT(const flashback_bwd_params& p, cudaStream_t stream) { \
+    return p.deterministic                                                                      \
+        ? run_bwd_sm90_mode<kBwdSm90Hdim##D##Det, kBwdSm90Hdim##D##Single, DTYPE, true>(p, stream) \
+        : run_bwd_sm90_mode<kBwdSm90Hdim##D, kBwdSm90Hdim##D##Single, DTYPE, false>(p, stream); \
+  }
 #define FLASHBACK_BWD_SM90_INSTANCES(D)                                                         \
   static_assert(kBwdSm90Hdim##D##Det.block_m == kBwdSm90Hdim##D.block_m &&                      \
-                    kBwdSm90Hdim##D##Det.block_n == kBwdSm90Hdim##D.block_n,                    \
+                    kBwdSm90Hdim##D##Det.block_n == kBwdSm90Hdim##D.block_n &&                  \
+                    kBwdSm90Hdim##D##Single.block_m == kBwdSm90Hdim##D.block_m &&               \
+                    kBwdSm90Hdim##D##Single.block_n == kBwdSm90Hdim##D.block_n,                 \
                 "the workspace and can_implement read the default config's tiles");             \
-  FLASHBACK_SM90_IF_BF16(                                                                       \
-  cudaError_t run_bwd_sm90_hdim##D##_bf16(const flashback_bwd_params& p, cudaStream_t stream) { \
-    return p.deterministic                                                                      \
-        ? run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim##D##Det, Dtype::kBf16>, true>(p, stream) \
-        : run_bwd_sm90_default<kBwdSm90Hdim##D, kBwdSm90Hdim##D##Det, Dtype::kBf16>(p, stream);  \
-  })                                                                                            \
-  FLASHBACK_SM90_IF_FP16(                                                                       \
-  cudaError_t run_bwd_sm90_hdim##D##_fp16(const flashback_bwd_params& p, cudaStream_t stream) { \
-    return p.deterministic                                                                      \
-        ? run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim##D##Det, Dtype::kF16>, true>(p, stream) \
-        : run_bwd_sm90_default<kBwdSm90Hdim##D, kBwdSm90Hdim##D##Det, Dtype::kF16>(p, stream);   \
-  })
+  FLASHBACK_SM90_IF_BF16(FLASHBACK_BWD_SM90_ENTRY(D, bf16, Dtype::kBf16))                       \
+  FLASHBACK_SM90_IF_FP16(FLASHBACK_BWD_SM90_ENTRY(D, fp16, Dtype::kF16))
 
 }  // namespace sm90
 }  // namespace flashback

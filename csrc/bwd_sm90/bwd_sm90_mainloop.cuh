@@ -141,9 +141,7 @@ struct BwdSm90Traits {
                 "the CTA's half each)");
   static constexpr int kPairAtoms = kAtomCols / 2;  // dQ^T atom-columns per CTA of a pair
   static constexpr bool kPairGhost = kCfg.pair_ghost;
-  static_assert(!kPairGhost || (kPair && kCfg.pair_order == 0), "pair_ghost: the pair, order 0");
-  static constexpr int kPairOrder = kCfg.pair_order;
-  static_assert(kPairOrder == 0 || (kPair && kPairOrder <= 2), "pair_order orders the pair's groups");
+  static_assert(!kPairGhost || kPair, "pair_ghost: the pair's upper CTA");
   // Swizzled tiles start on 1024 bytes (the stat rows before may end anywhere).
   static constexpr uint32_t kOffKPeer = (kOffDsum + kDoStages * kStatBytes + 1023) / 1024 * 1024;
   static constexpr uint32_t kOffDsPeer = kOffKPeer + (kPair ? kPairAtoms * kKvAtomBytes : 0);
@@ -620,6 +618,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       const float* dsum_s = reinterpret_cast<const float*>(smem + T::kOffDsum + sd.stage * T::kStatBytes);
       dsum0 = dsum_s[q_row];
       dsum1 = dsum_s[q_row + 8];
+      // A warp's leader releases the stages for its lanes (an mbarrier arrive releases only its
+      // own thread's accesses), and the next bulk copy into them overwrites these rows.
+      __syncwarp();
     }
 
     // (2) P = exp2(S * scale * log2e - LSE * log2e) while dP is on the tensor cores. Keys past
@@ -687,34 +688,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       // (7) for atom-column dq_atom over both blocks' keys: K_own^T dS_own^T, then (after dV^T,
       // which needs no partner) K_peer^T dS_peer^T once the partner's dS^T is in; dK^T last.
       // dQ^T is complete after the first three groups: released, added while dK^T runs.
-      // (pair_order 1 / 2: dK^T third, the peer dQ^T last; Q is released before the dQ adds.)
       float dq[T::kBlockM / 2];
       issue_dq_dv<T, kOwn>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, ds_t, acc_dv, do_s, first, p_t);
-      if constexpr (T::kPairOrder > 0) {
-#pragma unroll
-        for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
-        fh::wgmma_commit();
-        fh::wgmma_wait<1>();  // dQ^T own and dV^T
-        if (warp_leader) pipe_do->consumer_release(sd);
-        if constexpr (T::kPairOrder == 2) {
-          fh::wgmma_wait<0>();  // dK^T
-          if (warp_leader) pipe_q->consumer_release(sq);
-        }
-        fh::mbar_wait(pair_bar + (it & 1), (it >> 1) & 1);
-        fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
-        gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
-                   smem + T::kOffDsPeer + (it & 1) * T::kHandBytes, true);
-        fh::wgmma_commit();
-        if constexpr (T::kPairOrder == 1) {
-          fh::wgmma_wait<1>();  // dK^T
-          if (warp_leader) pipe_q->consumer_release(sq);
-        }
-        fh::wgmma_wait<0>();
-        fh::wgmma_fence_operand(dq);
-        // This warp's reads of the partner's buffer are done: one of its 8 free arrivals.
-        if (warp_leader) fh::mbar_arrive_cluster(pair_bar + 2 + (it & 1), pair_rank ^ 1);
-        add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
-      } else if (T::kPairGhost && partner_ghost) {
+      if (T::kPairGhost && partner_ghost) {
         // Nothing from the partner: dQ^T own, dV^T, dK^T; dQ^T is complete at wait<1>.
         fh::wgmma_fence();  // a wgmma after a branch (C7519)
 #pragma unroll

@@ -10,14 +10,7 @@ namespace sm90 {
 #define FLASHBACK_BWD_CANDIDATE(C)                                               \
   template cudaError_t run_bwd_sm90_config<BwdSm90Traits<C, Dtype::kBf16>, false>(   \
       const flashback_bwd_params&, cudaStream_t);
-#define FLASHBACK_BWD_DET_CANDIDATE(C)                                               \
-  template cudaError_t run_bwd_sm90_config<BwdSm90Traits<C, Dtype::kBf16>, true>(   \
-      const flashback_bwd_params&, cudaStream_t);
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256DkEarly)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256DkEarlyQ)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256Ghost)
-FLASHBACK_BWD_DET_CANDIDATE(kBwdSm90Hdim256PairDet)
 #define FLASHBACK_FWD_CANDIDATE(C)                                               \
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>(   \
       const flashback_fwd_params&, cudaStream_t);
@@ -27,6 +20,5 @@ FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192AsyncIds)
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256AsyncIds)
 #undef FLASHBACK_FWD_CANDIDATE
 #undef FLASHBACK_BWD_CANDIDATE
-#undef FLASHBACK_BWD_DET_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

@@ -356,21 +356,23 @@ def test_deterministic_cooperative_launches_give_the_same_bits(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True], ids=["nondet", "det"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_bwd_without_the_pair_gives_the_same_dk_dv(tmp_path, dtype):
-    """FLASHBACK_BWD_NO_PAIR=1 runs the d = 256 default-mode backward on one CTA per K/V block
-    (the fallback where no 2-CTA cluster fits). dK and dV are summed in the same order either
-    way (the pair's upper block only adds causally masked steps, whose products are exact
-    zeros), so they must be bitwise equal; dQ (atomics in either) within rounding. 13 K/V
-    blocks: the last cluster's upper CTA lies past the keys; GQA 8 / 4: the masked steps recur
-    mid-walk, on accumulators that are no longer zero. (Where no 2-CTA cluster fits, both runs
-    take the single-CTA kernel and this checks nothing about the pair.)"""
-    paired, plain = _bits_under_env(tmp_path, "FLASHBACK_BWD_NO_PAIR", (
+def test_bwd_without_the_pair_gives_the_same_dk_dv(tmp_path, dtype, deterministic):
+    """FLASHBACK_BWD_PAIR=0 runs the d = 256 backward on one CTA per K/V block (what runs short
+    walks, and where no 2-CTA cluster fits), =1 in 2-CTA pairs. dK and dV are summed in the same
+    order either way (the pair's upper block only adds causally masked steps, whose products
+    are exact zeros, or skips them), so they must be bitwise equal; dQ (atomics, or in the
+    deterministic mode another fixed order) within rounding. 13 K/V blocks: the last cluster's
+    upper CTA lies past the keys; GQA 8 / 4: the masked steps recur mid-walk, on accumulators
+    that are no longer zero. (Where no 2-CTA cluster fits, both runs take the single-CTA kernel
+    and this checks nothing about the pair.)"""
+    plain, paired = _bits_under_env(tmp_path, "FLASHBACK_BWD_PAIR", (
         "g = torch.Generator(device='cuda').manual_seed(4321)\n"
         f"q, do = (torch.randn(2, 1000, 8, 256, generator=g, device='cuda').to(torch.{dtype}) for _ in range(2))\n"
         f"k, v = (torch.randn(2, 1000, 4, 256, generator=g, device='cuda').to(torch.{dtype}) for _ in range(2))\n"
         "out, lse = flashback.attention_forward(q, k, v, causal=True)\n"
-        "grads = flashback.attention_backward(do, q, k, v, out, lse, causal=True)\n"
+        f"grads = flashback.attention_backward(do, q, k, v, out, lse, causal=True, deterministic={deterministic})\n"
         "assert flashback.last_backward_path() == 'sm90', flashback.last_backward_path()\n"
         "torch.save([t.cpu() for t in grads], sys.argv[1])\n"))
     dq_a, dq_b = plain[0].float(), paired[0].float()
