@@ -11,14 +11,6 @@ namespace sm90 {
   template cudaError_t run_bwd_sm90_config<BwdSm90Traits<C, Dtype::kBf16>, false>(   \
       const flashback_bwd_params&, cudaStream_t);
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
-#define FLASHBACK_FWD_CANDIDATE(C)                                               \
-  template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>(   \
-      const flashback_fwd_params&, cudaStream_t);
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64AsyncIds)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128AsyncIds)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192AsyncIds)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256AsyncIds)
-#undef FLASHBACK_FWD_CANDIDATE
 #undef FLASHBACK_BWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

@@ -34,11 +34,6 @@ struct FwdSm90Config {
   // (longest first when causal) as each CTA's producer becomes free, instead of the static
   // stride blockIdx.x + k gridDim.x (fwd_sm90_dynamic says when; fwd_sm90_launch.cuh).
   bool dynamic_tiles = false;
-  // dynamic_tiles: the producer hands each tile id to the consumers with st.async into the ring
-  // slot, completed on the slot's full barrier (4 bytes), instead of a plain shared store and an
-  // arrival: the same order, but no generic store that compute-sanitizer racecheck cannot pair
-  // with the mbarrier (it reported the ring, docs/perf-log.md). CANDIDATE.
-  bool async_tile_ids = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -59,11 +54,6 @@ constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false, true};
-// Candidates, NOT yet run on a GPU: the tile-id ring by st.async (async_tile_ids).
-constexpr FwdSm90Config kFwdSm90Hdim64AsyncIds = {64, 128, 3, 2, 24, 160, true, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim128AsyncIds = {128, 128, 2, 2, 24, 240, false, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim192AsyncIds = {192, 112, 2, 2, 24, 240, false, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim256AsyncIds = {256, 80, 2, 2, 24, 240, false, true, true};
 
 struct FwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k

@@ -50,14 +50,8 @@ __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
     int id = static_cast<int>(blockIdx.x);
     for (;;) {
       pipe_tile->producer_acquire(sr);
-      if constexpr (T::kAsyncTileIds) {
-        fh::mbar_arrive_expect_tx(pipe_tile->full_barrier(sr), 4);
-        fh::st_async_u32(reinterpret_cast<uint32_t*>(smem + T::kOffTileIds) + sr.stage,
-                         static_cast<uint32_t>(id), pipe_tile->full_barrier(sr), fh::cluster_ctarank());
-      } else {
-        ids[sr.stage] = id;
-        fh::mbar_arrive(pipe_tile->full_barrier(sr));  // releases the id's store
-      }
+      ids[sr.stage] = id;
+      fh::mbar_arrive(pipe_tile->full_barrier(sr));  // releases the id's store
       sr.advance();
       if (id >= p.num_tiles) break;
       const int next = static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1);

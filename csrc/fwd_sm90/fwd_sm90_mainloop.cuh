@@ -40,7 +40,6 @@ struct FwdSm90Traits {
   static constexpr int kBlockM = 64 * kConsumerWgs;
   static constexpr int kBlockN = kCfg.block_n;
   static constexpr int kStages = kCfg.kv_stages;
-  static constexpr bool kAsyncTileIds = kCfg.async_tile_ids;
   static constexpr int kThreads = 128 * (1 + kConsumerWgs);  // producer + consumers
   static constexpr int kConsumerWarps = 4 * kConsumerWgs;    // arrivals that free a stage
   static_assert(kHeadDim % 64 == 0 && kHeadDim >= 64 && kHeadDim <= 256,

@@ -100,18 +100,6 @@ FB_DEVICE void st_shared_cluster_u32(uint32_t cluster_addr, uint32_t v) {
   asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(cluster_addr), "r"(v) : "memory");
 }
 
-// A 4-byte store into the shared memory of CTA `rank` (may be this CTA; without a cluster launch
-// every CTA is rank 0 of its own) whose completion counts 4 bytes on that CTA's mbarrier `bar`
-// (complete_tx): the waiter of the barrier's phase, which an arrive.expect_tx of 4 armed, then
-// reads the value. A value handed over this way has no generic-proxy store that a race detector
-// must pair with the barrier (the forward's tile ids). PTX ISA st.async (sm_90, PTX 8.1).
-FB_DEVICE void st_async_u32(uint32_t* dst, uint32_t value, uint64_t* bar, uint32_t rank) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.u32 [%0], %1, [%2];" ::"r"(
-                   mapa_shared(smem_u32(dst), rank)),
-               "r"(value), "r"(mapa_shared(smem_u32(bar), rank))
-               : "memory");
-}
-
 // Cluster barrier, split in two so independent work can go between arrive and wait. Each
 // thread arrives once per phase; wait covers all non-exited threads of the cluster. Release /
 // acquire: shared-memory writes before the arrive are visible to peers after their wait.

@@ -67,47 +67,6 @@ __global__ void cluster_bulk_swap_kernel(const uint4* in, uint4* out) {
   fh::cluster_sync();  // no CTA exits while its partner may still arrive on its barriers
 }
 
-// A 2-slot ring of ids handed over by st.async (the forward's tile-id ring): thread 0 arms slot
-// s's full barrier for 4 bytes and stores the id into it with st.async; each of the 4 consumer
-// warps waits, reads, and frees the slot (one arrival per warp). out[cta][round][warp] = id.
-constexpr int kIdRounds = 37;  // odd: the phases wrap mid-ring
-__global__ void st_async_ring_kernel(int* out) {
-  __shared__ uint64_t full[2], empty[2];
-  __shared__ uint32_t ids[2];
-  const int t = threadIdx.x;
-  const int warp = t / 32;
-  if (t == 0) {
-    for (int s = 0; s < 2; ++s) {
-      fh::mbar_init(&full[s], 1);
-      fh::mbar_init(&empty[s], 4);
-    }
-    fh::fence_mbarrier_init();
-  }
-  __syncthreads();
-  const uint32_t rank = fh::cluster_ctarank();
-  if (warp == 4) {
-    if (t % 32 == 0) {
-      for (int r = 0; r < kIdRounds; ++r) {
-        const int s = r & 1;
-        fh::mbar_wait(&empty[s], ((r >> 1) & 1) ^ 1);
-        fh::mbar_arrive_expect_tx(&full[s], 4);
-        fh::st_async_u32(&ids[s], static_cast<uint32_t>(blockIdx.x * 1000 + r * 7 + 3), &full[s], rank);
-      }
-    }
-  } else {
-    for (int r = 0; r < kIdRounds; ++r) {
-      const int s = r & 1;
-      fh::mbar_wait(&full[s], (r >> 1) & 1);
-      const uint32_t id = *static_cast<volatile uint32_t*>(&ids[s]);
-      __syncwarp();
-      if (t % 32 == 0) {
-        out[(blockIdx.x * kIdRounds + r) * 4 + warp] = static_cast<int>(id);
-        fh::mbar_arrive(&empty[s]);
-      }
-    }
-  }
-}
-
 // 384 threads, 168 registers each at entry (65536 / 384 rounded down to 8). Warpgroup 0 drops to
 // 40, warpgroups 1-2 rise to 232: 128*40 + 256*232 = 64512 <= 384*168. Consumers then hold 128
 // loaded values live at once; every thread writes a result.
@@ -148,17 +107,6 @@ FBH_EXPORT int fbh_cluster_dsmem(const float* in, float* out_read, float* out_wr
 FBH_EXPORT int fbh_cluster_bulk_swap(const void* in, void* out, int npairs) {
   FBH_TRY(fh::launch_with_cluster(cluster_bulk_swap_kernel, dim3(2 * npairs), dim3(128), 0, 0,
                                   dim3(2, 1, 1), static_cast<const uint4*>(in), static_cast<uint4*>(out)));
-  return (int)cudaGetLastError();
-}
-
-// out: int [nctas][kIdRounds][4]; cluster_size 1 (plain launch) or 2.
-FBH_EXPORT int fbh_st_async_ring(int* out, int nctas, int cluster_size) {
-  if (cluster_size == 1) {
-    st_async_ring_kernel<<<nctas, 160>>>(out);
-  } else {
-    FBH_TRY(fh::launch_with_cluster(st_async_ring_kernel, dim3(nctas), dim3(160), 0, 0,
-                                    dim3(cluster_size, 1, 1), out));
-  }
   return (int)cudaGetLastError();
 }
 

@@ -36,7 +36,6 @@ _SIGNATURES = {
     "fbh_stmatrix_plain": [c_void_p, c_void_p],
     "fbh_cluster_dsmem": [c_void_p, c_void_p, c_void_p, c_void_p, c_int, c_int],
     "fbh_cluster_bulk_swap": [c_void_p, c_void_p, c_int],
-    "fbh_st_async_ring": [c_void_p, c_int, c_int],
     "fbh_setmaxnreg": [c_void_p, c_void_p],
     "fbh_gemm_bf16_tn": [c_void_p, c_void_p, c_void_p, c_int, c_int, c_int, c_int, c_int, c_void_p],
 }

@@ -45,19 +45,6 @@ def test_cluster_bulk_swap(hlib):
     assert torch.equal(out, x[:, partner])
 
 
-@pytest.mark.parametrize("cluster_size", [1, 2])
-def test_st_async_id_ring(hlib, cluster_size):
-    # A 2-slot ring of 4-byte ids stored with st.async and completed on the slot's full barrier
-    # (the forward's tile-id hand-off), 37 rounds, 4 consumer warps reading each id.
-    nctas, rounds = 6, 37
-    out = torch.full((nctas, rounds, 4), -1, dtype=torch.int32, device="cuda")
-    check(hlib, hlib.fbh_st_async_ring(ptr(out), nctas, cluster_size), "fbh_st_async_ring")
-    cta = torch.arange(nctas, device="cuda")[:, None, None]
-    r = torch.arange(rounds, device="cuda")[None, :, None]
-    expect = (cta * 1000 + r * 7 + 3).expand(nctas, rounds, 4).to(torch.int32)
-    assert torch.equal(out, expect)
-
-
 def test_setmaxnreg_split(hlib):
     n_live = 128
     x = torch.randn(128 + 256 * n_live, device="cuda")
