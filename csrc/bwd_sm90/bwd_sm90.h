@@ -71,11 +71,6 @@ struct BwdSm90Config {
   // half). Without it those steps run in full on masked keys (at seqlen 512 causal ~1 in 4 of
   // the upper CTAs' steps). Measured +0..+2.6% on the main sweep, +0.7..+3.6% at 512-2048.
   bool pair_ghost = false;
-  // Split by head dim with unequal shares (d = 192, two warpgroups: atom-columns 2 / 1): the
-  // dK^T atom-columns are dealt from the last warpgroup (warpgroup 0 gets dV^T and dQ^T of
-  // columns 0-1 and dK^T of column 0, warpgroup 1 dV^T and dQ^T of column 2 and dK^T of 1-2), so
-  // (5)-(7) is 5 : 4 atom GEMMs per warpgroup instead of 6 : 3 and both hold three accumulators.
-  bool dk_reversed = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -137,8 +132,6 @@ constexpr int kBwdSm90PairMinRows = 3072;
 // than kBwdSm90Hdim192 (-2.7..+3.1%, docs/perf-log.md); its kernels are compiled by the
 // flashback_candidates target (csrc/candidates/), not linked.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false, 3};
-// Candidate, NOT yet run on a GPU: d = 192 with dk_reversed.
-constexpr BwdSm90Config kBwdSm90Hdim192DkRev = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {

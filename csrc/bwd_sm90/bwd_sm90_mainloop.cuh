@@ -97,19 +97,11 @@ struct BwdSm90Traits {
                              : wg * (kAtomCols / kConsumerWgs) +
                                    (wg < kAtomCols % kConsumerWgs ? wg : kAtomCols % kConsumerWgs);
   }
-  // dK^T's share (dk_reversed: dealt from the last warpgroup) and its first atom-column.
-  static constexpr bool kDkReversed = kCfg.dk_reversed;
-  static constexpr int own_k(int wg) { return kDkReversed ? own(kConsumerWgs - 1 - wg) : own(wg); }
-  static constexpr int first_atom_k(int wg) {
-    return kDkReversed ? kAtomCols - first_atom(kConsumerWgs - 1 - wg) - own_k(wg) : first_atom(wg);
-  }
   static constexpr int kOwn0 = own(0);
   static constexpr int kOwn1 = own(kConsumerWgs - 1);  // the smallest share
   // Every consumer warpgroup runs one instance of bwd_sm90_consumer (see there), unless two
   // warpgroups own different non-zero shares.
   static constexpr bool kSharedConsumer = kOwn0 == kOwn1 || (kConsumerWgs == 2 && kOwn1 == 0);
-  static_assert(!kDkReversed || (kConsumerWgs == 2 && kOwn1 > 0 && kOwn0 != kOwn1 && !kByKeys),
-                "dk_reversed: two warpgroups with unequal, non-zero shares, split by head dim");
   static_assert(kSharedConsumer || kConsumerWgs == 2, "unequal shares: written for two warpgroups");
   static constexpr uint32_t kQAtomBytes = kBlockM * 128;   // one atom-column of a Q-side tile
   static constexpr uint32_t kKvAtomBytes = kBlockN * 128;  // one atom-column of K or V
@@ -176,11 +168,8 @@ struct BwdSm90Traits {
                 "setmaxnreg budget exceeds the register file: .inc would deadlock");
   // dV^T and dK^T live throughout; S and dP (kWgKeys / 2 each) die at the hand-off, before the
   // dQ^T atom (32) is born.
-  static constexpr int kMaxAccs = own(0) + own_k(0) > own(kConsumerWgs - 1) + own_k(kConsumerWgs - 1)
-                                      ? own(0) + own_k(0)
-                                      : own(kConsumerWgs - 1) + own_k(kConsumerWgs - 1);
   static_assert(kByKeys ||
-                    kMaxAccs * kBlockN / 2 + (kWgKeys > 32 ? kWgKeys : 32) <= kCfg.consumer_regs - 8,
+                    2 * kOwn0 * kBlockN / 2 + (kWgKeys > 32 ? kWgKeys : 32) <= kCfg.consumer_regs - 8,
                 "dV^T, dK^T and S + dP or one dQ^T atom exceed the consumer register budget");
   // By keys: dV, dK (d / 2 each), S^T and dP^T (block_m / 2 each) and P^T's 16-bit fragments
   // (block_m / 4) live together while dV is issued.
@@ -540,13 +529,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   constexpr bool kDqSmem = !kDet && T::kDqViaSmem;  // the ordered adds stay in registers
   constexpr bool kPairOn = T::kPair;  // pair_dq
   constexpr int kAcc = kOwn > 0 ? kOwn : 1;  // arrays need a size; unused when kOwn = 0
-  // dK^T's share of this instance's warpgroup (dk_reversed; else kOwn).
-  constexpr int kOwnK = kOwn == T::kOwn0 ? T::own_k(0) : T::own_k(T::kConsumerWgs - 1);
-  constexpr int kAccK = kOwnK > 0 ? kOwnK : 1;
   // Whether this warpgroup computes (5)-(7): false only for warpgroup 1 at d = 64.
   const bool has_cols = kOwn > 0 && T::own(wg) > 0;
   const int first = T::first_atom(wg);
-  const int first_k = T::first_atom_k(wg);
   const int t = threadIdx.x % 128;
   const bool warp_leader = (threadIdx.x % 32) == 0;
   const int n0 = w.n_block * T::kBlockN;
@@ -568,12 +553,13 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   const uint8_t* k_half = smem + T::kOffK + T::kWgKeys * wg * 128;
   const uint8_t* v_half = smem + T::kOffV + T::kWgKeys * wg * 128;
 
-  float acc_dv[kAcc][T::kBlockN / 2];   // dV^T of atom-columns first ..
-  float acc_dk[kAccK][T::kBlockN / 2];  // dK^T of atom-columns first_k ..
+  float acc_dv[kAcc][T::kBlockN / 2];  // dV^T of atom-columns first ..
+  float acc_dk[kAcc][T::kBlockN / 2];  // dK^T, same atom-columns
 #pragma unroll
-  for (int u = 0; u < kAcc; ++u) fh::zero_acc(acc_dv[u]);
-#pragma unroll
-  for (int u = 0; u < kAccK; ++u) fh::zero_acc(acc_dk[u]);
+  for (int u = 0; u < kAcc; ++u) {
+    fh::zero_acc(acc_dv[u]);
+    fh::zero_acc(acc_dk[u]);
+  }
   if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);  // K
 
   fh::PipelineState<T::kQStages> sq;
@@ -708,7 +694,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         // Nothing from the partner: dQ^T own, dV^T, dK^T; dQ^T is complete at wait<1>.
         fh::wgmma_fence();  // a wgmma after a branch (C7519)
 #pragma unroll
-        for (int u = 0; u < kOwnK; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first_k + u) * T::kQAtomBytes, ds_t);
+        for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
         fh::wgmma_commit();
         fh::wgmma_wait<1>();
         fh::wgmma_fence_operand(dq);
@@ -729,7 +715,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
                    smem + T::kOffDsPeer + (it & 1) * T::kHandBytes, true);
         fh::wgmma_commit();
 #pragma unroll
-        for (int u = 0; u < kOwnK; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first_k + u) * T::kQAtomBytes, ds_t);
+        for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
         fh::wgmma_commit();
         fh::wgmma_wait<1>();
         fh::wgmma_fence_operand(dq);
@@ -747,7 +733,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       float dq[T::kBlockM / 2];
       issue_dq_dv<T, kOwn>(dq, smem + T::kOffK + first * T::kKvAtomBytes, ds_t, acc_dv, do_s, first, p_t);
 #pragma unroll
-      for (int u = 0; u < kOwnK; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first_k + u) * T::kQAtomBytes, ds_t);
+      for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
       fh::wgmma_commit();
       fh::wgmma_wait<2>();
       fh::wgmma_fence_operand(dq);
@@ -801,9 +787,10 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     sd.advance();
   }
 #pragma unroll
-  for (int u = 0; u < kAcc; ++u) fh::wgmma_fence_operand(acc_dv[u]);
-#pragma unroll
-  for (int u = 0; u < kAccK; ++u) fh::wgmma_fence_operand(acc_dk[u]);
+  for (int u = 0; u < kAcc; ++u) {
+    fh::wgmma_fence_operand(acc_dv[u]);
+    fh::wgmma_fence_operand(acc_dk[u]);
+  }
 
   // Epilogue: all warpgroups are done reading K, V, Q (their last wgmmas were waited for) once
   // all pass this barrier; then the staging tiles may overwrite them.
@@ -812,8 +799,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   uint8_t* stage_dk = smem + T::kStageBytes;
   if (has_cols) {
     stage_dkv_t<T::kBlockN, kOwn, T::kElem>(stage_dv, T::kStageRowBytes, acc_dv, 1.f, first, t);
-    stage_dkv_t<T::kBlockN, kOwnK, T::kElem>(stage_dk, T::kStageRowBytes, acc_dk, p.softmax_scale,
-                                             first_k, t);
+    stage_dkv_t<T::kBlockN, kOwn, T::kElem>(stage_dk, T::kStageRowBytes, acc_dk, p.softmax_scale,
+                                            first, t);
   }
   copy_out_dkv<T>(p, w, stage_dv, stage_dk, n0, seqlen_k);
   // pair_dq: neither CTA exits while its partner may still copy into it or arrive on it.

@@ -11,9 +11,6 @@ namespace sm90 {
   template cudaError_t run_bwd_sm90_config<BwdSm90Traits<C, Dtype::kBf16>, false>(   \
       const flashback_bwd_params&, cudaStream_t);
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192DkRev)
-template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim192DkRev, Dtype::kBf16>, true>(
-    const flashback_bwd_params&, cudaStream_t);
 #undef FLASHBACK_BWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback
