@@ -12,5 +12,13 @@ namespace sm90 {
       const flashback_bwd_params&, cudaStream_t);
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
 #undef FLASHBACK_BWD_CANDIDATE
+#define FLASHBACK_FWD_CANDIDATE(C)                                           \
+  template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
+      const flashback_fwd_params&, cudaStream_t);
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64PvBelow)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128PvBelow)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192PvBelow)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256PvBelow)
+#undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

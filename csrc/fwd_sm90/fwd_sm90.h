@@ -34,6 +34,11 @@ struct FwdSm90Config {
   // (longest first when causal) as each CTA's producer becomes free, instead of the static
   // stride blockIdx.x + k gridDim.x (fwd_sm90_dynamic says when; fwd_sm90_launch.cuh).
   bool dynamic_tiles = false;
+  // The wait for P_j V_j kept below the softmax of block j + 1 (hopper::keep_waits_below): in
+  // the SASS without it ptxas puts that wait right after the wait for S_{j+1}, above the
+  // softmax, which then never overlaps P_j V_j (ncu, d = 256 non-causal 8k: 11% of the stall
+  // samples on the wait; FA3's kernel keeps about half its exponentials above it). CANDIDATE.
+  bool pv_wait_below = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -54,6 +59,12 @@ constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false, true};
+// Candidates, NOT yet run on a GPU: pv_wait_below (SASS checked: every exponential of the loop's
+// softmax now between the two waits, at all four head dims; no new spills).
+constexpr FwdSm90Config kFwdSm90Hdim64PvBelow = {64, 128, 3, 2, 24, 160, true, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim128PvBelow = {128, 128, 2, 2, 24, 240, false, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim192PvBelow = {192, 112, 2, 2, 24, 240, false, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim256PvBelow = {256, 80, 2, 2, 24, 240, false, true, true};
 
 struct FwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k

@@ -64,6 +64,7 @@ struct FwdSm90Traits {
   static constexpr uint32_t kOffPipeV = kOffPipeK + sizeof(fh::TmaPipeline<kStages>);
   // dynamic_tiles: the producer hands each tile id to the consumers through a 2-slot ring.
   static constexpr bool kDynamic = kCfg.dynamic_tiles;
+  static constexpr bool kPvWaitBelow = kCfg.pv_wait_below;
   static constexpr uint32_t kOffTileIds = kOffPipeV + sizeof(fh::TmaPipeline<kStages>);
   static constexpr uint32_t kOffPipeTile = kOffTileIds + 16;
   static constexpr size_t kSmemBytes =
@@ -313,6 +314,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       fh::wgmma_fence_operand(s);
       if (warp_leader) pipe_k->consumer_release(next);
       softmax(s, j + 1, alpha);
+      if constexpr (T::kPvWaitBelow) fh::keep_waits_below(w.seqlen_k);  // (wgmma.h)
       fh::wgmma_wait<0>();  // P_j V_j
       fh::wgmma_fence_operand(o);
       fence_frags(a);

@@ -92,6 +92,17 @@ FB_DEVICE void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
+// Keeps a wgmma_wait below the work placed before this call (`never_negative` must be >= 0, a
+// run-time value the compiler cannot prove so: the branch is never taken). A wait has no
+// operands, so ptxas's scheduler finds it ready anywhere after the previous wait and fills a
+// latency gap with it, after which everything below stalls until the group retires; ptxas
+// schedules within basic blocks, and this branch ends one. Measured in the forward's SASS: the
+// wait for P_j V_j sat above the whole softmax of block j + 1 that was meant to overlap it
+// (ncu, d = 256: 11% of the stall samples on it; docs/perf-log.md).
+FB_DEVICE void keep_waits_below(int never_negative) {
+  if (never_negative < 0) __nanosleep(1);
+}
+
 // Compiler-level fence on the accumulator registers: an empty asm that "reads and writes" each
 // one, so the compiler cannot move ordinary uses of them across the wgmma_wait / wgmma_fence
 // next to it (the asm statements above do not name the registers). Costs no instruction.
