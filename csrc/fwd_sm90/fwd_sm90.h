@@ -39,6 +39,11 @@ struct FwdSm90Config {
   // softmax, which then never overlaps P_j V_j (ncu, d = 256 non-causal 8k: 11% of the stall
   // samples on the wait; FA3's kernel keeps about half its exponentials above it). CANDIDATE.
   bool pv_wait_below = false;
+  // The wgmma descriptors of the k-steps advanced by a 32-bit add on the low word
+  // (hopper::desc_advance_lo) instead of a 64-bit add, whose carry ptxas cannot rule out: ncu,
+  // d = 256 non-causal 8k: 25 M UIADD3.X (add with carry) for 17.7 M HGMMA, FA3's kernel 0.2 M;
+  // our 455 M instructions against FA3's 406 M are mostly these and their adds. CANDIDATE.
+  bool desc_lo = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -65,6 +70,11 @@ constexpr FwdSm90Config kFwdSm90Hdim64PvBelow = {64, 128, 3, 2, 24, 160, true, t
 constexpr FwdSm90Config kFwdSm90Hdim128PvBelow = {128, 128, 2, 2, 24, 240, false, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim192PvBelow = {192, 112, 2, 2, 24, 240, false, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim256PvBelow = {256, 80, 2, 2, 24, 240, false, true, true};
+// Candidates, NOT yet run on a GPU: pv_wait_below and desc_lo.
+constexpr FwdSm90Config kFwdSm90Hdim64PvLo = {64, 128, 3, 2, 24, 160, true, true, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim128PvLo = {128, 128, 2, 2, 24, 240, false, true, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim192PvLo = {192, 112, 2, 2, 24, 240, false, true, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim256PvLo = {256, 80, 2, 2, 24, 240, false, true, true, true};
 
 struct FwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k
