@@ -50,16 +50,20 @@ bool bwd_sm90_det_cooperative() {
   return on;
 }
 
+// FLASHBACK_BWD_PAIR: "0" never, "1" always (where a cluster fits), anything else automatic.
 int bwd_sm90_pair_switch() {
   static const int value = [] {
     const char* v = std::getenv("FLASHBACK_BWD_PAIR");
-    if (v == nullptr || v[0] == '\0' || std::strcmp(v, "auto") == 0) return -1;
-    return v[0] == '0' ? 0 : 1;
+    if (v != nullptr && std::strcmp(v, "0") == 0) return 0;
+    if (v != nullptr && std::strcmp(v, "1") == 0) return 1;
+    return -1;
   }();
   return value;
 }
 
 bool bwd_sm90_pair_pays(const flashback_bwd_params& p) {
+  // FLASHBACK_DET_COOPERATIVE's chunked launches exist for one CTA per K/V block only.
+  if (p.deterministic && !p.causal && bwd_sm90_det_cooperative()) return false;
   const int forced = bwd_sm90_pair_switch();
   if (forced >= 0) return forced == 1;
   // A CTA walks every q head of its kv head's group over the (longest) sequence's queries.

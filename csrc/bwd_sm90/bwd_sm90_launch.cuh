@@ -47,7 +47,8 @@ WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p);
 bool bwd_sm90_det_cooperative();
 // Does a 2-CTA pair config pay for these params (run_bwd_sm90_mode): enough query rows per CTA
 // (kBwdSm90PairMinRows). FLASHBACK_BWD_PAIR (for A/B runs and tests, read once per process)
-// overrides it: 0 never, 1 always (where a cluster fits), auto or unset by the rows.
+// overrides it: 0 never, 1 always (where a cluster fits), anything else by the rows. Never
+// for FLASHBACK_DET_COOPERATIVE's deterministic non-causal chunks (single CTAs only).
 bool bwd_sm90_pair_pays(const flashback_bwd_params& p);
 
 template <class T, bool kDet>
@@ -271,7 +272,9 @@ cudaError_t run_bwd_sm90_mode(const flashback_bwd_params& p, cudaStream_t stream
     using Single = BwdSm90Traits<kSingleCfg, kDtype>;
     if (!bwd_sm90_pair_pays(p)) return run_bwd_sm90_config<Single, kDet>(p, stream);
     const cudaError_t err = run_bwd_sm90_config<BwdSm90Traits<kCfg, kDtype>, kDet>(p, stream);
-    return err == cudaErrorNotSupported ? run_bwd_sm90_config<Single, kDet>(p, stream) : err;
+    if (err != cudaErrorNotSupported) return err;
+    (void)cudaGetLastError();  // a declined launch's error is not the single CTA's to report
+    return run_bwd_sm90_config<Single, kDet>(p, stream);
   } else {
     return run_bwd_sm90_config<BwdSm90Traits<kCfg, kDtype>, kDet>(p, stream);
   }

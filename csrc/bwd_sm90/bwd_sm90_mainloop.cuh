@@ -133,6 +133,12 @@ struct BwdSm90Traits {
   static constexpr uint32_t kStatBytes = kStatsSmem ? kBlockM * 4 : 0;
   static constexpr uint32_t kOffLse = kOffDqBuf + (kDqViaSmem ? kConsumerWgs * kDqBufBytes : 0);
   static constexpr uint32_t kOffDsum = kOffLse + kQStages * kStatBytes;
+  // stats_by_consumers: two buffers (step parity) of the step's LSE * log2(e) rows, then its D rows.
+  static constexpr bool kStatsByConsumers = kCfg.stats_by_consumers;
+  static_assert(!kStatsByConsumers || (!kStatsSmem && !kByKeys && kConsumerThreads >= 2 * kBlockM),
+                "stats_by_consumers: split by head dim, one row per consumer thread");
+  static constexpr uint32_t kOffRows = kOffDsum + kDoStages * kStatBytes;
+  static constexpr uint32_t kRowsBytes = kStatsByConsumers ? 2 * 2 * kBlockM * 4 : 0;
   // pair_dq (default mode): the partner's K for this CTA's half of the head dim (loaded with K)
   // and two buffers for the partner's dS^T (step parity), bulk-copied in by the partner.
   static constexpr bool kPair = kCfg.pair_dq;
@@ -143,7 +149,7 @@ struct BwdSm90Traits {
   static constexpr bool kPairGhost = kCfg.pair_ghost;
   static_assert(!kPairGhost || kPair, "pair_ghost: the pair's upper CTA");
   // Swizzled tiles start on 1024 bytes (the stat rows before may end anywhere).
-  static constexpr uint32_t kOffKPeer = (kOffDsum + kDoStages * kStatBytes + 1023) / 1024 * 1024;
+  static constexpr uint32_t kOffKPeer = (kOffRows + kRowsBytes + 1023) / 1024 * 1024;
   static constexpr uint32_t kOffDsPeer = kOffKPeer + (kPair ? kPairAtoms * kKvAtomBytes : 0);
   static constexpr uint32_t kOffBar = kOffDsPeer + (kPair ? 2 * kHandBytes : 0);
   static constexpr uint32_t kOffPipeQ = kOffBar + 16;  // after the K and V barriers
@@ -562,6 +568,23 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   }
   if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);  // K
 
+  // stats_by_consumers: consumer thread ct < 2 block_m brings row ct % block_m of LSE (ct <
+  // block_m) or D of every step, one step ahead; step 0's before the loop.
+  const int stat_thread = wg * 128 + t;
+  float* rows_s = reinterpret_cast<float*>(smem + T::kOffRows);
+  auto load_stat_row = [&](int step) {
+    int head, m_block;
+    bwd_sm90_iter<kDet>(p, w, step, head, m_block);
+    const int64_t row = dq_tile(p.dq_tiles, w.seq, head, m_block) * T::kBlockM + stat_thread % T::kBlockM;
+    return stat_thread < T::kBlockM ? p.lse_log2[row] : p.dsum[row];
+  };
+  if constexpr (T::kStatsByConsumers) {
+    if (w.n_iters > 0) {
+      if (stat_thread < 2 * T::kBlockM) rows_s[stat_thread] = load_stat_row(0);
+      fh::named_bar_sync(T::kBarHandoff, T::kConsumerThreads);  // buffer 0 complete
+    }
+  }
+
   fh::PipelineState<T::kQStages> sq;
   fh::PipelineState<T::kDoStages> sd;
   for (int it = 0; it < w.n_iters; ++it) {
@@ -569,6 +592,11 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     bwd_sm90_iter<kDet>(p, w, it, head, m_block);
     const int m0 = m_block * T::kBlockM;
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);  // dQaccum, stats, turns
+    // stats_by_consumers: the next step's row, stored before this step's hand-off barrier.
+    float next_row = 0.f;
+    if constexpr (T::kStatsByConsumers) {
+      if (it + 1 < w.n_iters && stat_thread < 2 * T::kBlockM) next_row = load_stat_row(it + 1);
+    }
     const bool ghost_step = T::kPairGhost && bwd_sm90_upper_masked<T>(p, w, m_block);
     const bool partner_ghost = ghost_step && pair_rank == 0;  // nothing comes from the upper
     if constexpr (T::kPairGhost) {
@@ -579,7 +607,14 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       }
     }
     float lse0 = 0.f, lse1 = 0.f, dsum0 = 0.f, dsum1 = 0.f;
-    if constexpr (!T::kStatsSmem) {
+    if constexpr (T::kStatsByConsumers) {
+      // Written before the hand-off barrier of step it - 1 (or the one before the loop).
+      const float* cur = rows_s + (it & 1) * 2 * T::kBlockM;
+      lse0 = cur[q_row];
+      lse1 = cur[q_row + 8];
+      dsum0 = cur[T::kBlockM + q_row];
+      dsum1 = cur[T::kBlockM + q_row + 8];
+    } else if constexpr (!T::kStatsSmem) {
       const int64_t stat_row = tile * T::kBlockM + q_row;
       lse0 = p.lse_log2[stat_row];
       lse1 = p.lse_log2[stat_row + 8];
@@ -666,6 +701,12 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       }
     }
     store_hand_t<T>(ds_t, dp, wg, t);
+    if constexpr (T::kStatsByConsumers) {
+      // Buffer (it + 1) & 1 was last read in step it - 1, before its hand-off barrier.
+      if (it + 1 < w.n_iters && stat_thread < 2 * T::kBlockM) {
+        rows_s[((it + 1) & 1) * 2 * T::kBlockM + stat_thread] = next_row;
+      }
+    }
     fh::fence_proxy_async_shared();  // stmatrix (generic proxy) -> wgmma (async proxy) reads
     // Every warpgroup's part is in place. The buffers alternate with the step's parity: the
     // other warpgroups passed this barrier only after their last wgmmas of step i-1 had completed,

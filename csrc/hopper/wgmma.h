@@ -99,8 +99,12 @@ FB_DEVICE void wgmma_wait() {
 // schedules within basic blocks, and this branch ends one. Measured in the forward's SASS: the
 // wait for P_j V_j sat above the whole softmax of block j + 1 that was meant to overlap it
 // (ncu, d = 256: 11% of the stall samples on it; docs/perf-log.md).
+// The value passes through an asm so that no range the compiler knows (a loop bound implying
+// it is positive) lets it delete the branch.
 FB_DEVICE void keep_waits_below(int never_negative) {
-  if (never_negative < 0) __nanosleep(1);
+  int v;
+  asm volatile("mov.b32 %0, %1;" : "=r"(v) : "r"(never_negative));
+  if (v < 0) __nanosleep(1);
 }
 
 // Compiler-level fence on the accumulator registers: an empty asm that "reads and writes" each

@@ -343,8 +343,12 @@ def _bits_under_env(tmp_path, variable, code):
 def test_deterministic_cooperative_launches_give_the_same_bits(tmp_path):
     """FLASHBACK_DET_COOPERATIVE=1 launches the non-causal deterministic backward chunk by
     chunk; the order of the adds is the same, so the gradients must be bitwise those of the
-    single launch."""
+    single launch. Both on one CTA per K/V block (FLASHBACK_BWD_PAIR=0): the chunked launches
+    exist for that config only, and 12000 rows would otherwise take the 2-CTA pair without
+    the switch."""
     single, coop = _bits_under_env(tmp_path, "FLASHBACK_DET_COOPERATIVE", (
+        "import os\n"
+        "os.environ['FLASHBACK_BWD_PAIR'] = '0'\n"
         "g = torch.Generator(device='cuda').manual_seed(1234)\n"
         "q, k, v, do = (torch.randn(1, 12000, 2, 256, generator=g, device='cuda').to(torch.bfloat16) for _ in range(4))\n"
         "out, lse = flashback.attention_forward(q, k, v)\n"
@@ -360,10 +364,12 @@ def test_deterministic_cooperative_launches_give_the_same_bits(tmp_path):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_bwd_without_the_pair_gives_the_same_dk_dv(tmp_path, dtype, deterministic):
     """FLASHBACK_BWD_PAIR=0 runs the d = 256 backward on one CTA per K/V block (what runs short
-    walks, and where no 2-CTA cluster fits), =1 in 2-CTA pairs. dK and dV are summed in the same
-    order either way (the pair's upper block only adds causally masked steps, whose products
-    are exact zeros, or skips them), so they must be bitwise equal; dQ (atomics, or in the
-    deterministic mode another fixed order) within rounding. 13 K/V blocks: the last cluster's
+    walks, and where no 2-CTA cluster fits), =1 in 2-CTA pairs. Causal, dK and dV are summed in
+    the same order either way (each CTA walks its Q blocks upwards; the pair's upper block only
+    adds causally masked steps, whose products are exact zeros, or skips them), so they must be
+    bitwise equal; dQ (atomics, or in the deterministic mode another fixed order) within
+    rounding. (Deterministic non-causal walks start at a shift per unit, which differs between
+    the two, so there only the tests against the reference apply.) 13 K/V blocks: the last cluster's
     upper CTA lies past the keys; GQA 8 / 4: the masked steps recur mid-walk, on accumulators
     that are no longer zero. (Where no 2-CTA cluster fits, both runs take the single-CTA kernel
     and this checks nothing about the pair.)"""
