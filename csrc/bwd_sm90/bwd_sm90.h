@@ -78,6 +78,11 @@ struct BwdSm90Config {
   // by a named barrier, which compute-sanitizer racecheck follows (it reports the stage copies,
   // which only mbarriers order). CANDIDATE.
   bool stats_by_consumers = false;
+  // pair_dq: the step's dQ adds kept above the wait for dK^T (hopper::keep_waits_below). In the
+  // SASS without it ptxas puts that wait amid the adds, so the Q stage's release (after the
+  // wait) also waits for the rest of them to issue; ncu: 17% of the stall samples are the
+  // consumers waiting for the next Q. CANDIDATE.
+  bool adds_before_wait = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -142,6 +147,9 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // Candidates, NOT yet run on a GPU: stats_by_consumers at d = 128 and 192.
 constexpr BwdSm90Config kBwdSm90Hdim128StatsC = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, false, false, true};
 constexpr BwdSm90Config kBwdSm90Hdim192StatsC = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, false, false, true};
+// Candidates, NOT yet run on a GPU: adds_before_wait in the d = 256 pair, both modes.
+constexpr BwdSm90Config kBwdSm90Hdim256AddsUp = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true};
+constexpr BwdSm90Config kBwdSm90Hdim256DetAddsUp = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, false, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {

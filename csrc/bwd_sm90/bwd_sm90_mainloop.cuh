@@ -147,6 +147,7 @@ struct BwdSm90Traits {
                 "the CTA's half each)");
   static constexpr int kPairAtoms = kAtomCols / 2;  // dQ^T atom-columns per CTA of a pair
   static constexpr bool kPairGhost = kCfg.pair_ghost;
+  static constexpr bool kAddsBeforeWait = kCfg.adds_before_wait;
   static_assert(!kPairGhost || kPair, "pair_ghost: the pair's upper CTA");
   // Swizzled tiles start on 1024 bytes (the stat rows before may end anywhere).
   static constexpr uint32_t kOffKPeer = (kOffRows + kRowsBytes + 1023) / 1024 * 1024;
@@ -741,6 +742,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         fh::wgmma_fence_operand(dq);
         if (warp_leader) pipe_do->consumer_release(sd);
         add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
+        if constexpr (T::kAddsBeforeWait) fh::keep_waits_below(seqlen_k);  // (wgmma.h)
         fh::wgmma_wait<0>();
         if (warp_leader) pipe_q->consumer_release(sq);
       } else {
@@ -767,6 +769,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
           if (!(T::kPairGhost && pair_rank == 0)) fh::mbar_arrive_cluster(pair_bar + 2 + (it & 1), pair_rank ^ 1);
         }
         add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
+        if constexpr (T::kAddsBeforeWait) fh::keep_waits_below(seqlen_k);  // (wgmma.h)
         fh::wgmma_wait<0>();
         if (warp_leader) pipe_q->consumer_release(sq);
       }
