@@ -83,6 +83,12 @@ struct BwdSm90Config {
   // wait) also waits for the rest of them to issue; ncu: 17% of the stall samples are the
   // consumers waiting for the next Q. CANDIDATE.
   bool adds_before_wait = false;
+  // Split by head dim, no stats rows in the stages: each Q stage completes per atom-column (one
+  // mbarrier per 64-column box) and S = Q K^T waits for each atom-column just before its k-steps,
+  // so the step's first wgmmas start when the first 8 KB (d = 256: of 32) have landed instead of
+  // the whole tile. With the pair's one Q stage the next Q is loaded only after dK^T; ncu: 17% of
+  // the stall samples in the wait for it. CANDIDATE.
+  bool q_atom_barriers = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -150,6 +156,9 @@ constexpr BwdSm90Config kBwdSm90Hdim192StatsC = {192, 64, 80, 2, 2, 24, 240, fal
 // Candidates, NOT yet run on a GPU: adds_before_wait in the d = 256 pair, both modes.
 constexpr BwdSm90Config kBwdSm90Hdim256AddsUp = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true};
 constexpr BwdSm90Config kBwdSm90Hdim256DetAddsUp = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, false, false, true};
+// Candidates, NOT yet run on a GPU: q_atom_barriers (with adds_before_wait) in the d = 256 pair.
+constexpr BwdSm90Config kBwdSm90Hdim256QAtoms = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true};
+constexpr BwdSm90Config kBwdSm90Hdim256DetQAtoms = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, false, false, true, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {

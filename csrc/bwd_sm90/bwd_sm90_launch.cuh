@@ -74,6 +74,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     fh::mbar_init(kv_bar + 1, 1);  // V
     pipe_q->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp
     pipe_do->init(T::kConsumerWarps);
+    if constexpr (T::kQAtomBars) {
+      uint64_t* qb = reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar);
+      for (int i = 0; i < T::kQStages * T::kAtomCols; ++i) fh::mbar_init(qb + i, 1);  // 1 + tx bytes
+      fh::fence_mbarrier_init();
+    }
     if constexpr (T::kPair) {
       uint64_t* pair_bar = reinterpret_cast<uint64_t*>(smem + T::kOffPairBar);
       fh::mbar_init(pair_bar, 1);      // full[0]: this CTA's arrive_expect_tx + the partner's bytes

@@ -158,7 +158,14 @@ struct BwdSm90Traits {
   // pair_dq: per buffer b, full[b] (this CTA's arrive_expect_tx + the partner's bytes) and
   // free[b] (the partner's two warpgroups' remote arrivals once their dQ^T wgmmas read it).
   static constexpr uint32_t kOffPairBar = kOffPipeDo + sizeof(fh::TmaPipeline<kDoStages>);
-  static constexpr size_t kSmemBytes = 1024 /* alignment slack */ + kOffPairBar + (kPair ? 32 : 0);
+  // q_atom_barriers: per Q stage one full barrier per atom-column (the ring's own full barrier
+  // unused for Q).
+  static constexpr bool kQAtomBars = kCfg.q_atom_barriers;
+  static_assert(!kQAtomBars || (!kStatsSmem && !kByKeys && !kStatsByConsumers),
+                "q_atom_barriers: split by head dim, no stats rows on the Q stage's barrier");
+  static constexpr uint32_t kOffQAtomBar = kOffPairBar + (kPair ? 32 : 0);
+  static constexpr size_t kSmemBytes = 1024 /* alignment slack */ + kOffQAtomBar +
+                                       (kQAtomBars ? kQStages * kAtomCols * 8 : 0);
   static_assert(kSmemBytes <= 232448, "over the 227 KB a CTA may have");
   static_assert(kKvAtomBytes % 1024 == 0 && kWgKeys * 128 % 1024 == 0 && kHandBytes % 1024 == 0,
                 "swizzled tiles and each warpgroup's kWgKeys-row part must stay 1024-aligned");
@@ -295,7 +302,20 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
                inner, static_cast<int>(w.seq.row_q) + m0, head, w.map_batch);
       st.advance();
     };
-    load_rows(pipe_q, sq, T::kOffQ, m.q, p.head_inner & 1, T::kOffLse, p.lse_log2);
+    if constexpr (T::kQAtomBars) {
+      // Each atom-column box on its own barrier (q_atom_barriers).
+      pipe_q->producer_acquire(sq);
+      uint64_t* qb = reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar) + sq.stage * T::kAtomCols;
+#pragma unroll
+      for (int a = 0; a < T::kAtomCols; ++a) {
+        fh::mbar_arrive_expect_tx(qb + a, T::kQAtomBytes);
+        tma_rows(smem + T::kOffQ + sq.stage * T::kQTileBytes + a * T::kQAtomBytes, m.q, qb + a,
+                 p.head_inner & 1, 64 * a, static_cast<int>(w.seq.row_q) + m0, head, w.map_batch);
+      }
+      sq.advance();
+    } else {
+      load_rows(pipe_q, sq, T::kOffQ, m.q, p.head_inner & 1, T::kOffLse, p.lse_log2);
+    }
     if (T::kPairGhost ? v_pending : it == 0) load_kv(T::kOffV, m.v, kv_bar + 1, p.head_inner & 4);
     v_pending = false;
     load_rows(pipe_do, sd, T::kOffDo, m.dout, p.head_inner & 8, T::kOffDsum, p.dsum);
@@ -317,6 +337,32 @@ __device__ __forceinline__ void gemm_q_by_kv(float (&acc)[T::kWgKeys / 2], const
     fh::wgmma_ss<T::kWgKeys, 0, 0, T::kElem>(acc, fh::desc_advance(dx, fh::kmajor_k_offset(s, T::kBlockM)),
                                             fh::desc_advance(dy, fh::kmajor_k_offset(s, T::kBlockN)),
                                             true);
+  }
+}
+
+// The same as gemm_q_by_kv for Q, waiting for each atom-column's barrier (q_atom_barriers,
+// parity `phase`) before its k-steps; every wait loop ends in a wgmma fence (C7519).
+template <class T>
+__device__ __forceinline__ void gemm_q_by_kv_per_atom(float (&acc)[T::kWgKeys / 2], const uint8_t* x,
+                                                      const uint8_t* y, uint64_t* bars, uint32_t phase) {
+  const uint64_t dx = fh::desc_kmajor_sw128(x);
+  const uint64_t dy = fh::desc_kmajor_sw128(y);
+  constexpr int kStepsPerAtom = 64 / 16;
+#pragma unroll
+  for (int a = 0; a < T::kAtomCols; ++a) {
+    fh::mbar_wait(bars + a, phase);
+    fh::wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < kStepsPerAtom; ++j) {
+      const int s = a * kStepsPerAtom + j;
+      if (s == 0) {
+        fh::wgmma_ss_set<T::kWgKeys, 0, 0, T::kElem>(acc, dx, dy);
+      } else {
+        fh::wgmma_ss<T::kWgKeys, 0, 0, T::kElem>(acc, fh::desc_advance(dx, fh::kmajor_k_offset(s, T::kBlockM)),
+                                                fh::desc_advance(dy, fh::kmajor_k_offset(s, T::kBlockN)),
+                                                true);
+      }
+    }
   }
 }
 
@@ -635,9 +681,15 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     // (1) S = Q_i K_w^T  then  (3) dP = dO_i V_w^T, two commit groups.
     float s[T::kWgKeys / 2], dp[T::kWgKeys / 2];
     // Both start with a write-only wgmma (wgmma_ss_set): no zeroing pass, no old value kept.
-    pipe_q->consumer_wait(sq);
-    fh::wgmma_fence();
-    gemm_q_by_kv<T>(s, q_s, k_half);
+    if constexpr (T::kQAtomBars) {
+      gemm_q_by_kv_per_atom<T>(s, q_s, k_half,
+                               reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar) + sq.stage * T::kAtomCols,
+                               sq.phase);
+    } else {
+      pipe_q->consumer_wait(sq);
+      fh::wgmma_fence();
+      gemm_q_by_kv<T>(s, q_s, k_half);
+    }
     fh::wgmma_commit();
     if constexpr (T::kStatsSmem) {
       const float* lse_s = reinterpret_cast<const float*>(smem + T::kOffLse + sq.stage * T::kStatBytes);

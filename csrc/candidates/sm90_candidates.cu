@@ -14,6 +14,9 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim128StatsC)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192StatsC)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256AddsUp)
+FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256QAtoms)
+template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim256DetQAtoms, Dtype::kBf16>, true>(
+    const flashback_bwd_params&, cudaStream_t);
 template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim256DetAddsUp, Dtype::kBf16>, true>(
     const flashback_bwd_params&, cudaStream_t);
 template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim128StatsC, Dtype::kBf16>, true>(
