@@ -135,8 +135,10 @@ struct BwdSm90Traits {
   static constexpr uint32_t kOffDsum = kOffLse + kQStages * kStatBytes;
   // stats_by_consumers: two buffers (step parity) of the step's LSE * log2(e) rows, then its D rows.
   static constexpr bool kStatsByConsumers = kCfg.stats_by_consumers;
-  static_assert(!kStatsByConsumers || (!kStatsSmem && !kByKeys && kConsumerThreads >= 2 * kBlockM),
-                "stats_by_consumers: split by head dim, one row per consumer thread");
+  static_assert(!kStatsByConsumers ||
+                    (!kStatsSmem && !kByKeys && !kCfg.pair_ghost && kConsumerThreads >= 2 * kBlockM),
+                "stats_by_consumers: split by head dim, one row per consumer thread, every step "
+                "stores its successor's rows (a ghost step would skip the store)");
   static constexpr uint32_t kOffRows = kOffDsum + kDoStages * kStatBytes;
   static constexpr uint32_t kRowsBytes = kStatsByConsumers ? 2 * 2 * kBlockM * 4 : 0;
   // pair_dq (default mode): the partner's K for this CTA's half of the head dim (loaded with K)
