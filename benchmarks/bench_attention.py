@@ -373,6 +373,25 @@ def time_ms(fn, iters, warmup, repeats):
     return runs
 
 
+def warm_gpu(seconds):
+    """Large bf16 matmuls for about `seconds` before the sweep's first timed call. A card coming
+    from idle ramps its clock over the first fraction of a second, which otherwise lands on the
+    first measured row (seen: its three repeats 103 / 117 / 143 TFLOP/s, the later rows steady)."""
+    import time
+
+    import torch
+    if seconds <= 0:
+        return
+    a = torch.randn(8192, 8192, device=DEVICE, dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(8):
+            a = torch.matmul(a, a).clamp_(-1, 1)
+        torch.cuda.synchronize()
+    del a
+    torch.cuda.empty_cache()
+
+
 def gpu_state():
     """The GPU's SM clock (MHz) and power draw (W) now, read through NVML by PyTorch, or {} where
     that is not available. Sampled right after each timed measurement: a card at its power cap
@@ -443,7 +462,7 @@ def _short(e):
 
 
 def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRECTIONS, headdims=(HEADDIM,),
-              dtypes=("bf16",), shapes=SHAPES, tag=""):
+              dtypes=("bf16",), shapes=SHAPES, tag="", warm_seconds=1.0):
     import torch
     device = torch.cuda.get_device_name()
     payload = make_payload(device, git_commit(), datetime.date.today().isoformat(), torch.__version__, [],
@@ -451,6 +470,8 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
                                              f"median of {iters} CUDA-event-timed calls after {warmup} warm-up, "
                                              f"{repeats} repeats; bwd = autograd.grad after one forward; "
                                              f"{BWD_CALL} = raw attention_backward call"
+                                             + (f"; {warm_seconds:g} s of matmuls before the first row"
+                                                if warm_seconds > 0 else "")
                                              + ("; queue-ahead: the GPU sleeps until every timed call of a run "
                                                 "is queued (GPU time, no host time)" if QUEUE_AHEAD else "")))
     if tag:
@@ -466,6 +487,7 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
     for note in payload["notes"]:
         print("note: " + note)
     path = None
+    warm_gpu(warm_seconds)
     gen = torch.Generator(device=DEVICE).manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
     for headdim, dtype_name, causal, (batch, seqlen) in ((d, t, c, bs) for d in headdims for t in dtypes
                                                           for c in (True, False) for bs in shapes):
@@ -584,7 +606,8 @@ def main(argv=None):
     global QUEUE_AHEAD
     QUEUE_AHEAD = a.queue_ahead
     tag = "-".join(t for t in (sweep_tag(seqlens, headdims, dtypes), "qa" if a.queue_ahead else "") if t)
-    run_sweep(impls, iters, warmup, a.repeats, a.out, a.plot, directions, headdims, dtypes, shapes_for(seqlens), tag)
+    run_sweep(impls, iters, warmup, a.repeats, a.out, a.plot, directions, headdims, dtypes, shapes_for(seqlens), tag,
+              warm_seconds=0.0 if a.quick else 1.0)
     return 0
 
 
