@@ -71,7 +71,7 @@ struct BwdSm90Config {
   // half). Without it those steps run in full on masked keys (at seqlen 512 causal ~1 in 4 of
   // the upper CTAs' steps). Measured +0..+2.6% on the main sweep, +0.7..+3.6% at 512-2048.
   bool pair_ghost = false;
-  // Split by head dim, instead of stats_smem: the consumer threads bring the next step's
+  // Instead of stats_smem (or by keys' stage rows): the consumer threads bring the next step's
   // LSE * log2(e) / D rows themselves (one global load each, issued at a step's top, stored to
   // a shared buffer of the next step's parity before the step's hand-off barrier, which orders
   // the stores before every read). The same rows without the producer's bulk copies, ordered
@@ -150,7 +150,8 @@ constexpr int kBwdSm90PairMinRows = 3072;
 // than kBwdSm90Hdim192 (-2.7..+3.1%, docs/perf-log.md); its kernels are compiled by the
 // flashback_candidates target (csrc/candidates/), not linked.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false, 3};
-// Candidates, NOT yet run on a GPU: stats_by_consumers at d = 128 and 192.
+// Candidates, NOT yet run on a GPU: stats_by_consumers at d = 64 (by keys), 128 and 192.
+constexpr BwdSm90Config kBwdSm90Hdim64StatsC = {64, 128, 128, 2, 2, 24, 240, false, 2, true, false, false, false, true};
 constexpr BwdSm90Config kBwdSm90Hdim128StatsC = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, false, false, true};
 constexpr BwdSm90Config kBwdSm90Hdim192StatsC = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, false, false, true};
 // Candidates, NOT yet run on a GPU: adds_before_wait in the d = 256 pair, both modes.

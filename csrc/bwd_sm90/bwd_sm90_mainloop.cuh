@@ -129,16 +129,16 @@ struct BwdSm90Traits {
   // start: each Q stage brings the step's LSE * log2(e) rows, each dO stage its D rows (bulk
   // copies on the stage's full barrier), read from shared memory next to their use.
   // stats_smem: the same for the split by head dim.
-  static constexpr bool kStatsSmem = kByKeys || kCfg.stats_smem;
+  static constexpr bool kStatsByConsumers = kCfg.stats_by_consumers;
+  static constexpr bool kStatsSmem = (kByKeys || kCfg.stats_smem) && !kStatsByConsumers;
   static constexpr uint32_t kStatBytes = kStatsSmem ? kBlockM * 4 : 0;
   static constexpr uint32_t kOffLse = kOffDqBuf + (kDqViaSmem ? kConsumerWgs * kDqBufBytes : 0);
   static constexpr uint32_t kOffDsum = kOffLse + kQStages * kStatBytes;
   // stats_by_consumers: two buffers (step parity) of the step's LSE * log2(e) rows, then its D rows.
-  static constexpr bool kStatsByConsumers = kCfg.stats_by_consumers;
   static_assert(!kStatsByConsumers ||
-                    (!kStatsSmem && !kByKeys && !kCfg.pair_ghost && kConsumerThreads >= 2 * kBlockM),
-                "stats_by_consumers: split by head dim, one row per consumer thread, every step "
-                "stores its successor's rows (a ghost step would skip the store)");
+                    (!kCfg.stats_smem && !kCfg.pair_ghost && kConsumerThreads >= 2 * kBlockM),
+                "stats_by_consumers: one row per consumer thread, every step stores its "
+                "successor's rows (a ghost step would skip the store)");
   static constexpr uint32_t kOffRows = kOffDsum + kDoStages * kStatBytes;
   static constexpr uint32_t kRowsBytes = kStatsByConsumers ? 2 * 2 * kBlockM * 4 : 0;
   // pair_dq (default mode): the partner's K for this CTA's half of the head dim (loaded with K)
@@ -229,6 +229,42 @@ __device__ __forceinline__ bool bwd_sm90_upper_masked(const BwdSm90Params& p, co
   const int diag = w.seq.seqlen_k - w.seq.seqlen_q;
   return n0u >= w.seq.seqlen_k || (p.causal && n0u > m_block * T::kBlockM + T::kBlockM - 1 + diag);
 }
+
+// stats_by_consumers (both consumer kinds): consumer thread ct < 2 block_m brings row
+// ct % block_m of the LSE * log2(e) (ct < block_m) or D rows of every step, one step ahead: loaded
+// at a step's top (`load`), stored into the buffer of the next step's parity just before the
+// step's hand-off barrier (`store`), read after it; step 0's before the loop (`prologue`, with
+// one more hand-off-barrier sync). The buffer of step i + 1 was last read in step i - 1, before
+// that step's hand-off barrier.
+template <class T, bool kDet>
+struct BwdSm90StatRows {
+  const BwdSm90Params& p;
+  const BwdSm90Work& w;
+  float* rows;  // [2][2 block_m]
+  int ct;       // 0 .. consumer threads - 1
+  __device__ __forceinline__ bool loads() const { return ct < 2 * T::kBlockM; }
+  __device__ __forceinline__ float load(int step) const {
+    int head, m_block;
+    bwd_sm90_iter<kDet>(p, w, step, head, m_block);
+    // A step's kStepTiles workspace tiles are consecutive.
+    const int64_t row = dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles) * kDqTileRows +
+                        ct % T::kBlockM;
+    return ct < T::kBlockM ? p.lse_log2[row] : p.dsum[row];
+  }
+  __device__ __forceinline__ void prologue() const {
+    if (w.n_iters == 0) return;
+    if (loads()) rows[ct] = load(0);
+    fh::named_bar_sync(T::kBarHandoff, T::kConsumerThreads);  // buffer 0 complete
+  }
+  __device__ __forceinline__ float next(int it) const {
+    return it + 1 < w.n_iters && loads() ? load(it + 1) : 0.f;
+  }
+  __device__ __forceinline__ void store(int it, float v) const {
+    if (it + 1 < w.n_iters && loads()) rows[((it + 1) & 1) * 2 * T::kBlockM + ct] = v;
+  }
+  __device__ __forceinline__ const float* lse(int it) const { return rows + (it & 1) * 2 * T::kBlockM; }
+  __device__ __forceinline__ const float* dsum(int it) const { return lse(it) + T::kBlockM; }
+};
 
 // ------------------------------------------------------------------------------ producer ---
 // One thread: K_j and V_j once, then Q_i and dO_i of every step into their rings (by keys or
@@ -617,22 +653,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   }
   if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);  // K
 
-  // stats_by_consumers: consumer thread ct < 2 block_m brings row ct % block_m of LSE (ct <
-  // block_m) or D of every step, one step ahead; step 0's before the loop.
-  const int stat_thread = wg * 128 + t;
-  float* rows_s = reinterpret_cast<float*>(smem + T::kOffRows);
-  auto load_stat_row = [&](int step) {
-    int head, m_block;
-    bwd_sm90_iter<kDet>(p, w, step, head, m_block);
-    const int64_t row = dq_tile(p.dq_tiles, w.seq, head, m_block) * T::kBlockM + stat_thread % T::kBlockM;
-    return stat_thread < T::kBlockM ? p.lse_log2[row] : p.dsum[row];
-  };
-  if constexpr (T::kStatsByConsumers) {
-    if (w.n_iters > 0) {
-      if (stat_thread < 2 * T::kBlockM) rows_s[stat_thread] = load_stat_row(0);
-      fh::named_bar_sync(T::kBarHandoff, T::kConsumerThreads);  // buffer 0 complete
-    }
-  }
+  const BwdSm90StatRows<T, kDet> stat_rows{p, w, reinterpret_cast<float*>(smem + T::kOffRows), wg * 128 + t};
+  if constexpr (T::kStatsByConsumers) stat_rows.prologue();
 
   fh::PipelineState<T::kQStages> sq;
   fh::PipelineState<T::kDoStages> sd;
@@ -643,9 +665,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);  // dQaccum, stats, turns
     // stats_by_consumers: the next step's row, stored before this step's hand-off barrier.
     float next_row = 0.f;
-    if constexpr (T::kStatsByConsumers) {
-      if (it + 1 < w.n_iters && stat_thread < 2 * T::kBlockM) next_row = load_stat_row(it + 1);
-    }
+    if constexpr (T::kStatsByConsumers) next_row = stat_rows.next(it);
     const bool ghost_step = T::kPairGhost && bwd_sm90_upper_masked<T>(p, w, m_block);
     const bool partner_ghost = ghost_step && pair_rank == 0;  // nothing comes from the upper
     if constexpr (T::kPairGhost) {
@@ -658,11 +678,10 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     float lse0 = 0.f, lse1 = 0.f, dsum0 = 0.f, dsum1 = 0.f;
     if constexpr (T::kStatsByConsumers) {
       // Written before the hand-off barrier of step it - 1 (or the one before the loop).
-      const float* cur = rows_s + (it & 1) * 2 * T::kBlockM;
-      lse0 = cur[q_row];
-      lse1 = cur[q_row + 8];
-      dsum0 = cur[T::kBlockM + q_row];
-      dsum1 = cur[T::kBlockM + q_row + 8];
+      lse0 = stat_rows.lse(it)[q_row];
+      lse1 = stat_rows.lse(it)[q_row + 8];
+      dsum0 = stat_rows.dsum(it)[q_row];
+      dsum1 = stat_rows.dsum(it)[q_row + 8];
     } else if constexpr (!T::kStatsSmem) {
       const int64_t stat_row = tile * T::kBlockM + q_row;
       lse0 = p.lse_log2[stat_row];
@@ -756,12 +775,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       }
     }
     store_hand_t<T>(ds_t, dp, wg, t);
-    if constexpr (T::kStatsByConsumers) {
-      // Buffer (it + 1) & 1 was last read in step it - 1, before its hand-off barrier.
-      if (it + 1 < w.n_iters && stat_thread < 2 * T::kBlockM) {
-        rows_s[((it + 1) & 1) * 2 * T::kBlockM + stat_thread] = next_row;
-      }
-    }
+    if constexpr (T::kStatsByConsumers) stat_rows.store(it, next_row);
     fh::fence_proxy_async_shared();  // stmatrix (generic proxy) -> wgmma (async proxy) reads
     // Every warpgroup's part is in place. The buffers alternate with the step's parity: the
     // other warpgroups passed this barrier only after their last wgmmas of step i-1 had completed,

@@ -127,6 +127,8 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
   fh::zero_acc(acc_dv);
   fh::zero_acc(acc_dk);
   if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);  // K
+  const BwdSm90StatRows<T, kDet> stat_rows{p, w, reinterpret_cast<float*>(smem + T::kOffRows), wg * 128 + t};
+  if constexpr (T::kStatsByConsumers) stat_rows.prologue();
 
   fh::PipelineState<T::kQStages> sq;
   fh::PipelineState<T::kDoStages> sd;
@@ -134,11 +136,21 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
     int head, m_block;
     bwd_sm90_iter<kDet>(p, w, it, head, m_block);
     const int m0 = m_block * T::kBlockM;
-    // LSE and D of column group j at [4 j] (two floats: columns col0 + 8 j, + 1).
+    // stats_by_consumers: the next step's row, stored before this step's hand-off barrier.
+    float next_row = 0.f;
+    if constexpr (T::kStatsByConsumers) next_row = stat_rows.next(it);
+    // LSE and D of column group j at [4 j] (two floats: columns col0 + 8 j, + 1): the stages'
+    // rows, or stats_by_consumers' buffer of this step.
     const float2* lse2 =
-        reinterpret_cast<const float2*>(smem + T::kOffLse + sq.stage * T::kStatBytes) + col0 / 2;
+        reinterpret_cast<const float2*>(T::kStatsByConsumers ? stat_rows.lse(it)
+                                                             : reinterpret_cast<const float*>(
+                                                                   smem + T::kOffLse + sq.stage * T::kStatBytes)) +
+        col0 / 2;
     const float2* dsum2 =
-        reinterpret_cast<const float2*>(smem + T::kOffDsum + sd.stage * T::kStatBytes) + col0 / 2;
+        reinterpret_cast<const float2*>(T::kStatsByConsumers ? stat_rows.dsum(it)
+                                                             : reinterpret_cast<const float*>(
+                                                                   smem + T::kOffDsum + sd.stage * T::kStatBytes)) +
+        col0 / 2;
     uint8_t* ds_t = smem + T::kOffDs + (it & 1) * T::kHandBytes;
     const uint8_t* q_s = smem + T::kOffQ + sq.stage * T::kQTileBytes;
     const uint8_t* do_s = smem + T::kOffDo + sd.stage * T::kQTileBytes;
@@ -209,6 +221,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
     // dS^T to shared memory for (7), then (6) dK_w += dS^T Q_i: the stores read the fragments
     // before the RS wgmma does (touching an in-flight wgmma's A registers is undefined in PTX).
     store_ds_t<T>(ds_t, da, wg, t);
+    if constexpr (T::kStatsByConsumers) stat_rows.store(it, next_row);
     fh::fence_proxy_async_shared();  // stmatrix (generic proxy) -> wgmma (async proxy) reads
     fh::wgmma_fence();
     gemm_rs_dkv<T>(acc_dk, da, q_s);

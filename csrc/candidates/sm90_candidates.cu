@@ -11,7 +11,10 @@ namespace sm90 {
   template cudaError_t run_bwd_sm90_config<BwdSm90Traits<C, Dtype::kBf16>, false>(   \
       const flashback_bwd_params&, cudaStream_t);
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
+FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim64StatsC)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim128StatsC)
+template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim64StatsC, Dtype::kBf16>, true>(
+    const flashback_bwd_params&, cudaStream_t);
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192StatsC)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256AddsUp)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256QAtoms)
