@@ -354,6 +354,8 @@ const char* flashback_last_forward_path(void) { return copy_path(g_last_fwd_path
 
 const char* flashback_last_backward_path(void) { return copy_path(g_last_bwd_path); }
 
+const char* flashback_last_backward_kernel(void) { return sm90::bwd_sm90_last_kernel(); }
+
 const char* flashback_version(void) { return "0.1.0"; }
 
 void flashback_params_sizes(size_t* fwd_bytes, size_t* bwd_bytes) {
@@ -417,6 +419,7 @@ flashback_status flashback_attention_backward(const flashback_bwd_params* p) {
       return fail(FLASHBACK_ERROR_INVALID_VALUE, "workspace must be 256-byte aligned");
   }
   FLASHBACK_TRY(check_current_device());
+  sm90::bwd_sm90_note_kernel("");  // set again only if a Hopper backward launches
   return launch_direction(*p, sm90::bwd_sm90_can_implement, sm90::run_bwd_sm90, run_reference_bwd,
                           &g_last_bwd_path, "backward");
 }

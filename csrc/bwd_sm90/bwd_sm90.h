@@ -211,5 +211,10 @@ size_t bwd_sm90_workspace_size(const flashback_bwd_params& p);
 // path).
 cudaError_t run_bwd_sm90(const flashback_bwd_params& p, cudaStream_t stream);
 
+// The form the last run_bwd_sm90 of this process launched ("pair", "single"; "" after
+// bwd_sm90_note_kernel("") or when it launched nothing): flashback_last_backward_kernel.
+void bwd_sm90_note_kernel(const char* kernel);
+const char* bwd_sm90_last_kernel();
+
 }  // namespace sm90
 }  // namespace flashback

@@ -1,6 +1,7 @@
 // Hopper backward: which config serves a call (the table), its workspace, whether the fast path
 // takes it (can_implement), and the dispatch to the instance.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -60,6 +61,13 @@ int bwd_sm90_pair_switch() {
   }();
   return value;
 }
+
+namespace {
+std::atomic<const char*> g_last_kernel{""};  // static strings only
+}  // namespace
+
+void bwd_sm90_note_kernel(const char* kernel) { g_last_kernel.store(kernel, std::memory_order_relaxed); }
+const char* bwd_sm90_last_kernel() { return g_last_kernel.load(std::memory_order_relaxed); }
 
 bool bwd_sm90_pair_pays(const flashback_bwd_params& p) {
   // FLASHBACK_DET_COOPERATIVE's chunked launches exist for one CTA per K/V block only.

@@ -272,16 +272,23 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
 // serve, keeps a fast path.
 template <const BwdSm90Config& kCfg, const BwdSm90Config& kSingleCfg, Dtype kDtype, bool kDet>
 cudaError_t run_bwd_sm90_mode(const flashback_bwd_params& p, cudaStream_t stream) {
+  auto single = [&] {
+    const cudaError_t err = run_bwd_sm90_config<BwdSm90Traits<kSingleCfg, kDtype>, kDet>(p, stream);
+    if (err == cudaSuccess) bwd_sm90_note_kernel("single");
+    return err;
+  };
   if constexpr (kCfg.pair_dq) {
     static_assert(!kSingleCfg.pair_dq, "the fallback of a pair is one CTA per K/V block");
-    using Single = BwdSm90Traits<kSingleCfg, kDtype>;
-    if (!bwd_sm90_pair_pays(p)) return run_bwd_sm90_config<Single, kDet>(p, stream);
+    if (!bwd_sm90_pair_pays(p)) return single();
     const cudaError_t err = run_bwd_sm90_config<BwdSm90Traits<kCfg, kDtype>, kDet>(p, stream);
+    if (err == cudaSuccess) bwd_sm90_note_kernel("pair");
     if (err != cudaErrorNotSupported) return err;
     (void)cudaGetLastError();  // a declined launch's error is not the single CTA's to report
-    return run_bwd_sm90_config<Single, kDet>(p, stream);
+    return single();
   } else {
-    return run_bwd_sm90_config<BwdSm90Traits<kCfg, kDtype>, kDet>(p, stream);
+    const cudaError_t err = run_bwd_sm90_config<BwdSm90Traits<kCfg, kDtype>, kDet>(p, stream);
+    if (err == cudaSuccess) bwd_sm90_note_kernel("single");
+    return err;
   }
 }
 

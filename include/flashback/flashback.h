@@ -133,6 +133,12 @@ FLASHBACK_API const char *flashback_version(void);
 FLASHBACK_API const char *flashback_last_forward_path(void);
 FLASHBACK_API const char *flashback_last_backward_path(void);
 
+/* Which form of the Hopper backward the last flashback_attention_backward call of this process
+ * ran: "pair" (CTAs in 2-CTA clusters on neighbouring K/V blocks, head dim 256 from 3072 query
+ * rows per CTA) or "single" (one CTA per K/V block); "" before any, or when the reference
+ * kernels ran. A static string. */
+FLASHBACK_API const char *flashback_last_backward_kernel(void);
+
 /* sizeof(flashback_fwd_params) and sizeof(flashback_bwd_params) as compiled into the library,
  * so a binding written in another language can check its copy of the structs. */
 FLASHBACK_API void flashback_params_sizes(size_t *fwd_bytes, size_t *bwd_bytes);

@@ -21,7 +21,8 @@ _sdpa.register()
 __version__ = "0.1.0"
 
 __all__ = [
-    "attention", "attention_forward", "attention_backward", "attention_varlen", "is_available", "last_forward_path", "last_backward_path",
+    "attention", "attention_forward", "attention_backward", "attention_varlen", "is_available", "last_forward_path",
+    "last_backward_path", "last_backward_kernel",
     "flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "flash_attn_interface",
     "SUPPORTED_HEADDIMS", "FlashbackError", "LibraryNotFoundError", "__version__",
@@ -56,3 +57,13 @@ def last_backward_path() -> str:
     from . import _lib
 
     return _lib.load().flashback_last_backward_path().decode("utf-8", "replace")
+
+
+def last_backward_kernel() -> str:
+    """Which form of the Hopper backward the last backward of this process ran: "pair" (CTAs in
+    2-CTA clusters that swap dS, head dim 256 from 3072 query rows per CTA, i.e. seqlen_q x
+    nheads / nheads_k) or "single" (one CTA per K/V block); "" before any backward or when the
+    reference kernels ran."""
+    from . import _lib
+
+    return _lib.load().flashback_last_backward_kernel().decode("utf-8", "replace")

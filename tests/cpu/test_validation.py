@@ -553,6 +553,8 @@ def test_c_api_backward_path_is_empty_before_any_backward(native):
     assert native.flashback_attention_backward(None) == 1
     assert native.flashback_last_backward_path() == b""
     assert flashback.last_backward_path() == ""
+    assert native.flashback_last_backward_kernel() == b""
+    assert flashback.last_backward_kernel() == ""
 
 
 def _varlen_bwd_params(batch, max_len, total, h=8, d=256):

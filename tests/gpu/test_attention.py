@@ -380,12 +380,36 @@ def test_bwd_without_the_pair_gives_the_same_dk_dv(tmp_path, dtype, deterministi
         "out, lse = flashback.attention_forward(q, k, v, causal=True)\n"
         f"grads = flashback.attention_backward(do, q, k, v, out, lse, causal=True, deterministic={deterministic})\n"
         "assert flashback.last_backward_path() == 'sm90', flashback.last_backward_path()\n"
+        "import os\n"
+        "want = 'pair' if os.environ['FLASHBACK_BWD_PAIR'] == '1' else 'single'\n"
+        "assert flashback.last_backward_kernel() == want, (flashback.last_backward_kernel(), want)\n"
         "torch.save([t.cpu() for t in grads], sys.argv[1])\n"))
     dq_a, dq_b = plain[0].float(), paired[0].float()
     assert torch.isfinite(dq_a).all() and torch.isfinite(dq_b).all()
     assert (dq_a - dq_b).abs().max() <= 1e-2 * dq_a.abs().max(), "dq: the pair and one CTA per block disagree"
     for name, a, b in zip(("dk", "dv"), plain[1:], paired[1:]):
         assert torch.equal(a, b), f"{name}: the pair and one CTA per block differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True], ids=["nondet", "det"])
+def test_bwd_routes_by_query_rows_per_cta(deterministic):
+    """The d = 256 backward takes the 2-CTA pair from kBwdSm90PairMinRows = 3072 query rows per
+    CTA (seqlen_q x GQA group), one CTA per K/V block below; other head dims always the latter.
+    (On an H200 a 2-CTA cluster of these CTAs fits; where none does the pair falls back.)"""
+    g = torch.Generator(device="cuda").manual_seed(99)
+    for headdim, seqlen, heads, heads_k, want in ((256, 1000, 8, 4, "single"), (256, 1536, 8, 4, "single"),
+                                                  (256, 1536, 8, 2, "pair"), (256, 3072, 4, 4, "pair"),
+                                                  (128, 3072, 4, 4, "single")):
+        q, do = (torch.randn(1, seqlen, heads, headdim, generator=g, device="cuda").to(torch.bfloat16)
+                 for _ in range(2))
+        k, v = (torch.randn(1, seqlen, heads_k, headdim, generator=g, device="cuda").to(torch.bfloat16)
+                for _ in range(2))
+        out, lse = flashback.attention_forward(q, k, v, causal=True)
+        flashback.attention_backward(do, q, k, v, out, lse, causal=True, deterministic=deterministic)
+        ctx = f"d{headdim} seqlen {seqlen} heads {heads}/{heads_k}"
+        assert flashback.last_backward_path() == "sm90", (ctx, flashback.last_backward_path())
+        assert flashback.last_backward_kernel() == want, (ctx, flashback.last_backward_kernel())
 
 
 def _attention_and_grads(fn, x, causal, return_lse):
