@@ -91,6 +91,13 @@ def candidate_paths() -> list[pathlib.Path]:
 
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    try:
+        return _bind_symbols(lib)
+    except AttributeError as e:  # a function this package calls is missing: an older library
+        raise LibraryNotFoundError(f"{lib._name} does not match this Python package ({e}); reinstall flashback") from e
+
+
+def _bind_symbols(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.flashback_attention_forward.argtypes = [ctypes.POINTER(FwdParams)]
     lib.flashback_attention_forward.restype = ctypes.c_int
     lib.flashback_attention_backward.argtypes = [ctypes.POINTER(BwdParams)]

@@ -245,6 +245,18 @@ def test_library_that_is_not_a_library(monkeypatch, tmp_path):
         _lib.load()
 
 
+def test_library_without_the_functions_this_package_calls(monkeypatch):
+    # A shared library that loads but lacks flashback's functions (as an older libflashback.so
+    # lacks the newer ones): a clear error, not an AttributeError from deep inside ctypes.
+    other = pathlib.Path(torch.__file__).parent / "lib" / "libc10.so"
+    if not other.is_file():
+        pytest.skip(f"{other} not found")
+    monkeypatch.setattr(_lib, "candidate_paths", lambda: [other])
+    monkeypatch.setattr(_lib, "_lib", None)
+    with pytest.raises(flashback.LibraryNotFoundError, match=r"does not match this Python package"):
+        _lib.load()
+
+
 def test_valid_input_passes_python_checks_on_fake_cuda_tensors():
     # Everything right, on fake CUDA tensors: all metadata checks pass and the op's fake kernel
     # gives the documented shapes (the real kernel never runs).
