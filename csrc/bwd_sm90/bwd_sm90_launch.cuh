@@ -270,25 +270,26 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
 // (bwd_sm90_pair_pays: short walks, or FLASHBACK_BWD_PAIR=0) or cannot run (no cluster fits:
 // cudaErrorNotSupported with nothing queued), so fp16, which the reference kernels do not
 // serve, keeps a fast path.
+// run_bwd_sm90_config, noting the kernel's form for flashback_last_backward_kernel.
+template <const BwdSm90Config& kCfg, Dtype kDtype, bool kDet>
+cudaError_t run_bwd_sm90_noted(const flashback_bwd_params& p, cudaStream_t stream) {
+  const cudaError_t err = run_bwd_sm90_config<BwdSm90Traits<kCfg, kDtype>, kDet>(p, stream);
+  if (err == cudaSuccess) bwd_sm90_note_kernel(kCfg.pair_dq ? "pair" : "single");
+  return err;
+}
+
 template <const BwdSm90Config& kCfg, const BwdSm90Config& kSingleCfg, Dtype kDtype, bool kDet>
 cudaError_t run_bwd_sm90_mode(const flashback_bwd_params& p, cudaStream_t stream) {
-  auto single = [&] {
-    const cudaError_t err = run_bwd_sm90_config<BwdSm90Traits<kSingleCfg, kDtype>, kDet>(p, stream);
-    if (err == cudaSuccess) bwd_sm90_note_kernel("single");
-    return err;
-  };
   if constexpr (kCfg.pair_dq) {
     static_assert(!kSingleCfg.pair_dq, "the fallback of a pair is one CTA per K/V block");
-    if (!bwd_sm90_pair_pays(p)) return single();
-    const cudaError_t err = run_bwd_sm90_config<BwdSm90Traits<kCfg, kDtype>, kDet>(p, stream);
-    if (err == cudaSuccess) bwd_sm90_note_kernel("pair");
-    if (err != cudaErrorNotSupported) return err;
-    (void)cudaGetLastError();  // a declined launch's error is not the single CTA's to report
-    return single();
+    if (bwd_sm90_pair_pays(p)) {
+      const cudaError_t err = run_bwd_sm90_noted<kCfg, kDtype, kDet>(p, stream);
+      if (err != cudaErrorNotSupported) return err;
+      (void)cudaGetLastError();  // a declined launch's error is not the single CTA's to report
+    }
+    return run_bwd_sm90_noted<kSingleCfg, kDtype, kDet>(p, stream);
   } else {
-    const cudaError_t err = run_bwd_sm90_config<BwdSm90Traits<kCfg, kDtype>, kDet>(p, stream);
-    if (err == cudaSuccess) bwd_sm90_note_kernel("single");
-    return err;
+    return run_bwd_sm90_noted<kCfg, kDtype, kDet>(p, stream);
   }
 }
 

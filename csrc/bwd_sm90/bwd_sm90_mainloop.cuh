@@ -363,43 +363,29 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
 // ------------------------------------------------------------------- consumer helpers ---
 
 // (1) S or (3) dP for this warpgroup's kWgKeys = block_n / W keys: X_i (64 queries, K-major,
-// atom-columns 8 KB apart) times Y rows (that part of a block_n-row tile, K-major), K = d.
+// atom-columns 8 KB apart) times Y rows (that part of a block_n-row tile, K-major), K = d. With
+// `atom_bars` (q_atom_barriers: X's atom-columns complete one mbarrier each, parity `phase`),
+// each atom-column's barrier is waited for just before its k-steps, every wait loop ending in a
+// wgmma fence (C7519).
 template <class T>
 __device__ __forceinline__ void gemm_q_by_kv(float (&acc)[T::kWgKeys / 2], const uint8_t* x,
-                                             const uint8_t* y) {
-  const uint64_t dx = fh::desc_kmajor_sw128(x);
-  const uint64_t dy = fh::desc_kmajor_sw128(y);
-  fh::wgmma_ss_set<T::kWgKeys, 0, 0, T::kElem>(acc, dx, dy);
-#pragma unroll
-  for (int s = 1; s < T::kHeadDim / 16; ++s) {
-    fh::wgmma_ss<T::kWgKeys, 0, 0, T::kElem>(acc, fh::desc_advance(dx, fh::kmajor_k_offset(s, T::kBlockM)),
-                                            fh::desc_advance(dy, fh::kmajor_k_offset(s, T::kBlockN)),
-                                            true);
-  }
-}
-
-// The same as gemm_q_by_kv for Q, waiting for each atom-column's barrier (q_atom_barriers,
-// parity `phase`) before its k-steps; every wait loop ends in a wgmma fence (C7519).
-template <class T>
-__device__ __forceinline__ void gemm_q_by_kv_per_atom(float (&acc)[T::kWgKeys / 2], const uint8_t* x,
-                                                      const uint8_t* y, uint64_t* bars, uint32_t phase) {
+                                             const uint8_t* y, uint64_t* atom_bars = nullptr,
+                                             uint32_t phase = 0) {
   const uint64_t dx = fh::desc_kmajor_sw128(x);
   const uint64_t dy = fh::desc_kmajor_sw128(y);
   constexpr int kStepsPerAtom = 64 / 16;
 #pragma unroll
-  for (int a = 0; a < T::kAtomCols; ++a) {
-    fh::mbar_wait(bars + a, phase);
-    fh::wgmma_fence();
-#pragma unroll
-    for (int j = 0; j < kStepsPerAtom; ++j) {
-      const int s = a * kStepsPerAtom + j;
-      if (s == 0) {
-        fh::wgmma_ss_set<T::kWgKeys, 0, 0, T::kElem>(acc, dx, dy);
-      } else {
-        fh::wgmma_ss<T::kWgKeys, 0, 0, T::kElem>(acc, fh::desc_advance(dx, fh::kmajor_k_offset(s, T::kBlockM)),
-                                                fh::desc_advance(dy, fh::kmajor_k_offset(s, T::kBlockN)),
-                                                true);
-      }
+  for (int s = 0; s < T::kHeadDim / 16; ++s) {
+    if (atom_bars != nullptr && s % kStepsPerAtom == 0) {
+      fh::mbar_wait(atom_bars + s / kStepsPerAtom, phase);
+      fh::wgmma_fence();
+    }
+    if (s == 0) {
+      fh::wgmma_ss_set<T::kWgKeys, 0, 0, T::kElem>(acc, dx, dy);
+    } else {
+      fh::wgmma_ss<T::kWgKeys, 0, 0, T::kElem>(acc, fh::desc_advance(dx, fh::kmajor_k_offset(s, T::kBlockM)),
+                                              fh::desc_advance(dy, fh::kmajor_k_offset(s, T::kBlockN)),
+                                              true);
     }
   }
 }
@@ -703,9 +689,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     float s[T::kWgKeys / 2], dp[T::kWgKeys / 2];
     // Both start with a write-only wgmma (wgmma_ss_set): no zeroing pass, no old value kept.
     if constexpr (T::kQAtomBars) {
-      gemm_q_by_kv_per_atom<T>(s, q_s, k_half,
-                               reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar) + sq.stage * T::kAtomCols,
-                               sq.phase);
+      gemm_q_by_kv<T>(s, q_s, k_half,
+                      reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar) + sq.stage * T::kAtomCols,
+                      sq.phase);
     } else {
       pipe_q->consumer_wait(sq);
       fh::wgmma_fence();
