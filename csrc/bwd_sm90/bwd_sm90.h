@@ -76,18 +76,22 @@ struct BwdSm90Config {
   // a shared buffer of the next step's parity before the step's hand-off barrier, which orders
   // the stores before every read). The same rows without the producer's bulk copies, ordered
   // by a named barrier, which compute-sanitizer racecheck follows (it reports the stage copies,
-  // which only mbarriers order). CANDIDATE.
+  // which only mbarriers order). Measured against the stage rows (H200, bf16): d = 128 -0.8..+0.5%
+  // (within the run's noise), racecheck no report; d = 192 -0.8..-2.7%, d = 64 (by keys) -6..-7%:
+  // on at d = 128 only (docs/perf-log.md, "The forward's P V wait, the pair's Q atoms").
   bool stats_by_consumers = false;
   // pair_dq: the step's dQ adds kept above the wait for dK^T (hopper::keep_waits_below). In the
   // SASS without it ptxas puts that wait amid the adds, so the Q stage's release (after the
   // wait) also waits for the rest of them to issue; ncu: 17% of the stall samples are the
-  // consumers waiting for the next Q. CANDIDATE.
+  // consumers waiting for the next Q. Alone measured -0.2..+0.7% (noise); kept as part of
+  // q_atom_barriers' measured config.
   bool adds_before_wait = false;
   // Split by head dim, no stats rows in the stages: each Q stage completes per atom-column (one
   // mbarrier per 64-column box) and S = Q K^T waits for each atom-column just before its k-steps,
   // so the step's first wgmmas start when the first 8 KB (d = 256: of 32) have landed instead of
   // the whole tile. With the pair's one Q stage the next Q is loaded only after dK^T; ncu: 17% of
-  // the stall samples in the wait for it. CANDIDATE.
+  // the stall samples in the wait for it. Measured with adds_before_wait at d = 256 (pair):
+  // +2.7..+5.3% default mode, +1.5..+3.9% deterministic.
   bool q_atom_barriers = false;
 };
 
@@ -108,7 +112,7 @@ struct BwdSm90Config {
 // atom 32 in flight. Shared memory: K, V block_n x 2d bytes each, Q and dO 64 x 2d bytes per
 // stage, P^T and dS^T double-buffered (step parity: one barrier per step), block_n x 128 B each.
 //   d = 128: 64 x 128, own 1 each: 224 registers; 64 + 2 x 2 x 16 + 64 = 192 KB, + 2 x 16 KB
-//            dQ buffers (dq_smem) = 224 KB, + LSE / D rows (stats_smem) 1 KB.
+//            dQ buffers (dq_smem) = 224 KB, + LSE / D rows (stats_by_consumers) 1 KB.
 //   d = 192: 64 x 80, own 2 / 1: 160 + 40 + 32 = 232; 60 + 2 x 2 x 24 + 40 = 196 KB, + 1 KB of
 //            LSE / D rows.
 //   d = 256: 64 x 80, own 2 each: 232; 80 + 2 x 32 + 1 x 32 + 40 = 216 KB (a second dO stage
@@ -117,21 +121,22 @@ struct BwdSm90Config {
 // Three consumer warpgroups (512 threads, 128 registers each at entry, setmaxnreg 24 / 160) split
 // the keys of (1)-(4) in three and own one atom-column each at d = 192.
 constexpr BwdSm90Config kBwdSm90Hdim64 = {64, 128, 128, 2, 2, 24, 240, false, 2, true};
-constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, true};
+constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, false, false, true};
 constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
 // d = 256 runs the 2-CTA pair (pair_dq, with pair_ghost): its dS^T buffers take the room of
 // the second Q stage. Measured on the H200 against one CTA with two Q stages: +0.9 / +4.4 /
 // +5.2% causal 4k / 8k / 16k, -0.5 / +0.5 / +1.9% non-causal; one Q stage alone costs 4-7%;
-// pair_ghost on top +0..+2.6% (docs/perf-log.md).
-constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true};
+// pair_ghost on top +0..+2.6%; q_atom_barriers (with adds_before_wait) +2.7..+5.3% (docs/perf-log.md).
+constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true};
 // The deterministic mode's config per head dim (the two configs of a head dim share block_m
 // and block_n: the workspace and can_implement read the default's). d = 256: the pair without
 // ghost steps; against the single-CTA config in this mode +3.5 / +5.3 / +7.9% causal,
-// +5.0 / +5.5 / +5.8% non-causal (docs/perf-log.md).
+// +5.0 / +5.5 / +5.8% non-causal; q_atom_barriers (with adds_before_wait) +1.5..+3.9%
+// (docs/perf-log.md).
 static constexpr const BwdSm90Config& kBwdSm90Hdim64Det = kBwdSm90Hdim64;
 static constexpr const BwdSm90Config& kBwdSm90Hdim128Det = kBwdSm90Hdim128;
 static constexpr const BwdSm90Config& kBwdSm90Hdim192Det = kBwdSm90Hdim192;
-constexpr BwdSm90Config kBwdSm90Hdim256Det = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true};
+constexpr BwdSm90Config kBwdSm90Hdim256Det = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, false, false, true, true};
 // The single-CTA config of a head dim whose configs are pairs: it runs both modes where the
 // pair does not pay (short walks: fewer than kBwdSm90PairMinRows query rows per CTA, measured
 // 1.7-12% faster than the pair at seqlen 512-2048) or cannot run (no 2-CTA cluster fits, or
@@ -150,16 +155,6 @@ constexpr int kBwdSm90PairMinRows = 3072;
 // than kBwdSm90Hdim192 (-2.7..+3.1%, docs/perf-log.md); its kernels are compiled by the
 // flashback_candidates target (csrc/candidates/), not linked.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false, 3};
-// Candidates, NOT yet run on a GPU: stats_by_consumers at d = 64 (by keys), 128 and 192.
-constexpr BwdSm90Config kBwdSm90Hdim64StatsC = {64, 128, 128, 2, 2, 24, 240, false, 2, true, false, false, false, true};
-constexpr BwdSm90Config kBwdSm90Hdim128StatsC = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, false, false, true};
-constexpr BwdSm90Config kBwdSm90Hdim192StatsC = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, false, false, true};
-// Candidates, NOT yet run on a GPU: adds_before_wait in the d = 256 pair, both modes.
-constexpr BwdSm90Config kBwdSm90Hdim256AddsUp = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true};
-constexpr BwdSm90Config kBwdSm90Hdim256DetAddsUp = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, false, false, true};
-// Candidates, NOT yet run on a GPU: q_atom_barriers (with adds_before_wait) in the d = 256 pair.
-constexpr BwdSm90Config kBwdSm90Hdim256QAtoms = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true};
-constexpr BwdSm90Config kBwdSm90Hdim256DetQAtoms = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, false, false, true, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {

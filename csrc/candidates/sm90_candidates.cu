@@ -11,33 +11,6 @@ namespace sm90 {
   template cudaError_t run_bwd_sm90_config<BwdSm90Traits<C, Dtype::kBf16>, false>(   \
       const flashback_bwd_params&, cudaStream_t);
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim64StatsC)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim128StatsC)
-template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim64StatsC, Dtype::kBf16>, true>(
-    const flashback_bwd_params&, cudaStream_t);
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192StatsC)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256AddsUp)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256QAtoms)
-template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim256DetQAtoms, Dtype::kBf16>, true>(
-    const flashback_bwd_params&, cudaStream_t);
-template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim256DetAddsUp, Dtype::kBf16>, true>(
-    const flashback_bwd_params&, cudaStream_t);
-template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim128StatsC, Dtype::kBf16>, true>(
-    const flashback_bwd_params&, cudaStream_t);
-template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim192StatsC, Dtype::kBf16>, true>(
-    const flashback_bwd_params&, cudaStream_t);
 #undef FLASHBACK_BWD_CANDIDATE
-#define FLASHBACK_FWD_CANDIDATE(C)                                           \
-  template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
-      const flashback_fwd_params&, cudaStream_t);
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64PvBelow)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128PvBelow)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192PvBelow)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256PvBelow)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64PvLo)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128PvLo)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192PvLo)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256PvLo)
-#undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

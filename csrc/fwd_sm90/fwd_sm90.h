@@ -37,13 +37,10 @@ struct FwdSm90Config {
   // The wait for P_j V_j kept below the softmax of block j + 1 (hopper::keep_waits_below): in
   // the SASS without it ptxas puts that wait right after the wait for S_{j+1}, above the
   // softmax, which then never overlaps P_j V_j (ncu, d = 256 non-causal 8k: 11% of the stall
-  // samples on the wait; FA3's kernel keeps about half its exponentials above it). CANDIDATE.
+  // samples on the wait; FA3's kernel keeps about half its exponentials above it). Measured
+  // (H200, bf16): d = 256 +1.0..+3.2%, d = 192 -2.6..+9.1% (+1.4% mean), d = 128 -5.6..+0.7%,
+  // d = 64 -1.3..-6.3%: on at d = 192 and 256 (docs/perf-log.md).
   bool pv_wait_below = false;
-  // The wgmma descriptors of the k-steps advanced by a 32-bit add on the low word
-  // (hopper::desc_advance_lo) instead of a 64-bit add, whose carry ptxas cannot rule out: ncu,
-  // d = 256 non-causal 8k: 25 M UIADD3.X (add with carry) for 17.7 M HGMMA, FA3's kernel 0.2 M;
-  // our 455 M instructions against FA3's 406 M are mostly these and their adds. CANDIDATE.
-  bool desc_lo = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -62,19 +59,8 @@ struct FwdSm90Config {
 // (docs/perf-log.md, "Forward ping-pong"): on at d = 64 only.
 constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false, true};
-// Candidates, NOT yet run on a GPU: pv_wait_below (SASS checked: every exponential of the loop's
-// softmax now between the two waits, at all four head dims; no new spills).
-constexpr FwdSm90Config kFwdSm90Hdim64PvBelow = {64, 128, 3, 2, 24, 160, true, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim128PvBelow = {128, 128, 2, 2, 24, 240, false, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim192PvBelow = {192, 112, 2, 2, 24, 240, false, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim256PvBelow = {256, 80, 2, 2, 24, 240, false, true, true};
-// Candidates, NOT yet run on a GPU: pv_wait_below and desc_lo.
-constexpr FwdSm90Config kFwdSm90Hdim64PvLo = {64, 128, 3, 2, 24, 160, true, true, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim128PvLo = {128, 128, 2, 2, 24, 240, false, true, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim192PvLo = {192, 112, 2, 2, 24, 240, false, true, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim256PvLo = {256, 80, 2, 2, 24, 240, false, true, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false, true, true};
 
 struct FwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k

@@ -65,7 +65,6 @@ struct FwdSm90Traits {
   // dynamic_tiles: the producer hands each tile id to the consumers through a 2-slot ring.
   static constexpr bool kDynamic = kCfg.dynamic_tiles;
   static constexpr bool kPvWaitBelow = kCfg.pv_wait_below;
-  static constexpr bool kDescLo = kCfg.desc_lo;
   static constexpr uint32_t kOffTileIds = kOffPipeV + sizeof(fh::TmaPipeline<kStages>);
   static constexpr uint32_t kOffPipeTile = kOffTileIds + 16;
   static constexpr size_t kSmemBytes =
@@ -201,10 +200,6 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   // S = Q_w K_j^T into `acc` (one commit group). Zeroed first although the first wgmma ignores
   // it: its asm reads the accumulators; the operand fence keeps the zeroing before
   // wgmma.fence (C7519).
-  // desc_lo: the k-steps' descriptors by a 32-bit add on the low word (hopper::desc_advance_lo).
-  auto advance = [](uint64_t desc, uint32_t bytes) {
-    return T::kDescLo ? fh::desc_advance_lo(desc, bytes) : fh::desc_advance(desc, bytes);
-  };
   auto issue_s = [&](float (&acc)[kS], const fh::PipelineState<T::kStages>& at) {
     fh::zero_acc(acc);
     fh::wgmma_fence_operand(acc);
@@ -215,8 +210,8 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     const uint64_t db = fh::desc_kmajor_sw128(k_s);
 #pragma unroll
     for (int k = 0; k < T::kHeadDim / 16; ++k) {
-      fh::wgmma_ss<T::kBlockN, 0, 0, T::kElem>(acc, advance(da, fh::kmajor_k_offset(k, T::kBlockM)),
-                                               advance(db, fh::kmajor_k_offset(k, T::kBlockN)),
+      fh::wgmma_ss<T::kBlockN, 0, 0, T::kElem>(acc, fh::desc_advance(da, fh::kmajor_k_offset(k, T::kBlockM)),
+                                               fh::desc_advance(db, fh::kmajor_k_offset(k, T::kBlockN)),
                                                k > 0);
     }
     fh::wgmma_commit();
@@ -230,7 +225,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     const uint64_t db = fh::desc_mnmajor_sw128(v_s, T::kKvAtomBytes);
 #pragma unroll
     for (int c = 0; c < T::kBlockN / 16; ++c) {
-      fh::wgmma_rs<T::kHeadDim, 1, T::kElem>(o, a[c], advance(db, fh::mnmajor_k_offset(c)),
+      fh::wgmma_rs<T::kHeadDim, 1, T::kElem>(o, a[c], fh::desc_advance(db, fh::mnmajor_k_offset(c)),
                                              true);
     }
     fh::wgmma_commit();
