@@ -155,6 +155,12 @@ constexpr int kBwdSm90PairMinRows = 3072;
 // than kBwdSm90Hdim192 (-2.7..+3.1%, docs/perf-log.md); its kernels are compiled by the
 // flashback_candidates target (csrc/candidates/), not linked.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false, 3};
+// Candidates, NOT yet run on a GPU: three consumer warpgroups of one atom-column each with
+// dQ^T through shared memory (one bulk reduce per warpgroup per step), FA3's public d = 192
+// recipe, in the room of one Q and one dO stage: K, V 2 x 36 KB, Q, dO 24 KB each, P^T and
+// dS^T 2 x 2 x 12 KB, dQ buffers 3 x 16 KB: 216 KB. (64 x 72 would fit two Q stages, but (7)
+// takes block_n in k16 steps.)
+constexpr BwdSm90Config kBwdSm90Hdim192Wg3Dq96 = {192, 64, 96, 1, 1, 24, 160, true, 3, false, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {

@@ -41,6 +41,12 @@ struct FwdSm90Config {
   // (H200, bf16): d = 256 +1.0..+3.2%, d = 192 -2.6..+9.1% (+1.4% mean), d = 128 -5.6..+0.7%,
   // d = 64 -1.3..-6.3%: on at d = 192 and 256 (docs/perf-log.md).
   bool pv_wait_below = false;
+  // dynamic_tiles: the ring that hands the tile ids from the producer to the consumers ordered
+  // by named barriers (a full and an empty barrier per slot, the whole producer warp taking
+  // part) instead of mbarriers. The same order; compute-sanitizer racecheck follows named
+  // barriers but not mbarrier phases, and reported the mbarrier ring (the producer's id store
+  // against the consumers' reads two tiles before). CANDIDATE.
+  bool ring_named = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -61,6 +67,11 @@ constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false, true, true};
+// Candidates, NOT yet run on a GPU: the tile-id ring by named barriers (ring_named).
+constexpr FwdSm90Config kFwdSm90Hdim64Ring = {64, 128, 3, 2, 24, 160, true, true, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim128Ring = {128, 128, 2, 2, 24, 240, false, true, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim192Ring = {192, 112, 2, 2, 24, 240, false, true, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim256Ring = {256, 80, 2, 2, 24, 240, false, true, true, true};
 
 struct FwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k

@@ -43,6 +43,50 @@ __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
   fh::PipelineState<2> sr;
   fh::PipelineState<T::kQStages> sq;
   fh::PipelineState<T::kStages> st;
+  if constexpr (T::kRingNamed) {
+    // The same ring on named barriers. Use u of slot u % 2: the producer warp waits until the
+    // consumers freed the slot's use u - 2, its leader stores the id, the warp arrives on the
+    // slot's full barrier; the consumers sync there, read the id and, unless it ends the loop,
+    // arrive on the slot's empty barrier. Before leaving, the producer waits on the previous
+    // use's empty barrier too, so that no barrier is left with its arrivals half made.
+    if (wg == 0) {
+      fh::setmaxnreg_dec<T::kProducerRegs>();
+      if (threadIdx.x >= 32) return;
+      const bool leader = threadIdx.x == 0;
+      const FwdSm90Maps maps{&map_q, &map_k, &map_v};
+      int id = static_cast<int>(blockIdx.x);
+      for (int use = 0;; ++use) {
+        const int slot = use & 1;
+        if (use >= 2) fh::named_bar_sync(T::kBarTileEmpty0 + slot, T::kRingThreads);
+        if (leader) ids[slot] = id;
+        __syncwarp();  // the leader's store before the warp's arrival
+        fh::named_bar_arrive(T::kBarTileFull0 + slot, T::kRingThreads);
+        if (id >= p.num_tiles) {
+          if (use >= 1) fh::named_bar_sync(T::kBarTileEmpty0 + (slot ^ 1), T::kRingThreads);
+          break;
+        }
+        int next = 0;
+        if (leader) {
+          next = static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1);
+          const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
+          if (w.active) fwd_sm90_producer<T>(p, maps, w, smem, pipe_q, sq, pipe_k, pipe_v, st);
+        }
+        id = __shfl_sync(0xffffffffu, next, 0);
+      }
+    } else {
+      fh::setmaxnreg_inc<T::kConsumerRegs>();
+      for (int use = 0;; ++use) {
+        const int slot = use & 1;
+        fh::named_bar_sync(T::kBarTileFull0 + slot, T::kRingThreads);
+        const int id = ids[slot];
+        if (id >= p.num_tiles) break;
+        fh::named_bar_arrive(T::kBarTileEmpty0 + slot, T::kRingThreads);
+        const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
+        if (w.active) fwd_sm90_consumer<T>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg - 1);
+      }
+    }
+    return;
+  }
   if (wg == 0) {
     fh::setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x != 0) return;
@@ -94,7 +138,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     pipe_q->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp after its O left
     pipe_k->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp
     pipe_v->init(T::kConsumerWarps);
-    if constexpr (T::kDynamic) {
+    if constexpr (T::kDynamic && !T::kRingNamed) {
       // full[s]: the producer's arrive after it wrote the id; empty[s]: one per consumer warp
       reinterpret_cast<fh::TmaPipeline<2>*>(smem + T::kOffPipeTile)->init(T::kConsumerWarps);
     }
