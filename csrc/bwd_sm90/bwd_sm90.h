@@ -93,6 +93,11 @@ struct BwdSm90Config {
   // the stall samples in the wait for it. Measured with adds_before_wait at d = 256 (pair):
   // +2.7..+5.3% default mode, +1.5..+3.9% deterministic.
   bool q_atom_barriers = false;
+  // Split by head dim, one CTA: one P^T and one dS^T buffer instead of two (step parity), so
+  // that d = 192 with three warpgroups and dQ through shared memory has room for a second Q
+  // stage. The price: a consumer barrier per step before the next P^T is written (every
+  // warpgroup's (5)-(7) of this step have read the buffers). CANDIDATE.
+  bool single_hand = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -161,6 +166,9 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // dS^T 2 x 2 x 12 KB, dQ buffers 3 x 16 KB: 216 KB. (64 x 72 would fit two Q stages, but (7)
 // takes block_n in k16 steps.)
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3Dq96 = {192, 64, 96, 1, 1, 24, 160, true, 3, false, false, true};
+// The same with single_hand and two Q stages: 72 + 2 x 24 + 24 + 2 x 12 + 48 = 216 KB.
+constexpr BwdSm90Config kBwdSm90Hdim192Wg3DqQ2 = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, true,
+                                                 false, false, false, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {

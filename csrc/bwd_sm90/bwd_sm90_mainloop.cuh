@@ -116,7 +116,9 @@ struct BwdSm90Traits {
   static constexpr uint32_t kOffDo = kOffQ + kQStages * kQTileBytes;
   // P^T only by head dim (by keys it stays in registers); 2 buffers each (step parity).
   static constexpr uint32_t kOffP = kOffDo + kDoStages * kQTileBytes;
-  static constexpr uint32_t kOffDs = kOffP + (kByKeys ? 0 : 2 * kHandBytes);
+  static constexpr bool kSingleHand = kCfg.single_hand;
+  static constexpr uint32_t kHandBufs = kSingleHand ? 1 : 2;
+  static constexpr uint32_t kOffDs = kOffP + (kByKeys ? 0 : kHandBufs * kHandBytes);
   // dQ through shared memory (kCfg.dq_smem, default mode): one 64 x 64 fp32 buffer per consumer
   // warpgroup in dQaccum's fragment order, which a producer-warpgroup warp adds into dQaccum
   // with one bulk reduce per step (bwd_sm90_dq_warp).
@@ -124,7 +126,7 @@ struct BwdSm90Traits {
   static_assert(!kDqViaSmem || kByKeys || (kOwn0 == 1 && kOwn1 == 1),
                 "dq_smem: one dQ^T atom-column per warpgroup, one dQ warp each");
   static constexpr uint32_t kDqBufBytes = kDqAtomFloats * 4;  // 16 KB
-  static constexpr uint32_t kOffDqBuf = kOffDs + 2 * kHandBytes;
+  static constexpr uint32_t kOffDqBuf = kOffDs + kHandBufs * kHandBytes;
   // By keys a thread needs LSE and D of 32 query columns, too many to hold from the step's
   // start: each Q stage brings the step's LSE * log2(e) rows, each dO stage its D rows (bulk
   // copies on the stage's full barrier), read from shared memory next to their use.
@@ -210,6 +212,10 @@ struct BwdSm90Traits {
   static constexpr uint32_t kBarDqFree0 = kBarDqFull0 + kConsumerWgs;
   static constexpr uint32_t kDqThreads = 128 + 32;
   static_assert(kBarDqFree0 + kConsumerWgs <= 16, "16 named barriers per CTA");
+  // single_hand: every consumer warpgroup's (5)-(7) of the last step have read P^T and dS^T.
+  static constexpr uint32_t kBarHandFree = 15;
+  static_assert(!kSingleHand || (!kByKeys && !kPair && kBarDqFree0 + kConsumerWgs <= kBarHandFree),
+                "single_hand: split by head dim, one CTA; its barrier id clear of the dQ warps'");
 };
 
 struct BwdSm90Maps {
@@ -675,8 +681,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       dsum0 = p.dsum[stat_row];
       dsum1 = p.dsum[stat_row + 8];
     }
-    uint8_t* p_t = smem + T::kOffP + (it & 1) * T::kHandBytes;
-    uint8_t* ds_t = smem + T::kOffDs + (it & 1) * T::kHandBytes;
+    uint8_t* p_t = smem + T::kOffP + (T::kSingleHand ? 0 : (it & 1)) * T::kHandBytes;
+    uint8_t* ds_t = smem + T::kOffDs + (T::kSingleHand ? 0 : (it & 1)) * T::kHandBytes;
     if constexpr (kPairOn) {
       // This step's partner dS^T lands in buffer it & 1: arm its full barrier (the phase of
       // step it - 2 has completed: every thread waited for it).
@@ -739,6 +745,11 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       for (int r = 0; r < T::kWgKeys / 2; ++r) {
         s[r] = fh::exp2_approx(s[r] * p.scale_log2 - ((r & 2) ? lse1 : lse0));
       }
+    }
+    // single_hand: the last step's (5)-(7) wgmmas of every warpgroup were waited for before it
+    // gets here (wait<0> at the step's end), so the one buffer may be rewritten.
+    if constexpr (T::kSingleHand) {
+      if (it > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
     }
     store_hand_t<T>(p_t, s, wg, t);
 
