@@ -19,8 +19,8 @@
 //   K_j, V_j     block_n rows x 128 B per atom-column, loaded once
 //   Q_i          q_stages x block_m rows x 128 B per atom-column
 //   dO_i         do_stages x block_m rows x 128 B per atom-column
-//   P^T, dS^T    2 buffers each (step parity), block_n rows x 128 B per 64 queries (by keys:
-//                dS^T only)
+//   P^T, dS^T    2 buffers each (step parity; single_hand: 1 each), block_n rows x 128 B per
+//                64 queries (by keys: dS^T only)
 //   dQ^T         with dq_smem: one 16 KB fp32 buffer per consumer warpgroup
 //   LSE, D       by keys or stats_smem: the step's block_m rows of each per Q / dO stage
 //   K_peer, dS^T_peer  with pair_dq: the partner block's K for this CTA's dQ^T atom-columns
@@ -114,7 +114,8 @@ struct BwdSm90Traits {
   static constexpr uint32_t kOffV = kOffK + kKvTileBytes;
   static constexpr uint32_t kOffQ = kOffV + kKvTileBytes;
   static constexpr uint32_t kOffDo = kOffQ + kQStages * kQTileBytes;
-  // P^T only by head dim (by keys it stays in registers); 2 buffers each (step parity).
+  // P^T only by head dim (by keys it stays in registers); 2 buffers each (step parity), or 1
+  // (single_hand).
   static constexpr uint32_t kOffP = kOffDo + kDoStages * kQTileBytes;
   static constexpr bool kSingleHand = kCfg.single_hand;
   static constexpr uint32_t kHandBufs = kSingleHand ? 1 : 2;
@@ -776,7 +777,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     fh::fence_proxy_async_shared();  // stmatrix (generic proxy) -> wgmma (async proxy) reads
     // Every warpgroup's part is in place. The buffers alternate with the step's parity: the
     // other warpgroups passed this barrier only after their last wgmmas of step i-1 had completed,
-    // so step i+1 may overwrite what step i-1 read.
+    // so step i+1 may overwrite what step i-1 read (single_hand: one buffer, and the barrier
+    // before the P^T store orders step i+1's writes after step i's reads).
     fh::named_bar_sync(T::kBarHandoff, T::kConsumerThreads);
     if constexpr (kPairOn) {
       // The whole dS^T (both warpgroups' parts, fenced for the async proxy above) to the

@@ -17,6 +17,7 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3DqQ2)
 #define FLASHBACK_FWD_CANDIDATE(C)                                           \
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
       const flashback_fwd_params&, cudaStream_t);
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128N176)
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64Ring)
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128Ring)
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192Ring)

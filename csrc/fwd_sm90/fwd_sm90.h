@@ -67,6 +67,9 @@ constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false, true, true};
+// Candidate, NOT yet run on a GPU: d = 128 with 176-key blocks (FA3's public non-causal d = 128
+// tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB.
+constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
 // Candidates, NOT yet run on a GPU: the tile-id ring by named barriers (ring_named).
 constexpr FwdSm90Config kFwdSm90Hdim64Ring = {64, 128, 3, 2, 24, 160, true, true, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim128Ring = {128, 128, 2, 2, 24, 240, false, true, false, true};
