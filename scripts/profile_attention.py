@@ -6,8 +6,10 @@ look at.
         python3 scripts/profile_attention.py --batch 2 --seqlen 8192 --causal
     ncu --set full -k regex:fwd_sm90_kernel -s 1 -c 1 --clock-control none \\
         python3 scripts/profile_attention.py --forward --batch 2 --seqlen 8192 --causal
-    ncu --set full -k regex:FlashAttnBwdSm90 -s 1 -c 1 --clock-control none \\
-        python3 scripts/profile_attention.py --impl fa3 --headdim 128 --nheads 16 --causal
+    ncu --set full --kernel-name-base demangled -k regex:FlashAttnBwdSm90 -s 1 -c 1 \\
+        --clock-control none python3 scripts/profile_attention.py --impl fa3 --headdim 128 --nheads 16 --causal
+    ncu --set full -k regex:bwd_sm90_kernel -s 1 -c 1 --clock-control none \\
+        python3 scripts/profile_attention.py --batch 2 --seqlen 8192 --causal --deterministic
 
 (-s 1 skips the warm-up call's kernel.) Uses the source package in python/ and the library that
 flashback finds ($FLASHBACK_LIBRARY or build/). --impl fa3 runs FlashAttention-3 instead (its
@@ -34,6 +36,8 @@ def main():
     ap.add_argument("--forward", action="store_true", help="profile the forward (default: backward)")
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     ap.add_argument("--impl", choices=("flashback", "fa3"), default="flashback")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="flashback's deterministic backward (its turn barriers show in the stall table)")
     a = ap.parse_args()
     shape = (a.batch, a.seqlen, a.nheads, a.headdim)
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float16
@@ -55,7 +59,7 @@ def main():
         torch.cuda.synchronize()
         return
     for _ in range(2):
-        flashback.attention_backward(dout, q, k, v, out, lse, causal=a.causal)
+        flashback.attention_backward(dout, q, k, v, out, lse, causal=a.causal, deterministic=a.deterministic)
     torch.cuda.synchronize()
 
 
