@@ -11,6 +11,8 @@
 # checkout itself is not touched. build*/ is ignored by git: copy the folders to the GPU machine.
 # ROW=CANDIDATE,ROW2=CANDIDATE2,...: one library with all of them in place (named after the
 # first candidate, e.g. kBwdSm90Hdim128=kBwdSm90Hdim128X,kBwdSm90Hdim192=kBwdSm90Hdim192X).
+# A row that aliases another config (kFwdSm90Hdim128Full, kBwdSm90Hdim192Det) becomes a config
+# of its own: kFwdSm90Hdim128Full=kFwdSm90Hdim128N176 swaps the non-causal forward only.
 # Environment: JOBS (default 3), FLASHBACK_HEADDIMS / FLASHBACK_DTYPES passed on to CMake.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +39,9 @@ for path in glob.glob(f"{wt}/csrc/*/*.h"):
     if not m:
         continue
     new, n = re.subn(r"(constexpr \w+ " + re.escape(row) + r" = )\{[^}]*\};", lambda g: g.group(1) + m.group(1) + ";", text)
+    if n == 0:  # a row that aliases another config (static constexpr const Config& ROW = OTHER;)
+        new, n = re.subn(r"static constexpr const (\w+)& " + re.escape(row) + r" = \w+;",
+                         lambda g: f"constexpr {g.group(1)} {row} = {m.group(1)};", text)
     if n != 1:
         sys.exit(f"{row}: not defined once in {path}")
     open(path, "w").write(new)

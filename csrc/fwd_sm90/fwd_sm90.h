@@ -67,6 +67,14 @@ constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false, true, true};
+// The config of a head dim's non-causal calls: the tile shape may differ with the mask (FA3's
+// public choices do at d = 128: 176 keys per block without the mask, 128 with it). Where one
+// config serves both, the same object (and the same instance). Both of a head dim share
+// consumer_wgs: can_implement reads the causal one's.
+static constexpr const FwdSm90Config& kFwdSm90Hdim64Full = kFwdSm90Hdim64;
+static constexpr const FwdSm90Config& kFwdSm90Hdim128Full = kFwdSm90Hdim128;
+static constexpr const FwdSm90Config& kFwdSm90Hdim192Full = kFwdSm90Hdim192;
+static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // Candidate, NOT yet run on a GPU: d = 128 with 176-key blocks (FA3's public non-causal d = 128
 // tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB.
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};

@@ -247,16 +247,19 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
 }
 
 // The entry points of head dim D's instances, bf16 and fp16 (in fwd_sm90_hdim<D>.cu; the table in
-// fwd_sm90_launch.cu declares them).
-#define FLASHBACK_FWD_SM90_INSTANCES(D)                                                         \
-  FLASHBACK_SM90_IF_BF16(                                                                       \
-  cudaError_t run_fwd_sm90_hdim##D##_bf16(const flashback_fwd_params& p, cudaStream_t stream) { \
-    return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D, Dtype::kBf16>>(p, stream);        \
-  })                                                                                            \
-  FLASHBACK_SM90_IF_FP16(                                                                       \
-  cudaError_t run_fwd_sm90_hdim##D##_fp16(const flashback_fwd_params& p, cudaStream_t stream) { \
-    return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D, Dtype::kF16>>(p, stream);         \
-  })
+// fwd_sm90_launch.cu declares them): the non-causal config for calls without the mask (where it
+// is the causal one's object, both branches are the one instance).
+#define FLASHBACK_FWD_SM90_ENTRY(D, DT, DTYPE)                                                     \
+  cudaError_t run_fwd_sm90_hdim##D##_##DT(const flashback_fwd_params& p, cudaStream_t stream) { \
+    return p.causal ? run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D, DTYPE>>(p, stream)      \
+                    : run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D##Full, DTYPE>>(p, stream); \
+  }
+#define FLASHBACK_FWD_SM90_INSTANCES(D)                                                   \
+  static_assert(kFwdSm90Hdim##D##Full.consumer_wgs == kFwdSm90Hdim##D.consumer_wgs &&      \
+                    kFwdSm90Hdim##D##Full.head_dim == kFwdSm90Hdim##D.head_dim,           \
+                "can_implement reads the causal config's query rows per tile");           \
+  FLASHBACK_SM90_IF_BF16(FLASHBACK_FWD_SM90_ENTRY(D, bf16, Dtype::kBf16))                 \
+  FLASHBACK_SM90_IF_FP16(FLASHBACK_FWD_SM90_ENTRY(D, fp16, Dtype::kF16))
 
 }  // namespace sm90
 }  // namespace flashback
