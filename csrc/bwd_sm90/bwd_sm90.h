@@ -76,8 +76,8 @@ struct BwdSm90Config {
   // a shared buffer of the next step's parity before the step's hand-off barrier, which orders
   // the stores before every read). The same rows without the producer's bulk copies, ordered
   // by a named barrier, which compute-sanitizer racecheck follows (it reports the stage copies,
-  // which only mbarriers order). Measured against the stage rows (H200, bf16): d = 128 -0.8..+0.5%
-  // (within the run's noise), racecheck no report; d = 192 -0.8..-2.7%, d = 64 (by keys) -6..-7%:
+  // which only mbarriers order). Measured against the stage rows (H200, bf16): d = 128 -0.8..-0.0%
+  // (within the run's noise), racecheck no report; d = 192 -1.1..-2.7%, d = 64 (by keys) -6..-7%:
   // on at d = 128 only (docs/perf-log.md, "The forward's P V wait, the pair's Q atoms").
   bool stats_by_consumers = false;
   // pair_dq: the step's dQ adds kept above the wait for dK^T (hopper::keep_waits_below). In the
