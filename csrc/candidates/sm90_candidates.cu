@@ -18,6 +18,7 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3DqQ2)
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
       const flashback_fwd_params&, cudaStream_t);
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128N176)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128Cross)
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64Ring)
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128Ring)
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192Ring)

@@ -47,6 +47,11 @@ struct FwdSm90Config {
   // barriers but not mbarrier phases, and reported the mbarrier ring (the producer's id store
   // against the consumers' reads two tiles before). CANDIDATE.
   bool ring_named = false;
+  // A persistent CTA's tiles as one software pipeline: a tile's last P V runs beside the next
+  // tile's block-0 S and softmax, instead of each tile filling and draining the pipeline on its
+  // own (fwd_sm90_consumer's kChain). Needs two Q stages (the next tile's Q lands while this
+  // one's O is staged over its stage) and no ping-pong. CANDIDATE.
+  bool cross_tile = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -78,6 +83,9 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // Candidate, NOT yet run on a GPU: d = 128 with 176-key blocks (FA3's public non-causal d = 128
 // tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB.
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
+// Candidate, NOT yet run on a GPU: cross_tile at d = 128 (the persistent causal rows, and
+// non-causal up to seqlen 2048).
+constexpr FwdSm90Config kFwdSm90Hdim128Cross = {128, 128, 2, 2, 24, 240, false, true, false, false, true};
 // Candidates, NOT yet run on a GPU: the tile-id ring by named barriers (ring_named).
 constexpr FwdSm90Config kFwdSm90Hdim64Ring = {64, 128, 3, 2, 24, 160, true, true, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim128Ring = {128, 128, 2, 2, 24, 240, false, true, false, true};

@@ -24,6 +24,41 @@
 namespace flashback {
 namespace sm90 {
 
+// cross_tile: a consumer warpgroup's tiles from `id` on as one chain. next_id() gives the id
+// after the last one it gave (the static stride, or the ring); every consumer thread calls it
+// at the same points. A tile past the end of a shorter sequence (varlen) is skipped by all.
+template <class T, class NextId>
+__device__ __forceinline__ void fwd_sm90_consumer_chain(const FwdSm90Params& p, uint8_t* smem,
+                                                        fh::TmaPipeline<T::kQStages>* pipe_q,
+                                                        fh::TmaPipeline<T::kStages>* pipe_k,
+                                                        fh::TmaPipeline<T::kStages>* pipe_v,
+                                                        int wg, int id, NextId next_id) {
+  fh::PipelineState<T::kQStages> sq;
+  fh::PipelineState<T::kStages> st;
+  FwdSm90Carry<T> carry;
+  while (id < p.num_tiles) {
+    const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
+    if (!w.active) {
+      id = next_id();
+      continue;
+    }
+    bool fetched = false;
+    int next = 0;
+    auto fetch = [&](FwdSm90Work& nw) {
+      for (;;) {
+        next = next_id();
+        if (next >= p.num_tiles) break;
+        nw = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, next);
+        if (nw.active) break;
+      }
+      fetched = true;
+      return next < p.num_tiles;
+    };
+    fwd_sm90_consumer<T, true>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg, &carry, fetch);
+    id = fetched ? next : next_id();
+  }
+}
+
 // dynamic_tiles: the persistent grid's tile loop with the ids from p.tile_counter. CTA c starts
 // with tile c; its producer thread fetches the next id (one atomicAdd, issued before the tile's
 // loads so that its latency hides under them) and hands every id to the consumer warps through
@@ -75,14 +110,24 @@ __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
       }
     } else {
       fh::setmaxnreg_inc<T::kConsumerRegs>();
-      for (int use = 0;; ++use) {
-        const int slot = use & 1;
+      int use = 0;
+      auto next_id = [&] {
+        const int slot = use++ & 1;
         fh::named_bar_sync(T::kBarTileFull0 + slot, T::kRingThreads);
         const int id = ids[slot];
-        if (id >= p.num_tiles) break;
-        fh::named_bar_arrive(T::kBarTileEmpty0 + slot, T::kRingThreads);
-        const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
-        if (w.active) fwd_sm90_consumer<T>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg - 1);
+        if (id < p.num_tiles) fh::named_bar_arrive(T::kBarTileEmpty0 + slot, T::kRingThreads);
+        return id;
+      };
+      if constexpr (T::kCrossTile) {
+        const int first = next_id();
+        fwd_sm90_consumer_chain<T>(p, smem, pipe_q, pipe_k, pipe_v, wg - 1, first, next_id);
+      } else {
+        for (;;) {
+          const int id = next_id();
+          if (id >= p.num_tiles) break;
+          const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
+          if (w.active) fwd_sm90_consumer<T>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg - 1);
+        }
       }
     }
     return;
@@ -106,15 +151,24 @@ __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
   } else {
     fh::setmaxnreg_inc<T::kConsumerRegs>();
     const bool warp_leader = (threadIdx.x % 32) == 0;
-    for (;;) {
+    auto next_id = [&] {
       pipe_tile->consumer_wait(sr);
       const int id = ids[sr.stage];
       __syncwarp();  // every lane's read before the leader frees the slot
       if (warp_leader) pipe_tile->consumer_release(sr);
       sr.advance();
-      if (id >= p.num_tiles) break;
-      const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
-      if (w.active) fwd_sm90_consumer<T>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg - 1);
+      return id;
+    };
+    if constexpr (T::kCrossTile) {
+      const int first = next_id();
+      fwd_sm90_consumer_chain<T>(p, smem, pipe_q, pipe_k, pipe_v, wg - 1, first, next_id);
+    } else {
+      for (;;) {
+        const int id = next_id();
+        if (id >= p.num_tiles) break;
+        const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
+        if (w.active) fwd_sm90_consumer<T>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg - 1);
+      }
     }
   }
 }
@@ -166,12 +220,18 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
   } else {
     fh::setmaxnreg_inc<T::kConsumerRegs>();
-    fh::PipelineState<T::kQStages> sq;
-    fh::PipelineState<T::kStages> st;
-    for (int id = blockIdx.x; id < p.num_tiles; id += gridDim.x) {
-      // varlen: a Q block past the end of a shorter sequence is no work (for the whole CTA)
-      const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
-      if (w.active) fwd_sm90_consumer<T>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg - 1);
+    if constexpr (T::kCrossTile) {
+      int id = static_cast<int>(blockIdx.x);
+      auto next_id = [&] { return id += static_cast<int>(gridDim.x); };
+      fwd_sm90_consumer_chain<T>(p, smem, pipe_q, pipe_k, pipe_v, wg - 1, id, next_id);
+    } else {
+      fh::PipelineState<T::kQStages> sq;
+      fh::PipelineState<T::kStages> st;
+      for (int id = blockIdx.x; id < p.num_tiles; id += gridDim.x) {
+        // varlen: a Q block past the end of a shorter sequence is no work (for the whole CTA)
+        const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
+        if (w.active) fwd_sm90_consumer<T>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg - 1);
+      }
     }
   }
 }

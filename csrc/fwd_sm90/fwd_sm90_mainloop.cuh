@@ -93,6 +93,7 @@ struct FwdSm90Traits {
   // ring_named: slot s of the tile-id ring is full at kBarTileFull0 + s (the producer warp's
   // arrive, the consumers' sync) and empty at kBarTileEmpty0 + s (the other way round).
   static constexpr bool kRingNamed = kCfg.ring_named;
+  static constexpr bool kCrossTile = kCfg.cross_tile;
   static constexpr uint32_t kBarTileFull0 = 12;
   static constexpr uint32_t kBarTileEmpty0 = 14;
   static constexpr uint32_t kRingThreads = 32 + 128 * kConsumerWgs;
@@ -155,15 +156,38 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// One tile: this warpgroup's 64 query rows against K/V blocks 0 .. n_count - 1.
+// cross_tile: what a tile hands the next one of the chain when it has already issued that
+// tile's block 0 (its S waited for and its softmax done beside the last P V): block 0's P as
+// A fragments and the row statistics after it.
 template <class T>
+struct FwdSm90Carry {
+  uint32_t a[T::kBlockN / 16][4];
+  float m_raw[2], l_part[2];
+  bool primed = false;
+};
+
+// A consumer's chain of tiles without cross_tile: nothing is fetched ahead.
+struct FwdSm90NoNext {
+  __device__ __forceinline__ bool operator()(FwdSm90Work&) const { return false; }
+};
+
+// One tile: this warpgroup's 64 query rows against K/V blocks 0 .. n_count - 1. With kChain
+// (cross_tile), `carry` says whether the previous tile already issued this one's block 0, and
+// `fetch_next` (called by every consumer thread at the same point, before this tile's last
+// P V) gives the next tile of the chain, if any: when it has keys, its block 0 is issued
+// beside this tile's last P V and handed on in `carry`.
+template <class T, bool kChain = false, class FetchNext = FwdSm90NoNext>
 __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const FwdSm90Work& w,
                                                   uint8_t* smem,
                                                   fh::TmaPipeline<T::kQStages>* pipe_q,
                                                   fh::PipelineState<T::kQStages>& sq,
                                                   fh::TmaPipeline<T::kStages>* pipe_k,
                                                   fh::TmaPipeline<T::kStages>* pipe_v,
-                                                  fh::PipelineState<T::kStages>& st, int wg) {
+                                                  fh::PipelineState<T::kStages>& st, int wg,
+                                                  FwdSm90Carry<T>* carry = nullptr,
+                                                  FetchNext fetch_next = FwdSm90NoNext{}) {
+  static_assert(!kChain || (!T::kPingpong && T::kQStages == 2),
+                "cross_tile: no ping-pong turns; the next tile's Q in the other stage");
   constexpr int kS = T::kBlockN / 2;  // S accumulator registers (64 x block_n)
   const int t = threadIdx.x % 128;
   const bool warp_leader = (threadIdx.x % 32) == 0;
@@ -203,18 +227,31 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   fh::zero_acc(o);
   float m_raw[2] = {-INFINITY, -INFINITY};  // running row max of S (unscaled)
   float l_part[2] = {0.f, 0.f};             // this thread's part of the row sums
-  pipe_q->consumer_wait(sq);
+  bool primed = false;
+  if constexpr (kChain) {
+    primed = carry->primed;
+    carry->primed = false;
+    if (primed) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        m_raw[h] = carry->m_raw[h];
+        l_part[h] = carry->l_part[h];
+      }
+    }
+  }
+  if (!primed) pipe_q->consumer_wait(sq);  // (primed: waited for by the previous tile)
 
   // S = Q_w K_j^T into `acc` (one commit group). Zeroed first although the first wgmma ignores
   // it: its asm reads the accumulators; the operand fence keeps the zeroing before
   // wgmma.fence (C7519).
-  auto issue_s = [&](float (&acc)[kS], const fh::PipelineState<T::kStages>& at) {
+  auto issue_s = [&](float (&acc)[kS], const fh::PipelineState<T::kStages>& at,
+                     const uint8_t* q_rows) {
     fh::zero_acc(acc);
     fh::wgmma_fence_operand(acc);
     pipe_k->consumer_wait(at);
     fh::wgmma_fence();
     const uint8_t* k_s = smem + T::kOffK + at.stage * T::kKvTileBytes;
-    const uint64_t da = fh::desc_kmajor_sw128(q_w);
+    const uint64_t da = fh::desc_kmajor_sw128(q_rows);
     const uint64_t db = fh::desc_kmajor_sw128(k_s);
 #pragma unroll
     for (int k = 0; k < T::kHeadDim / 16; ++k) {
@@ -240,16 +277,18 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   };
   // Mask, then the online softmax of block j in place (acc becomes P, unnormalized), the row
   // statistics updated; returns in alpha the factor O must be rescaled by before P_j V_j.
-  auto softmax = [&](float (&acc)[kS], int j, float (&alpha)[2]) {
+  // (Of the tile whose rows start at tm0: this one's, or with cross_tile the next one's.)
+  auto softmax_of = [&](float (&acc)[kS], int j, float (&alpha)[2], int t_seqlen_k, int tm0,
+                        int t_diag, float (&row_max)[2], float (&row_sum)[2]) {
     const int n0 = j * T::kBlockN;
     // Keys past seqlen_k and (causal) after a row's diagonal get -inf; only blocks that reach
     // past seqlen_k or cross the diagonal test each element.
-    if (n0 + T::kBlockN > w.seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag)) {
+    if (n0 + T::kBlockN > t_seqlen_k || (p.causal && n0 + T::kBlockN - 1 > tm0 + t_diag)) {
 #pragma unroll
       for (int r = 0; r < kS; ++r) {
         const int key = n0 + fh::acc_col(r, t);
-        const int query = m0 + fh::acc_row(r, t);
-        if (key >= w.seqlen_k || (p.causal && key > query + diag)) acc[r] = -INFINITY;
+        const int query = tm0 + fh::acc_row(r, t);
+        if (key >= t_seqlen_k || (p.causal && key > query + t_diag)) acc[r] = -INFINITY;
       }
     }
     // Base 2: p = exp2(S * scale_log2 - m * scale_log2). A row that has seen only masked keys
@@ -258,7 +297,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     float offset[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float mx = m_raw[h];
+      float mx = row_max[h];
 #pragma unroll
       for (int r = 0; r < kS; ++r) {
         if (((r >> 1) & 1) == h) mx = fmaxf(mx, acc[r]);
@@ -267,8 +306,8 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       offset[h] = mx == -INFINITY ? 0.f : mx * p.scale_log2;
       // O and l are still 0 while no key was seen: alpha must then be 0, not exp2(-offset),
       // which overflows to inf (and 0 * inf = NaN) when the first row maximum is very negative.
-      alpha[h] = m_raw[h] == -INFINITY ? 0.f : fh::exp2_approx(m_raw[h] * p.scale_log2 - offset[h]);
-      m_raw[h] = mx;
+      alpha[h] = row_max[h] == -INFINITY ? 0.f : fh::exp2_approx(row_max[h] * p.scale_log2 - offset[h]);
+      row_max[h] = mx;
     }
     float rowsum[2] = {0.f, 0.f};
 #pragma unroll
@@ -278,7 +317,10 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       rowsum[h] += acc[r];
     }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) l_part[h] = l_part[h] * alpha[h] + rowsum[h];
+    for (int h = 0; h < 2; ++h) row_sum[h] = row_sum[h] * alpha[h] + rowsum[h];
+  };
+  auto softmax = [&](float (&acc)[kS], int j, float (&alpha)[2]) {
+    softmax_of(acc, j, alpha, w.seqlen_k, m0, diag, m_raw, l_part);
   };
   auto rescale_o = [&](const float (&alpha)[2]) {
 #pragma unroll
@@ -303,19 +345,27 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   // inside its iteration: ptxas serialized all wgmmas when a group stayed in flight across the
   // back edge (docs/perf-log.md, backward v5), so the last block's P V is issued after the loop.
   if (w.n_count > 0) {
-    turn_begin();
-    issue_s(s, st);
-    turn_end();
-    fh::wgmma_wait<0>();
-    fh::wgmma_fence_operand(s);
-    if (warp_leader) pipe_k->consumer_release(st);
-    softmax(s, 0, alpha);
-    to_frags(s, a);  // O is 0: no rescale
+    if (primed) {
+#pragma unroll
+      for (int c = 0; c < T::kBlockN / 16; ++c) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[c][i] = carry->a[c][i];
+      }
+    } else {
+      turn_begin();
+      issue_s(s, st, q_w);
+      turn_end();
+      fh::wgmma_wait<0>();
+      fh::wgmma_fence_operand(s);
+      if (warp_leader) pipe_k->consumer_release(st);
+      softmax(s, 0, alpha);
+      to_frags(s, a);  // O is 0: no rescale
+    }
     for (int j = 0; j + 1 < w.n_count; ++j) {
       fh::PipelineState<T::kStages> next = st;
       next.advance();
       turn_begin();
-      issue_s(s, next);
+      issue_s(s, next, q_w);
       issue_pv(a, st);
       turn_end();
       fh::wgmma_wait<1>();  // S_{j+1}; P_j V_j may still run
@@ -331,12 +381,51 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       to_frags(s, a);
       st = next;
     }
-    turn_begin();
-    issue_pv(a, st);
-    turn_end();
-    fh::wgmma_wait<0>();
-    fh::wgmma_fence_operand(o);
-    if (warp_leader) pipe_v->consumer_release(st);
+    bool cross = false;
+    if constexpr (kChain) {
+      FwdSm90Work nw;
+      cross = fetch_next(nw) && nw.n_count > 0;
+      if (cross) {
+        // The next tile's block 0 beside this tile's last P V: its Q (the other stage) and K_0
+        // are the producer's next loads after this tile's; its statistics start afresh.
+        fh::PipelineState<T::kQStages> sq_next = sq;
+        sq_next.advance();
+        fh::PipelineState<T::kStages> st_next = st;
+        st_next.advance();
+        pipe_q->consumer_wait(sq_next);
+        const uint8_t* q_next = smem + T::kOffQ + sq_next.stage * T::kQBytes + 64 * wg * 128;
+        float m_next[2] = {-INFINITY, -INFINITY};
+        float l_next[2] = {0.f, 0.f};
+        issue_s(s, st_next, q_next);
+        issue_pv(a, st);
+        fh::wgmma_wait<1>();  // S of the next tile's block 0; this P V may still run
+        fh::wgmma_fence_operand(s);
+        if (warp_leader) pipe_k->consumer_release(st_next);
+        softmax_of(s, 0, alpha, nw.seqlen_k, nw.m_block * T::kBlockM + 64 * wg,
+                   nw.seqlen_k - nw.seqlen_q, m_next, l_next);
+        // The softmax above overlaps this P V only with the wait kept below it (pitfall 16).
+        fh::keep_waits_below(nw.seqlen_k);
+        fh::wgmma_wait<0>();
+        fh::wgmma_fence_operand(o);
+        fence_frags(a);
+        if (warp_leader) pipe_v->consumer_release(st);
+        to_frags(s, carry->a);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          carry->m_raw[h] = m_next[h];
+          carry->l_part[h] = l_next[h];
+        }
+        carry->primed = true;
+      }
+    }
+    if (!cross) {
+      turn_begin();
+      issue_pv(a, st);
+      turn_end();
+      fh::wgmma_wait<0>();
+      fh::wgmma_fence_operand(o);
+      if (warp_leader) pipe_v->consumer_release(st);
+    }
     st.advance();  // the next tile's first block
   }
 
