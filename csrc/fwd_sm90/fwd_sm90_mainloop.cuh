@@ -186,8 +186,10 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
                                                   fh::PipelineState<T::kStages>& st, int wg,
                                                   FwdSm90Carry<T>* carry = nullptr,
                                                   FetchNext fetch_next = FwdSm90NoNext{}) {
-  static_assert(!kChain || (!T::kPingpong && T::kQStages == 2),
-                "cross_tile: no ping-pong turns; the next tile's Q in the other stage");
+  // Two K/V stages: the next tile's K_0 / V_0 go where this tile's block n - 2 was, so the
+  // producer reaches the next Q before this tile's last V is released (one stage would deadlock).
+  static_assert(!kChain || (!T::kPingpong && T::kQStages == 2 && T::kStages >= 2),
+                "cross_tile: no ping-pong turns; the next tile's Q in the other stage; two K/V stages");
   constexpr int kS = T::kBlockN / 2;  // S accumulator registers (64 x block_n)
   const int t = threadIdx.x % 128;
   const bool warp_leader = (threadIdx.x % 32) == 0;
