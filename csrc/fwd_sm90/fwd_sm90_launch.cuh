@@ -24,38 +24,50 @@
 namespace flashback {
 namespace sm90 {
 
-// cross_tile: a consumer warpgroup's tiles from `id` on as one chain. next_id() gives the id
-// after the last one it gave (the static stride, or the ring); every consumer thread calls it
-// at the same points. A tile past the end of a shorter sequence (varlen) is skipped by all.
+// A consumer warpgroup's tiles: next_id() gives its next tile id (the static stride, or either
+// ring), every consumer thread calling it at the same points; an id past the last tile ends the
+// loop, and a tile past the end of a shorter sequence (varlen) is skipped by all. With
+// cross_tile the tiles run as one chain (fwd_sm90_consumer's kChain): a tile with keys fetches
+// the next one itself, before its last P V.
 template <class T, class NextId>
-__device__ __forceinline__ void fwd_sm90_consumer_chain(const FwdSm90Params& p, uint8_t* smem,
+__device__ __forceinline__ void fwd_sm90_consumer_tiles(const FwdSm90Params& p, uint8_t* smem,
                                                         fh::TmaPipeline<T::kQStages>* pipe_q,
                                                         fh::TmaPipeline<T::kStages>* pipe_k,
                                                         fh::TmaPipeline<T::kStages>* pipe_v,
-                                                        int wg, int id, NextId next_id) {
+                                                        int wg, NextId next_id) {
   fh::PipelineState<T::kQStages> sq;
   fh::PipelineState<T::kStages> st;
-  FwdSm90Carry<T> carry;
-  while (id < p.num_tiles) {
-    const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
-    if (!w.active) {
-      id = next_id();
-      continue;
+  if constexpr (!T::kCrossTile) {
+    for (;;) {
+      const int id = next_id();
+      if (id >= p.num_tiles) break;
+      const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
+      if (w.active) fwd_sm90_consumer<T>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg);
     }
-    bool fetched = false;
-    int next = 0;
-    auto fetch = [&](FwdSm90Work& nw) {
-      for (;;) {
-        next = next_id();
-        if (next >= p.num_tiles) break;
-        nw = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, next);
-        if (nw.active) break;
+  } else {
+    FwdSm90Carry<T> carry;
+    int id = next_id();
+    while (id < p.num_tiles) {
+      const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
+      if (!w.active) {
+        id = next_id();
+        continue;
       }
-      fetched = true;
-      return next < p.num_tiles;
-    };
-    fwd_sm90_consumer<T, true>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg, &carry, fetch);
-    id = fetched ? next : next_id();
+      bool fetched = false;
+      int next = 0;
+      auto fetch = [&](FwdSm90Work& nw) {
+        for (;;) {
+          next = next_id();
+          if (next >= p.num_tiles) break;
+          nw = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, next);
+          if (nw.active) break;
+        }
+        fetched = true;
+        return next < p.num_tiles;
+      };
+      fwd_sm90_consumer<T, true>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg, &carry, fetch);
+      id = fetched ? next : next_id();
+    }
   }
 }
 
@@ -76,8 +88,6 @@ __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
   auto* pipe_tile = reinterpret_cast<fh::TmaPipeline<2>*>(smem + T::kOffPipeTile);
   volatile int* ids = reinterpret_cast<volatile int*>(smem + T::kOffTileIds);
   fh::PipelineState<2> sr;
-  fh::PipelineState<T::kQStages> sq;
-  fh::PipelineState<T::kStages> st;
   if constexpr (T::kRingNamed) {
     // The same ring on named barriers. Use u of slot u % 2: the producer warp waits until the
     // consumers freed the slot's use u - 2, its leader stores the id, the warp arrives on the
@@ -89,6 +99,8 @@ __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
       if (threadIdx.x >= 32) return;
       const bool leader = threadIdx.x == 0;
       const FwdSm90Maps maps{&map_q, &map_k, &map_v};
+      fh::PipelineState<T::kQStages> sq;
+      fh::PipelineState<T::kStages> st;
       int id = static_cast<int>(blockIdx.x);
       for (int use = 0;; ++use) {
         const int slot = use & 1;
@@ -118,17 +130,7 @@ __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
         if (id < p.num_tiles) fh::named_bar_arrive(T::kBarTileEmpty0 + slot, T::kRingThreads);
         return id;
       };
-      if constexpr (T::kCrossTile) {
-        const int first = next_id();
-        fwd_sm90_consumer_chain<T>(p, smem, pipe_q, pipe_k, pipe_v, wg - 1, first, next_id);
-      } else {
-        for (;;) {
-          const int id = next_id();
-          if (id >= p.num_tiles) break;
-          const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
-          if (w.active) fwd_sm90_consumer<T>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg - 1);
-        }
-      }
+      fwd_sm90_consumer_tiles<T>(p, smem, pipe_q, pipe_k, pipe_v, wg - 1, next_id);
     }
     return;
   }
@@ -136,6 +138,8 @@ __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
     fh::setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x != 0) return;
     const FwdSm90Maps maps{&map_q, &map_k, &map_v};
+    fh::PipelineState<T::kQStages> sq;
+    fh::PipelineState<T::kStages> st;
     int id = static_cast<int>(blockIdx.x);
     for (;;) {
       pipe_tile->producer_acquire(sr);
@@ -159,17 +163,7 @@ __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
       sr.advance();
       return id;
     };
-    if constexpr (T::kCrossTile) {
-      const int first = next_id();
-      fwd_sm90_consumer_chain<T>(p, smem, pipe_q, pipe_k, pipe_v, wg - 1, first, next_id);
-    } else {
-      for (;;) {
-        const int id = next_id();
-        if (id >= p.num_tiles) break;
-        const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
-        if (w.active) fwd_sm90_consumer<T>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg - 1);
-      }
-    }
+    fwd_sm90_consumer_tiles<T>(p, smem, pipe_q, pipe_k, pipe_v, wg - 1, next_id);
   }
 }
 
@@ -220,19 +214,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
   } else {
     fh::setmaxnreg_inc<T::kConsumerRegs>();
-    if constexpr (T::kCrossTile) {
-      int id = static_cast<int>(blockIdx.x);
-      auto next_id = [&] { return id += static_cast<int>(gridDim.x); };
-      fwd_sm90_consumer_chain<T>(p, smem, pipe_q, pipe_k, pipe_v, wg - 1, id, next_id);
-    } else {
-      fh::PipelineState<T::kQStages> sq;
-      fh::PipelineState<T::kStages> st;
-      for (int id = blockIdx.x; id < p.num_tiles; id += gridDim.x) {
-        // varlen: a Q block past the end of a shorter sequence is no work (for the whole CTA)
-        const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
-        if (w.active) fwd_sm90_consumer<T>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg - 1);
-      }
-    }
+    int id = static_cast<int>(blockIdx.x) - static_cast<int>(gridDim.x);
+    auto next_id = [&] { return id += static_cast<int>(gridDim.x); };
+    fwd_sm90_consumer_tiles<T>(p, smem, pipe_q, pipe_k, pipe_v, wg - 1, next_id);
   }
 }
 
