@@ -96,7 +96,8 @@ struct BwdSm90Config {
   // Split by head dim, one CTA: one P^T and one dS^T buffer instead of two (step parity), so
   // that d = 192 with three warpgroups and dQ through shared memory has room for a second Q
   // stage. The price: a consumer barrier per step before the next P^T is written (every
-  // warpgroup's (5)-(7) of this step have read the buffers). CANDIDATE.
+  // warpgroup's (5)-(7) of this step have read the buffers). Measured +3.4..+7.9% at d = 192
+  // (kBwdSm90Hdim192Wg3DqQ2), not yet in the table.
   bool single_hand = false;
 };
 
@@ -160,13 +161,12 @@ constexpr int kBwdSm90PairMinRows = 3072;
 // than kBwdSm90Hdim192 (-2.7..+3.1%, docs/perf-log.md); its kernels are compiled by the
 // flashback_candidates target (csrc/candidates/), not linked.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false, 3};
-// Candidates, NOT yet run on a GPU: three consumer warpgroups of one atom-column each with
-// dQ^T through shared memory (one bulk reduce per warpgroup per step), FA3's public d = 192
-// recipe, in the room of one Q and one dO stage: K, V 2 x 36 KB, Q, dO 24 KB each, P^T and
-// dS^T 2 x 2 x 12 KB, dQ buffers 3 x 16 KB: 216 KB. (64 x 72 would fit two Q stages, but (7)
-// takes block_n in k16 steps.)
-constexpr BwdSm90Config kBwdSm90Hdim192Wg3Dq96 = {192, 64, 96, 1, 1, 24, 160, true, 3, false, false, true};
-// The same with single_hand and two Q stages: 72 + 2 x 24 + 24 + 2 x 12 + 48 = 216 KB.
+// Candidate: three consumer warpgroups of one atom-column each (64 x 96), dQ^T through shared
+// memory, single_hand for a second Q stage: K, V 2 x 36 KB, Q 2 x 24, dO 24, P^T and dS^T
+// 2 x 12, dQ buffers 3 x 16 KB: 216 KB. Passed the d = 192 bf16 reference tests (both modes);
+// A/B against kBwdSm90Hdim192 +4.1..+7.6% causal, +3.4..+7.9% non-causal; without single_hand
+// (one Q stage) -17..-25%. To go into the table once the whole GPU suite (fp16, varlen) has
+// passed on it (docs/perf-log.md).
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3DqQ2 = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, true,
                                                  false, false, false, false, true};
 
