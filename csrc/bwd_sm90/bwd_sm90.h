@@ -44,7 +44,8 @@ struct BwdSm90Config {
   // Default mode: dQ^T partials leave through shared memory and one bulk reduce per step, issued
   // by a producer-warpgroup warp, instead of global reductions from the MMA warpgroups. Needs
   // each warpgroup to own one atom-column (d = 128) and 32 KB of room; measured +1-5% at d = 128,
-  // 6-11% slower at d = 64 and (with one dO stage, for the room) d = 192 (docs/perf-log.md).
+  // 6-11% slower at d = 64 and at d = 192 with two warpgroups; d = 192 takes it with three
+  // warpgroups and single_hand (docs/perf-log.md).
   bool dq_smem;
   int consumer_wgs;   // MMA warpgroups (2 or 3) splitting the work by data
   // How (5)-(7) are split (below): false, by head-dim atom-columns; true, by keys (d = 64:
@@ -96,8 +97,7 @@ struct BwdSm90Config {
   // Split by head dim, one CTA: one P^T and one dS^T buffer instead of two (step parity), so
   // that d = 192 with three warpgroups and dQ through shared memory has room for a second Q
   // stage. The price: a consumer barrier per step before the next P^T is written (every
-  // warpgroup's (5)-(7) of this step have read the buffers). Measured +3.4..+7.9% at d = 192
-  // (kBwdSm90Hdim192Wg3DqQ2), not yet in the table.
+  // warpgroup's (5)-(7) of this step have read the buffers). On at d = 192.
   bool single_hand = false;
 };
 
@@ -128,7 +128,13 @@ struct BwdSm90Config {
 // the keys of (1)-(4) in three and own one atom-column each at d = 192.
 constexpr BwdSm90Config kBwdSm90Hdim64 = {64, 128, 128, 2, 2, 24, 240, false, 2, true};
 constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, false, false, true};
-constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
+// d = 192: three consumer warpgroups of one atom-column each (64 x 96), dQ^T through shared
+// memory, one P^T / dS^T buffer (single_hand) for the room of a second Q stage: K, V 2 x 36 KB,
+// Q 2 x 24 KB, dO 24 KB, P^T and dS^T 2 x 12 KB, dQ buffers 3 x 16 KB: 216 KB. Measured against
+// two warpgroups at 64 x 80 (two Q and dO stages): +4.1..+7.6% causal, +3.4..+7.9% non-causal;
+// the same without single_hand (one Q stage) -17..-25% (docs/perf-log.md).
+constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, true,
+                                          false, false, false, false, true};
 // d = 256 runs the 2-CTA pair (pair_dq, with pair_ghost): its dS^T buffers take the room of
 // the second Q stage. Measured on the H200 against one CTA with two Q stages: +0.9 / +4.4 /
 // +5.2% causal 4k / 8k / 16k, -0.5 / +0.5 / +1.9% non-causal; one Q stage alone costs 4-7%;
@@ -158,17 +164,9 @@ constexpr BwdSm90Config kBwdSm90Hdim256Single = {256, 64, 80, 2, 1, 24, 240, fal
 constexpr int kBwdSm90PairMinRows = 3072;
 // d = 192 with three consumer warpgroups of one atom-column each (64 x 96, FA3's public d = 192
 // shape; registers 128 of 160, 216 KB): passed the d = 192 GPU tests and measured no faster
-// than kBwdSm90Hdim192 (-2.7..+3.1%, docs/perf-log.md); its kernels are compiled by the
+// than two warpgroups at 64 x 80 (-2.7..+3.1%, docs/perf-log.md); its kernels are compiled by the
 // flashback_candidates target (csrc/candidates/), not linked.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false, 3};
-// Candidate: three consumer warpgroups of one atom-column each (64 x 96), dQ^T through shared
-// memory, single_hand for a second Q stage: K, V 2 x 36 KB, Q 2 x 24, dO 24, P^T and dS^T
-// 2 x 12, dQ buffers 3 x 16 KB: 216 KB. Passed the d = 192 bf16 reference tests (both modes);
-// A/B against kBwdSm90Hdim192 +4.1..+7.6% causal, +3.4..+7.9% non-causal; without single_hand
-// (one Q stage) -17..-25%. To go into the table once the whole GPU suite (fp16, varlen) has
-// passed on it (docs/perf-log.md).
-constexpr BwdSm90Config kBwdSm90Hdim192Wg3DqQ2 = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, true,
-                                                 false, false, false, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {
