@@ -119,13 +119,14 @@ struct BwdSm90Config {
 // stage, P^T and dS^T double-buffered (step parity: one barrier per step), block_n x 128 B each.
 //   d = 128: 64 x 128, own 1 each: 224 registers; 64 + 2 x 2 x 16 + 64 = 192 KB, + 2 x 16 KB
 //            dQ buffers (dq_smem) = 224 KB, + LSE / D rows (stats_by_consumers) 1 KB.
-//   d = 192: 64 x 80, own 2 / 1: 160 + 40 + 32 = 232; 60 + 2 x 2 x 24 + 40 = 196 KB, + 1 KB of
-//            LSE / D rows.
+//   d = 192 (the two-warpgroup shape, measured before three): 64 x 80, own 2 / 1: 160 + 40 + 32
+//            = 232; 60 + 2 x 2 x 24 + 40 = 196 KB, + 1 KB of LSE / D rows.
 //   d = 256: 64 x 80, own 2 each: 232; 80 + 2 x 32 + 1 x 32 + 40 = 216 KB (a second dO stage
 //            would need 228 KB); the pair (default mode): one Q stage, + the partner's K half
 //            20 KB + its dS^T 2 x 10 KB = 224 KB.
 // Three consumer warpgroups (512 threads, 128 registers each at entry, setmaxnreg 24 / 160) split
-// the keys of (1)-(4) in three and own one atom-column each at d = 192.
+// the keys of (1)-(4) in three and own one atom-column each at d = 192: 64 x 96, dV^T + dK^T
+// 2 x 48, S and dP 2 x 16, one dQ^T atom 32; shared memory in kBwdSm90Hdim192's comment.
 constexpr BwdSm90Config kBwdSm90Hdim64 = {64, 128, 128, 2, 2, 24, 240, false, 2, true};
 constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, false, false, true};
 // d = 192: three consumer warpgroups of one atom-column each (64 x 96), dQ^T through shared
