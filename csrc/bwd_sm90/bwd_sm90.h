@@ -116,7 +116,8 @@ struct BwdSm90Config {
 // With W = 2, registers per consumer thread of warpgroup 0 (the larger share), own = ceil(d / 128):
 // dV^T + dK^T 2 x own x block_n / 2, S and dP 2 x block_n / 4 (dead before dQ starts), one dQ^T
 // atom 32 in flight. Shared memory: K, V block_n x 2d bytes each, Q and dO 64 x 2d bytes per
-// stage, P^T and dS^T double-buffered (step parity: one barrier per step), block_n x 128 B each.
+// stage, P^T and dS^T double-buffered (step parity: one barrier per step; single_hand: one of
+// each), block_n x 128 B each.
 //   d = 128: 64 x 128, own 1 each: 224 registers; 64 + 2 x 2 x 16 + 64 = 192 KB, + 2 x 16 KB
 //            dQ buffers (dq_smem) = 224 KB, + LSE / D rows (stats_by_consumers) 1 KB.
 //   d = 192 (the two-warpgroup shape, measured before three): 64 x 80, own 2 / 1: 160 + 40 + 32
@@ -168,6 +169,11 @@ constexpr int kBwdSm90PairMinRows = 3072;
 // than two warpgroups at 64 x 80 (-2.7..+3.1%, docs/perf-log.md); its kernels are compiled by the
 // flashback_candidates target (csrc/candidates/), not linked.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false, 3};
+// The two-warpgroup d = 192 config the table had before (64 x 80, Q 2 / dO 2, shares 2 / 1):
+// 3.4-7.9% slower than kBwdSm90Hdim192 (docs/perf-log.md). Compiled by the candidates target
+// because it is the one config with unequal shares, whose second consumer instance
+// (bwd_sm90_launch.cuh) no table row instantiates now.
+constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {

@@ -11,6 +11,7 @@ namespace sm90 {
   template cudaError_t run_bwd_sm90_config<BwdSm90Traits<C, Dtype::kBf16>, false>(   \
       const flashback_bwd_params&, cudaStream_t);
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
+FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg2)
 #undef FLASHBACK_BWD_CANDIDATE
 #define FLASHBACK_FWD_CANDIDATE(C)                                           \
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
