@@ -10,7 +10,9 @@ Convention (FlashAttention's benchmarks): forward FLOPs = 4 * batch * seqlen^2 *
 halved when causal; backward FLOPs = 2.5 x forward. TFLOP/s = FLOPs / median time.
 
 Timing: CUDA events around each call; the median of --iters (default 100) timed calls after
---warmup calls, repeated three times in one process (the three numbers of "tflops").
+--warmup calls, repeated three times in one process (the three numbers of "tflops"). The
+repeats are interleaved: each repeat times every implementation once, the order rotated by one
+per repeat, so a clock boost after a lighter kernel does not always favour the same one.
 - fwd: one forward call with autograd recording (the training forward).
 - bwd: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) after one forward, i.e. the
   user-visible path including each library's preprocess/postprocess kernels.
@@ -143,7 +145,8 @@ def sweep_tag(seqlens, headdims, dtypes):
 def make_payload(device, commit, date, torch_version, results, **extra):
     """The result schema: {device, commit, date, torch, results: [{impl, direction, causal, batch,
     seqlen, nheads, headdim, tflops: [run1, run2, run3]}]}. Rows may carry more keys (ms, path, gpu:
-    the SM clock and power sampled after the timing);
+    the SM clock and power sampled after each run's timing, a list per run; older files hold one
+    sample);
     extra top-level keys (notes, method) are allowed."""
     payload = {"device": device, "commit": commit, "date": date, "torch": torch_version, "results": results}
     payload.update(extra)
@@ -462,13 +465,14 @@ def _short(e):
 
 
 def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRECTIONS, headdims=(HEADDIM,),
-              dtypes=("bf16",), shapes=SHAPES, tag="", warm_seconds=1.0):
+              dtypes=("bf16",), shapes=SHAPES, tag="", warm_seconds=1.0, causals=(True, False)):
     import torch
     device = torch.cuda.get_device_name()
     payload = make_payload(device, git_commit(), datetime.date.today().isoformat(), torch.__version__, [],
                            notes=[], method=(f"FlashAttention FLOP convention (fwd 4*b*s^2*h*d, /2 causal; bwd 2.5x); "
                                              f"median of {iters} CUDA-event-timed calls after {warmup} warm-up, "
-                                             f"{repeats} repeats; bwd = autograd.grad after one forward; "
+                                             f"{repeats} repeats interleaved across implementations (order rotated per repeat); "
+                                             f"bwd = autograd.grad after one forward; "
                                              f"{BWD_CALL} = raw attention_backward call"
                                              + (f"; {warm_seconds:g} s of matmuls before the first row"
                                                 if warm_seconds > 0 else "")
@@ -490,39 +494,55 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
     warm_gpu(warm_seconds)
     gen = torch.Generator(device=DEVICE).manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
     for headdim, dtype_name, causal, (batch, seqlen) in ((d, t, c, bs) for d in headdims for t in dtypes
-                                                          for c in (True, False) for bs in shapes):
+                                                          for c in causals for bs in shapes):
             nheads = nheads_for(headdim)
             dtype = torch.float16 if dtype_name == "fp16" else torch.bfloat16
             shape = (batch, seqlen, nheads, headdim)
             q, k, v, dout = (torch.randn(shape, generator=gen, device=DEVICE, dtype=dtype) for _ in range(4))
             for t in (q, k, v):
                 t.requires_grad_()
-            for impl in impls:
-                if impl == "fa3" and dtype_name != "bf16":
-                    continue  # the FlashAttention-3 build compared against is bf16 only
-                paths, states = {}, {}
-                try:
-                    res = measure(impl, q, k, v, dout, causal, iters, warmup, repeats, payload["notes"], paths,
-                                  directions, states)
-                except Exception as e:  # noqa: BLE001 - a backend that rejects the shape is skipped
-                    note = (f"{impl} d={headdim} {dtype_name} causal={causal} batch={batch} seqlen={seqlen} "
-                            f"skipped: {_short(e)}")
-                    payload["notes"].append(note)
-                    print("note: " + note, flush=True)
+            # The repeats are interleaved: repeat r times every implementation once, in the order
+            # rotated by r, so that no implementation always runs right after the same other one.
+            # A card at its power cap runs faster for a fraction of a second after a lighter
+            # load; with all repeats of one implementation back to back, that boost lands on
+            # whichever one follows a slower implementation (seen: three repeats 706 / 705 /
+            # 578 TFLOP/s after SDPA, the next implementation's 620 / 557 / 569).
+            point_impls = [i for i in impls if not (i == "fa3" and dtype_name != "bf16")]
+            runs, paths_of, states_of = {}, {}, {}  # impl -> {key: [ms per repeat]}, ...
+            for rep in range(repeats):
+                for impl in point_impls[rep % len(point_impls):] + point_impls[:rep % len(point_impls)]:
+                    if rep > 0 and impl not in runs:
+                        continue  # skipped at its first repeat
+                    paths, states = {}, {}
+                    try:
+                        res = measure(impl, q, k, v, dout, causal, iters, warmup, 1, payload["notes"], paths,
+                                      directions, states)
+                    except Exception as e:  # noqa: BLE001 - a backend that rejects the shape is skipped
+                        note = (f"{impl} d={headdim} {dtype_name} causal={causal} batch={batch} seqlen={seqlen} "
+                                f"skipped: {_short(e)}")
+                        payload["notes"].append(note)
+                        print("note: " + note, flush=True)
+                        runs.pop(impl, None)
+                        torch.cuda.empty_cache()
+                        continue
+                    for key, ms in res.items():
+                        runs.setdefault(impl, {}).setdefault(key, []).extend(ms)
+                    paths_of.setdefault(impl, {}).update(paths)
+                    for key, st in states.items():
+                        states_of.setdefault(impl, {}).setdefault(key, []).append(st)
                     torch.cuda.empty_cache()
-                    continue
-                for key, ms_runs in res.items():
+            for impl in point_impls:
+                for key, ms_runs in runs.get(impl, {}).items():
                     row_impl, direction = (BWD_CALL, "bwd") if key == BWD_CALL else (impl, key)
                     row = result_row(row_impl, direction, causal, batch, seqlen, nheads, headdim, ms_runs,
                                      dtype_name)
-                    if key in paths:
-                        row["path"] = paths[key]
-                    if states.get(key):
-                        row["gpu"] = states[key]
+                    if key in paths_of.get(impl, {}):
+                        row["path"] = paths_of[impl][key]
+                    if any(states_of.get(impl, {}).get(key, [])):
+                        row["gpu"] = states_of[impl][key]
                     payload["results"].append(row)
                     print(f"{row_impl:>18} {direction} d={headdim} {dtype_name} causal={causal!s:5} "
                           f"{batch}x{seqlen:<6} TFLOP/s {'/'.join(f'{t:.1f}' for t in row['tflops'])}", flush=True)
-                torch.cuda.empty_cache()
             del q, k, v, dout
             torch.cuda.empty_cache()
             path = write_results(out_dir, payload)
@@ -556,6 +576,8 @@ def main(argv=None):
     p.add_argument("--seqlens", default="main",
                    help="main (4096,8192,16384), short (512,1024,2048), all, or a comma-separated list of "
                         f"divisors of {TOKENS}; batch = {TOKENS} / seqlen")
+    p.add_argument("--masks", choices=("both", "causal", "noncausal"), default="both",
+                   help="causal masking: both (default), or only causal / non-causal points")
     p.add_argument("--queue-ahead", action="store_true",
                    help="let the host queue every timed call before the GPU runs the first (GPU time only; "
                         "without it, calls shorter than the host's work per call measure the host too)")
@@ -605,9 +627,11 @@ def main(argv=None):
         return 0
     global QUEUE_AHEAD
     QUEUE_AHEAD = a.queue_ahead
-    tag = "-".join(t for t in (sweep_tag(seqlens, headdims, dtypes), "qa" if a.queue_ahead else "") if t)
+    tag = "-".join(t for t in (sweep_tag(seqlens, headdims, dtypes), "qa" if a.queue_ahead else "",
+                                "" if a.masks == "both" else a.masks) if t)
     run_sweep(impls, iters, warmup, a.repeats, a.out, a.plot, directions, headdims, dtypes, shapes_for(seqlens), tag,
-              warm_seconds=0.0 if a.quick else 1.0)
+              warm_seconds=0.0 if a.quick else 1.0,
+              causals={"both": (True, False), "causal": (True,), "noncausal": (False,)}[a.masks])
     return 0
 
 
