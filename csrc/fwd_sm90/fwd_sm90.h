@@ -80,17 +80,24 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim64Full = kFwdSm90Hdim64;
 static constexpr const FwdSm90Config& kFwdSm90Hdim128Full = kFwdSm90Hdim128;
 static constexpr const FwdSm90Config& kFwdSm90Hdim192Full = kFwdSm90Hdim192;
 static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
-// Candidate, NOT yet run on a GPU: d = 128 with 176-key blocks (FA3's public non-causal d = 128
-// tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB.
+// Candidate, measured slower: d = 128 with 176-key blocks (FA3's public non-causal d = 128
+// tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB; non-causal
+// -1.2..-1.8% against 128 keys (docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
-// Candidate, NOT yet run on a GPU: cross_tile at d = 128 (the persistent causal rows, and
-// non-causal up to seqlen 2048).
+// Candidate, measured slower: cross_tile at d = 128 (the persistent causal rows, and
+// non-causal up to seqlen 2048): main sweep -6.1..+0.7%, short sweep -8..-17% (8520 SASS
+// instructions against 6264; docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128Cross = {128, 128, 2, 2, 24, 240, false, true, false, false, true};
-// Candidates, NOT yet run on a GPU: the tile-id ring by named barriers (ring_named).
+// Candidates, measured no faster: the tile-id ring by named barriers (ring_named): d = 64 -1..-3%,
+// the others within noise, and racecheck still reports it at d = 128 (docs/perf-log.md).
 constexpr FwdSm90Config kFwdSm90Hdim64Ring = {64, 128, 3, 2, 24, 160, true, true, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim128Ring = {128, 128, 2, 2, 24, 240, false, true, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim192Ring = {192, 112, 2, 2, 24, 240, false, true, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim256Ring = {256, 80, 2, 2, 24, 240, false, true, true, true};
+// Candidate: pv_wait_below at d = 128, measured -5.6..+0.7% when the benchmark ran each
+// implementation's repeats back to back (causal forward A/B noise up to 6.6% then); ncu of the
+// d = 128 causal 4k forward: 11.5% of the stall samples on the P V wait above the softmax.
+constexpr FwdSm90Config kFwdSm90Hdim128PvBelow = {128, 128, 2, 2, 24, 240, false, true, true};
 
 struct FwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k
