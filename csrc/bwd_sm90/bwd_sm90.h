@@ -99,12 +99,6 @@ struct BwdSm90Config {
   // stage. The price: a consumer barrier per step before the next P^T is written (every
   // warpgroup's (5)-(7) of this step have read the buffers). On at d = 192.
   bool single_hand = false;
-  // By keys: the next step's S^T and dP^T wgmmas issued before this step's dQ^T adds, so the
-  // tensor cores start on the next step while the adds drain. Without it the adds come last
-  // and the next step's first instructions wait for them to read their registers (ncu, d = 64
-  // causal: 11% of the stall samples on the instruction after the last red.global.add, both
-  // warpgroups at once, as the hand-off barrier keeps them in step). CANDIDATE.
-  bool next_before_adds = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -179,9 +173,6 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // 3.4-7.9% slower than kBwdSm90Hdim192 (docs/perf-log.md). Compiled by the candidates target
 // because it is the one config with unequal shares, whose second consumer instance
 // (bwd_sm90_launch.cuh) no table row instantiates now.
-// d = 64 by keys with the next step's S^T / dP^T issued before the dQ^T adds (next_before_adds).
-constexpr BwdSm90Config kBwdSm90Hdim64Early = {64, 128, 128, 2, 2, 24, 240, false, 2, true,
-                                              false, false, false, false, false, false, false, true};
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.

@@ -100,31 +100,6 @@ __device__ __forceinline__ void stage_dkv_rows(uint8_t* stage, const float (&acc
   }
 }
 
-// (1) S^T = K_w Q^T of one step, its own commit group, after the wait for its Q stage.
-template <class T>
-__device__ __forceinline__ void issue_s_by_keys(float (&s)[T::kBlockM / 2], const uint8_t* k_w,
-                                                const uint8_t* q_s, fh::TmaPipeline<T::kQStages>* pipe_q,
-                                                const fh::PipelineState<T::kQStages>& sq) {
-  pipe_q->consumer_wait(sq);
-  fh::wgmma_fence();
-  gemm_kv_by_q<T>(s, k_w, q_s);
-  fh::wgmma_commit();
-}
-
-// (3) dP^T = V_w dO^T of one step, its own commit group, after the wait for its dO stage (and,
-// at the first step, for V).
-template <class T>
-__device__ __forceinline__ void issue_dp_by_keys(float (&dp)[T::kBlockM / 2], const uint8_t* v_w,
-                                                 const uint8_t* do_s, fh::TmaPipeline<T::kDoStages>* pipe_do,
-                                                 const fh::PipelineState<T::kDoStages>& sd,
-                                                 uint64_t* kv_bar, bool first) {
-  if (first) fh::mbar_wait(kv_bar + 1, 0);  // V
-  pipe_do->consumer_wait(sd);
-  fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
-  gemm_kv_by_q<T>(dp, v_w, do_s);
-  fh::wgmma_commit();
-}
-
 template <class T, bool kDet>
 __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p,
                                                           const BwdSm90Work& w, uint8_t* smem,
@@ -157,24 +132,6 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
 
   fh::PipelineState<T::kQStages> sq;
   fh::PipelineState<T::kDoStages> sd;
-  // dQ^T of a step, out through the dQ warp's buffer or global reductions; deterministic, after
-  // this warpgroup's turn (phase wg, turn warp wg).
-  float dq[32];
-  auto dq_out = [&](int it, int head, int m_block) {
-    if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + wg, T::kTurnThreads);
-    if constexpr (kDqSmem) {
-      // Into this warpgroup's buffer, which its dQ warp adds with one bulk reduce.
-      if (it > 0) fh::named_bar_sync(T::kBarDqFree0 + wg, T::kDqThreads);
-      store_dq_partial(smem + T::kOffDqBuf + wg * T::kDqBufBytes, t, dq);
-      fh::fence_proxy_async_shared();  // st.shared (generic proxy) -> bulk reduce (async)
-      fh::named_bar_arrive(T::kBarDqFull0 + wg, T::kDqThreads);
-    } else if (m_block * T::kBlockM + 64 * wg < seqlen_q) {  // else a padding tile: dS^T is 0
-      add_dq_partial<T::kHeadDim>(p, dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles + wg),
-                                  0, t, dq);
-    }
-    if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + wg, T::kTurnThreads);
-  };
-  int prev_head = 0, prev_m_block = 0;  // next_before_adds: the step whose dQ^T is in dq
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block;
     bwd_sm90_iter<kDet>(p, w, it, head, m_block);
@@ -199,17 +156,16 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
     const uint8_t* do_s = smem + T::kOffDo + sd.stage * T::kQTileBytes;
 
     // (1) S^T = K_w Q_i^T  then  (3) dP^T = V_w dO_i^T, two commit groups.
-    float s[kS];
-    issue_s_by_keys<T>(s, k_w, q_s, pipe_q, sq);
-    // next_before_adds: the previous step's dQ^T goes out now, while this step's S^T runs, not
-    // at the end of that step, where this step's first instructions would wait for the adds
-    // to read their registers. (After dP^T too, the adds would need dQ^T's 32 registers beside
-    // S^T's and dP^T's 128.)
-    if constexpr (T::kNextBeforeAdds) {
-      if (it > 0) dq_out(it - 1, prev_head, prev_m_block);
-    }
-    float dp[kS];
-    issue_dp_by_keys<T>(dp, v_w, do_s, pipe_do, sd, kv_bar, it == 0);
+    float s[kS], dp[kS];
+    pipe_q->consumer_wait(sq);
+    fh::wgmma_fence();
+    gemm_kv_by_q<T>(s, k_w, q_s);
+    fh::wgmma_commit();
+    if (it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
+    pipe_do->consumer_wait(sd);
+    fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
+    gemm_kv_by_q<T>(dp, v_w, do_s);
+    fh::wgmma_commit();
 
     // (2) P^T (rows are keys, columns queries): keys past seqlen_k and (causal) after a query's
     // diagonal give 0; query columns past seqlen_q have LSE = +inf (workspace padding).
@@ -276,6 +232,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
     fh::named_bar_sync(T::kBarHandoff, T::kConsumerThreads);
 
     // (7) dQ^T = K^T dS^T for queries m0 + 64 wg ..
+    float dq[32];
     fh::zero_acc(dq);
     fh::wgmma_fence_operand(dq);
     fh::wgmma_fence();
@@ -298,17 +255,21 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
     }
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(dq);
+    // Deterministic: this warpgroup's tile is phase wg; wait for its turn (turn warp wg).
+    if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + wg, T::kTurnThreads);
+    if constexpr (kDqSmem) {
+      // Into this warpgroup's buffer, which its dQ warp adds with one bulk reduce.
+      if (it > 0) fh::named_bar_sync(T::kBarDqFree0 + wg, T::kDqThreads);
+      store_dq_partial(smem + T::kOffDqBuf + wg * T::kDqBufBytes, t, dq);
+      fh::fence_proxy_async_shared();  // st.shared (generic proxy) -> bulk reduce (async)
+      fh::named_bar_arrive(T::kBarDqFull0 + wg, T::kDqThreads);
+    } else if (m0 + 64 * wg < seqlen_q) {  // else a padding tile: its dS^T columns are 0
+      add_dq_partial<T::kHeadDim>(p, dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles + wg),
+                                  0, t, dq);
+    }
+    if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + wg, T::kTurnThreads);
     sq.advance();
     sd.advance();
-    if constexpr (T::kNextBeforeAdds) {
-      prev_head = head;
-      prev_m_block = m_block;
-    } else {
-      dq_out(it, head, m_block);
-    }
-  }
-  if constexpr (T::kNextBeforeAdds) {
-    if (w.n_iters > 0) dq_out(w.n_iters - 1, prev_head, prev_m_block);
   }
   fh::wgmma_fence_operand(acc_dv);
   fh::wgmma_fence_operand(acc_dk);

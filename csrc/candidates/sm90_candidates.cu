@@ -12,7 +12,6 @@ namespace sm90 {
       const flashback_bwd_params&, cudaStream_t);
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg2)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim64Early)
 #undef FLASHBACK_BWD_CANDIDATE
 #define FLASHBACK_FWD_CANDIDATE(C)                                           \
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
@@ -23,7 +22,6 @@ FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64Ring)
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128Ring)
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192Ring)
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256Ring)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128PvBelow)
 #undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

@@ -94,10 +94,6 @@ constexpr FwdSm90Config kFwdSm90Hdim64Ring = {64, 128, 3, 2, 24, 160, true, true
 constexpr FwdSm90Config kFwdSm90Hdim128Ring = {128, 128, 2, 2, 24, 240, false, true, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim192Ring = {192, 112, 2, 2, 24, 240, false, true, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim256Ring = {256, 80, 2, 2, 24, 240, false, true, true, true};
-// Candidate: pv_wait_below at d = 128, measured -5.6..+0.7% when the benchmark ran each
-// implementation's repeats back to back (causal forward A/B noise up to 6.6% then); ncu of the
-// d = 128 causal 4k forward: 11.5% of the stall samples on the P V wait above the softmax.
-constexpr FwdSm90Config kFwdSm90Hdim128PvBelow = {128, 128, 2, 2, 24, 240, false, true, true};
 
 struct FwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k
