@@ -87,6 +87,12 @@ __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
                                                        int wg) {
   auto* pipe_tile = reinterpret_cast<fh::TmaPipeline<2>*>(smem + T::kOffPipeTile);
   volatile int* ids = reinterpret_cast<volatile int*>(smem + T::kOffTileIds);
+  // The mbarrier ring's slots are written and read with shared-memory atomics: the ring's
+  // barriers order them already (an arrive releases, a wait acquires), but compute-sanitizer
+  // racecheck does not follow mbarrier phases and reported every plain access to the slots
+  // (the producer's store against the consumers' reads of the slot's previous use); it does not
+  // report atomics. One atomic per consumer warp per tile.
+  int* ids_rw = reinterpret_cast<int*>(smem + T::kOffTileIds);
   fh::PipelineState<2> sr;
   if constexpr (T::kRingNamed) {
     // The same ring on named barriers. Use u of slot u % 2: the producer warp waits until the
@@ -143,7 +149,7 @@ __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
     int id = static_cast<int>(blockIdx.x);
     for (;;) {
       pipe_tile->producer_acquire(sr);
-      ids[sr.stage] = id;
+      atomicExch(ids_rw + sr.stage, id);
       fh::mbar_arrive(pipe_tile->full_barrier(sr));  // releases the id's store
       sr.advance();
       if (id >= p.num_tiles) break;
@@ -157,7 +163,10 @@ __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
     const bool warp_leader = (threadIdx.x % 32) == 0;
     auto next_id = [&] {
       pipe_tile->consumer_wait(sr);
-      const int id = ids[sr.stage];
+      // One read per warp (same-address atomics of a warp's lanes serialize), broadcast.
+      int id = 0;
+      if (warp_leader) id = atomicAdd(ids_rw + sr.stage, 0);
+      id = __shfl_sync(0xffffffffu, id, 0);
       __syncwarp();  // every lane's read before the leader frees the slot
       if (warp_leader) pipe_tile->consumer_release(sr);
       sr.advance();
