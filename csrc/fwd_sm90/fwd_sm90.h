@@ -41,12 +41,6 @@ struct FwdSm90Config {
   // (H200, bf16): d = 256 +1.0..+3.2%, d = 192 -2.6..+9.1% (+1.4% mean), d = 128 -5.6..+0.7%,
   // d = 64 -1.3..-6.3%: on at d = 192 and 256 (docs/perf-log.md).
   bool pv_wait_below = false;
-  // dynamic_tiles: the ring that hands the tile ids from the producer to the consumers ordered
-  // by named barriers (a full and an empty barrier per slot, the whole producer warp taking
-  // part) instead of mbarriers. The same order; compute-sanitizer racecheck follows named
-  // barriers but not mbarrier phases, and reported the mbarrier ring (the producer's id store
-  // against the consumers' reads two tiles before). CANDIDATE.
-  bool ring_named = false;
   // A persistent CTA's tiles as one software pipeline: a tile's last P V runs beside the next
   // tile's block-0 S and softmax, instead of each tile filling and draining the pipeline on its
   // own (fwd_sm90_consumer's kChain). Needs two Q stages (the next tile's Q lands while this
@@ -87,13 +81,7 @@ constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, t
 // Candidate, measured slower: cross_tile at d = 128 (the persistent causal rows, and
 // non-causal up to seqlen 2048): main sweep -6.1..+0.7%, short sweep -8..-17% (8520 SASS
 // instructions against 6264; docs/perf-log.md, "Five candidates measured").
-constexpr FwdSm90Config kFwdSm90Hdim128Cross = {128, 128, 2, 2, 24, 240, false, true, false, false, true};
-// Candidates, measured no faster: the tile-id ring by named barriers (ring_named): d = 64 -1..-3%,
-// the others within noise, and racecheck still reports it at d = 128 (docs/perf-log.md).
-constexpr FwdSm90Config kFwdSm90Hdim64Ring = {64, 128, 3, 2, 24, 160, true, true, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim128Ring = {128, 128, 2, 2, 24, 240, false, true, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim192Ring = {192, 112, 2, 2, 24, 240, false, true, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim256Ring = {256, 80, 2, 2, 24, 240, false, true, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim128Cross = {128, 128, 2, 2, 24, 240, false, true, false, true};
 
 struct FwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k

@@ -86,60 +86,13 @@ __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
                                                        fh::TmaPipeline<T::kStages>* pipe_v,
                                                        int wg) {
   auto* pipe_tile = reinterpret_cast<fh::TmaPipeline<2>*>(smem + T::kOffPipeTile);
-  volatile int* ids = reinterpret_cast<volatile int*>(smem + T::kOffTileIds);
-  // The mbarrier ring's slots are written and read with shared-memory atomics: the ring's
-  // barriers order them already (an arrive releases, a wait acquires), but compute-sanitizer
-  // racecheck does not follow mbarrier phases and reported every plain access to the slots
-  // (the producer's store against the consumers' reads of the slot's previous use); it does not
-  // report atomics. One atomic per consumer warp per tile.
+  // The ring's slots are written and read with shared-memory atomics: its mbarriers order them
+  // already (an arrive releases, a wait acquires), but compute-sanitizer racecheck does not
+  // follow mbarrier phases and reported every plain access to the slots (the producer's store
+  // against the consumers' reads of the slot's previous use); it does not report atomics. One
+  // atomic per consumer warp per tile; measured neutral (docs/perf-log.md).
   int* ids_rw = reinterpret_cast<int*>(smem + T::kOffTileIds);
   fh::PipelineState<2> sr;
-  if constexpr (T::kRingNamed) {
-    // The same ring on named barriers. Use u of slot u % 2: the producer warp waits until the
-    // consumers freed the slot's use u - 2, its leader stores the id, the warp arrives on the
-    // slot's full barrier; the consumers sync there, read the id and, unless it ends the loop,
-    // arrive on the slot's empty barrier. Before leaving, the producer waits on the previous
-    // use's empty barrier too, so that no barrier is left with its arrivals half made.
-    if (wg == 0) {
-      fh::setmaxnreg_dec<T::kProducerRegs>();
-      if (threadIdx.x >= 32) return;
-      const bool leader = threadIdx.x == 0;
-      const FwdSm90Maps maps{&map_q, &map_k, &map_v};
-      fh::PipelineState<T::kQStages> sq;
-      fh::PipelineState<T::kStages> st;
-      int id = static_cast<int>(blockIdx.x);
-      for (int use = 0;; ++use) {
-        const int slot = use & 1;
-        if (use >= 2) fh::named_bar_sync(T::kBarTileEmpty0 + slot, T::kRingThreads);
-        if (leader) ids[slot] = id;
-        __syncwarp();  // the leader's store before the warp's arrival
-        fh::named_bar_arrive(T::kBarTileFull0 + slot, T::kRingThreads);
-        if (id >= p.num_tiles) {
-          if (use >= 1) fh::named_bar_sync(T::kBarTileEmpty0 + (slot ^ 1), T::kRingThreads);
-          break;
-        }
-        int next = 0;
-        if (leader) {
-          next = static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1);
-          const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
-          if (w.active) fwd_sm90_producer<T>(p, maps, w, smem, pipe_q, sq, pipe_k, pipe_v, st);
-        }
-        id = __shfl_sync(0xffffffffu, next, 0);
-      }
-    } else {
-      fh::setmaxnreg_inc<T::kConsumerRegs>();
-      int use = 0;
-      auto next_id = [&] {
-        const int slot = use++ & 1;
-        fh::named_bar_sync(T::kBarTileFull0 + slot, T::kRingThreads);
-        const int id = ids[slot];
-        if (id < p.num_tiles) fh::named_bar_arrive(T::kBarTileEmpty0 + slot, T::kRingThreads);
-        return id;
-      };
-      fwd_sm90_consumer_tiles<T>(p, smem, pipe_q, pipe_k, pipe_v, wg - 1, next_id);
-    }
-    return;
-  }
   if (wg == 0) {
     fh::setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x != 0) return;
@@ -195,7 +148,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     pipe_q->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp after its O left
     pipe_k->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp
     pipe_v->init(T::kConsumerWarps);
-    if constexpr (T::kDynamic && !T::kRingNamed) {
+    if constexpr (T::kDynamic) {
       // full[s]: the producer's arrive after it wrote the id; empty[s]: one per consumer warp
       reinterpret_cast<fh::TmaPipeline<2>*>(smem + T::kOffPipeTile)->init(T::kConsumerWarps);
     }

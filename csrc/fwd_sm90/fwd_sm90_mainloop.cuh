@@ -90,15 +90,7 @@ struct FwdSm90Traits {
   static constexpr uint32_t kBarTurn0 = 4;
   static_assert(kBarEpilogue0 + kConsumerWgs <= kBarTurn0 && kBarTurn0 + kConsumerWgs <= 16,
                 "named barrier ids: 16 per CTA, the epilogue's and the turns' must not overlap");
-  // ring_named: slot s of the tile-id ring is full at kBarTileFull0 + s (the producer warp's
-  // arrive, the consumers' sync) and empty at kBarTileEmpty0 + s (the other way round).
-  static constexpr bool kRingNamed = kCfg.ring_named;
   static constexpr bool kCrossTile = kCfg.cross_tile;
-  static constexpr uint32_t kBarTileFull0 = 12;
-  static constexpr uint32_t kBarTileEmpty0 = 14;
-  static constexpr uint32_t kRingThreads = 32 + 128 * kConsumerWgs;
-  static_assert(!kRingNamed || (kDynamic && kBarTurn0 + kConsumerWgs <= kBarTileFull0),
-                "ring_named: the dynamic tiles' ring, ids clear of the turns'");
 };
 
 struct FwdSm90Maps {
