@@ -99,11 +99,6 @@ struct BwdSm90Config {
   // stage. The price: a consumer barrier per step before the next P^T is written (every
   // warpgroup's (5)-(7) of this step have read the buffers). On at d = 192.
   bool single_hand = false;
-  // By keys: every exp_poly_every-th column group of P^T's exponentials (group j when j % N
-  // == N - 1) by sm90::exp2_poly on the FMA pipe instead of the SFU, whose quarter rate both
-  // warpgroups' 64 exponentials per step share at once (ncu, d = 64: "wait" stalls on MUFU.EX2
-  // 12.4 k samples against FA3's 1.8 k). 0: all on the SFU. CANDIDATE.
-  int exp_poly_every = 0;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -178,11 +173,6 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // 3.4-7.9% slower than kBwdSm90Hdim192 (docs/perf-log.md). Compiled by the candidates target
 // because it is the one config with unequal shares, whose second consumer instance
 // (bwd_sm90_launch.cuh) no table row instantiates now.
-// d = 64 by keys with a quarter / a half of P^T's exponentials by polynomial (exp_poly_every).
-constexpr BwdSm90Config kBwdSm90Hdim64Poly4 = {64, 128, 128, 2, 2, 24, 240, false, 2, true,
-                                              false, false, false, false, false, false, false, 4};
-constexpr BwdSm90Config kBwdSm90Hdim64Poly2 = {64, 128, 128, 2, 2, 24, 240, false, 2, true,
-                                              false, false, false, false, false, false, false, 2};
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.

@@ -124,8 +124,6 @@ struct BwdSm90Traits {
   // warpgroup in dQaccum's fragment order, which a producer-warpgroup warp adds into dQaccum
   // with one bulk reduce per step (bwd_sm90_dq_warp).
   static constexpr bool kDqViaSmem = kCfg.dq_smem;
-  static constexpr int kExpPolyEvery = kCfg.exp_poly_every;
-  static_assert(kExpPolyEvery == 0 || kByKeys, "exp_poly_every: written for the split by keys");
   static_assert(!kDqViaSmem || kByKeys || (kOwn0 == 1 && kOwn1 == 1),
                 "dq_smem: one dQ^T atom-column per warpgroup, one dQ warp each");
   static constexpr uint32_t kDqBufBytes = kDqAtomFloats * 4;  // 16 KB

@@ -100,16 +100,6 @@ __device__ __forceinline__ void stage_dkv_rows(uint8_t* stage, const float (&acc
   }
 }
 
-// P^T's exponential of column group j (unrolled: j is a constant): on the SFU, or by
-// polynomial for every exp_poly_every-th group.
-template <class T>
-__device__ __forceinline__ float exp2_group(int j, float x) {
-  if (T::kExpPolyEvery > 0 && j % (T::kExpPolyEvery > 0 ? T::kExpPolyEvery : 1) == T::kExpPolyEvery - 1) {
-    return exp2_poly(x);
-  }
-  return fh::exp2_approx(x);
-}
-
 template <class T, bool kDet>
 __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p,
                                                           const BwdSm90Work& w, uint8_t* smem,
@@ -193,7 +183,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
           const int key = key_lo + 8 * (e >> 1);
           const int query = m0 + col0 + 8 * j + (e & 1);
           const bool masked = key >= seqlen_k || (p.causal && key > query + diag);
-          s[r] = masked ? 0.f : exp2_group<T>(j, s[r] * p.scale_log2 - ((e & 1) ? l.y : l.x));
+          s[r] = masked ? 0.f : fh::exp2_approx(s[r] * p.scale_log2 - ((e & 1) ? l.y : l.x));
         }
       }
     } else {
@@ -202,7 +192,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
         const float2 l = lse2[4 * j];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[4 * j + e] = exp2_group<T>(j, s[4 * j + e] * p.scale_log2 - ((e & 1) ? l.y : l.x));
+          s[4 * j + e] = fh::exp2_approx(s[4 * j + e] * p.scale_log2 - ((e & 1) ? l.y : l.x));
         }
       }
     }

@@ -171,23 +171,6 @@ __device__ __forceinline__ GroupedTile grouped_tile(int id, int group, int block
   return {rest / group_pairs, g * group + rest % group_pairs};
 }
 
-// 2^x on the FMA and integer pipes instead of the SFU (MUFU.EX2, a quarter of the FMA pipe's
-// rate), for kernels whose exponentials of both warpgroups come at once: x = j + f with j the
-// nearest integer (adding 1.5 x 2^23 leaves it in the low mantissa bits), 2^f for |f| <= 1/2 by
-// a degree-3 polynomial (coefficients fitted here by iteratively reweighted least squares on
-// the relative error: at most 7.5e-5, against bf16's half-ulp of 2e-3), 2^j added into the
-// exponent bits. x below -126 (and -inf) gives 2^-126 p(f) instead of 0 (the callers' inputs
-// are at most ~0: P <= 1); NaN stays NaN (the comparison keeps it, and a quiet NaN's low 9 bits
-// are 0, so the exponent add leaves it NaN). docs/perf-log.md has the measurement.
-__device__ __forceinline__ float exp2_poly(float x) {
-  x = x < -126.f ? -126.f : x;
-  const float shifted = x + 12582912.f;  // 1.5 x 2^23: the integer part rounds into the low bits
-  const float j = shifted - 12582912.f;
-  const float f = x - j;
-  const float p = fmaf(fmaf(fmaf(0.05517166f, f, 0.24261113f), f, 0.69326097f), f, 0.99992806f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(shifted) << 23));
-}
-
 // Causal masking is aligned bottom-right: query row i sees key j iff j <= i + seqlen_k - seqlen_q.
 // The first query row that sees key n0 (may be <= 0 or past the last row):
 __host__ __device__ __forceinline__ int causal_first_query(int n0, int seqlen_q, int seqlen_k) {
