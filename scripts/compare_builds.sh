@@ -14,7 +14,8 @@
 # and seqlen and ends with the change of ours / SDPA flash from the first build to the last.
 # Logs: $OUT/<n>-tests.log, $OUT/<n>/<result>.json, and all builds' results in $OUT/compare.json.
 # With the same build first and last (A B C A), a second table gives each build between against
-# the mean of the two A runs, with their spread (this run's noise).
+# the mean of the two A runs, with their spread (this run's noise). With builds named more than
+# once (A B A B), a third gives each distinct build's mean against the first build's mean.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -83,4 +84,21 @@ if bracket:
     print("flashback TFLOP/s against the mean of the first and last run (same build): "
           + "  ".join(f"[{n}]" for n in range(2, len(libs))))
     print("\n".join(bracket))
+# A build named more than once (A B A B, for runs where the card's clock drifts): each distinct
+# build's mean TFLOP/s over its runs against the first build's mean, and each build's spread
+# (max / min of its runs - 1).
+distinct = list(dict.fromkeys(libs))
+if len(distinct) < len(libs) and len(distinct) > 1:
+    runs_of = {lib: [n for n, l in enumerate(libs, 1) if l == lib] for lib in distinct}
+    print("flashback TFLOP/s, mean of each build's runs against the first build's: "
+          + "  ".join(f"{lib} x{len(runs_of[lib])}" for lib in distinct[1:]) + "  | spread per build")
+    for key in sorted(rows, key=lambda k: (k[0], k[1], order.get(k[2], 3), not k[3], k[4])):
+        vals = {lib: [rows[key].get((n, "flashback")) for n in runs_of[lib]] for lib in distinct}
+        if not all(all(v) for v in vals.values()):
+            continue
+        mean = {lib: sum(v) / len(v) for lib, v in vals.items()}
+        base = mean[distinct[0]]
+        print(f"d{key[0]:<4} {key[1]:5} {key[2]:5} {'causal' if key[3] else 'full  '} {key[4]:6}  "
+              + "  ".join(f"{mean[lib] / base - 1:+6.1%}" for lib in distinct[1:])
+              + "   | " + " ".join(f"{max(v) / min(v) - 1:.1%}" for v in vals.values()))
 PYEOF

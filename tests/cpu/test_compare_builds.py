@@ -1,0 +1,55 @@
+"""The summary of scripts/compare_builds.sh (its embedded Python), run on fabricated result files:
+the bracketed table (A B A) and the per-build means of repeated builds (A B A B)."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def summary_script():
+    text = open(os.path.join(ROOT, "scripts", "compare_builds.sh")).read()
+    m = re.search(r"<<'PYEOF'\n(.*?)\nPYEOF", text, re.S)
+    assert m, "compare_builds.sh has no embedded summary"
+    return m.group(1)
+
+
+def write_run(out, n, ours, yard):
+    os.makedirs(os.path.join(out, str(n)))
+    rows = [{"impl": impl, "direction": "fwd", "causal": True, "batch": 4, "seqlen": 4096, "nheads": 16,
+             "headdim": 128, "dtype": "bf16", "tflops": [v, v, v]} for impl, v in (("flashback", ours),
+                                                                                 ("sdpa_flash", yard))]
+    json.dump({"device": "x", "commit": "c", "date": "d", "torch": "t", "results": rows},
+              open(os.path.join(out, str(n), "r.json"), "w"))
+
+
+def run_summary(tmp_path, libs, values):
+    script = tmp_path / "summary.py"
+    script.write_text(summary_script())
+    for n, (ours, yard) in enumerate(values, 1):
+        write_run(str(tmp_path), n, ours, yard)
+    res = subprocess.run([sys.executable, str(script), str(tmp_path), *libs], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert json.load(open(tmp_path / "compare.json"))["builds"] == libs
+    return res.stdout
+
+
+def test_bracketed_table(tmp_path):
+    out = run_summary(tmp_path, ["a.so", "b.so", "a.so"], [(100, 50), (105, 50), (102, 50)])
+    # b against the mean of the two a runs (101): +4.0%; the a runs 100 / 102 apart by 2.0%.
+    assert re.search(r"\+4\.0%\s+\| first/last 2\.0%", out), out
+
+
+def test_repeated_builds_are_averaged(tmp_path):
+    out = run_summary(tmp_path, ["a.so", "b.so", "a.so", "b.so"], [(100, 50), (99, 50), (104, 50), (107, 50)])
+    # a: mean 102, spread 4.0%; b: mean 103, +1.0%, spread 8.1%.
+    line = [l for l in out.splitlines() if "spread" not in l and "| 4.0% 8.1%" in l]
+    assert line and "+1.0%" in line[0], out
+
+
+def test_distinct_builds_give_no_mean_table(tmp_path):
+    out = run_summary(tmp_path, ["a.so", "b.so"], [(100, 50), (110, 50)])
+    assert "mean of each build" not in out
+    assert "+10.0%" in out  # last / first ratio change
