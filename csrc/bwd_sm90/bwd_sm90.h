@@ -173,6 +173,11 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // 3.4-7.9% slower than kBwdSm90Hdim192 (docs/perf-log.md). Compiled by the candidates target
 // because it is the one config with unequal shares, whose second consumer instance
 // (bwd_sm90_launch.cuh) no table row instantiates now.
+// Candidate, written, NOT yet run on this code: d = 64 by keys with dQ^T through shared memory
+// and the dQ warps' bulk reduces (measured -1..-2% at 7596ff2's code; the d = 64 profile since
+// shows 11% of the stall samples on the first instruction after the step's red.global.adds,
+// which the shared-memory stores would not have).
+constexpr BwdSm90Config kBwdSm90Hdim64DqSmem = {64, 128, 128, 2, 2, 24, 240, true, 2, true};
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.

@@ -83,6 +83,14 @@ constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, t
 // instructions against 6264; docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128Cross = {128, 128, 2, 2, 24, 240, false, true, false, true};
 
+// Candidates, written, NOT yet run on this code: ping-pong at d = 128 and 192 (the consumer
+// warpgroups issue their GEMMs in turn, as FA3 does at d <= 128). Last measured before the
+// counter-fed tiles and the P V wait change: d = 128 -0.2..-6.0%, d = 192 -9.3..+3.5%
+// (docs/perf-log.md, "Forward ping-pong"); the d = 128 causal profile since shows the P V wait
+// above the softmax at 11.5% of the stall samples, which the other warpgroup's GEMMs would fill.
+constexpr FwdSm90Config kFwdSm90Hdim128Pp = {128, 128, 2, 2, 24, 240, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim192Pp = {192, 112, 2, 2, 24, 240, true, true, true};
+
 struct FwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k
   int m_blocks;  // ceil(seqlen_q / block_m)
