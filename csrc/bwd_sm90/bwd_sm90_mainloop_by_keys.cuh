@@ -283,5 +283,187 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
   copy_out_dkv<T>(p, w, stage_dv, stage_dk, n0, seqlen_k);
 }
 
+// ------------------------------------------------------------------ split by queries ---
+// BwdSm90Config::by_queries (the by-keys shapes: block_m = 64 W queries per step, 64 keys of
+// dV / dK per warpgroup). Warpgroup w owns queries 64 w .. of the step for (1)-(4) and (7) and
+// keys 64 w .. for (5), (6):
+//   (1) S = Q_w K^T      (3) dP = dO_w V^T       SS, m64 (queries) x n block_n (keys), K = d
+//   (2) P, (4) dS on those accumulators (LSE, D per query row: two rows per thread)
+//   P^T, dS^T into query atom-column w of the hand-off tiles ([key][query], stmatrix.trans)
+//   (7) dQ^T = K^T dS^T  for its own queries: SS from its own columns, after a barrier of its
+//       128 threads only; issued before the hand-off barrier
+//   (5) dV_w += P^T dO   (6) dK_w += dS^T Q      SS, A = rows 64 w .. of P^T / dS^T (K-major
+//       over all block_m queries), B = the Q-side tile [query][d] read N-major
+// so dQ^T is done, and its adds go out, while dV and dK run on the tensor cores.
+
+// (1) S or (3) dP: this warpgroup's 64 rows of Q or dO (A, K-major) times K or V (B, K-major,
+// block_n rows), K = d.
+template <class T>
+__device__ __forceinline__ void gemm_q_by_kv(float (&acc)[T::kBlockN / 2], const uint8_t* x_w,
+                                             const uint8_t* kv) {
+  const uint64_t da = fh::desc_kmajor_sw128(x_w);
+  const uint64_t db = fh::desc_kmajor_sw128(kv);
+  fh::wgmma_ss_set<T::kBlockN, 0, 0, T::kElem>(acc, da, db);
+#pragma unroll
+  for (int s = 1; s < T::kHeadDim / 16; ++s) {
+    fh::wgmma_ss<T::kBlockN, 0, 0, T::kElem>(acc, fh::desc_advance(da, fh::kmajor_k_offset(s, T::kBlockM)),
+                                             fh::desc_advance(db, fh::kmajor_k_offset(s, T::kBlockN)),
+                                             true);
+  }
+}
+
+// (5) dV_w or (6) dK_w += H^T x: A = rows 64 w .. of the hand-off tile [key][query] (K-major,
+// block_m queries in atom-columns of block_n rows), B = the Q-side tile [query][d] N-major.
+template <class T>
+__device__ __forceinline__ void gemm_ss_dkv(float (&acc)[T::kHeadDim / 2], const uint8_t* hand_w,
+                                            const uint8_t* x) {
+  const uint64_t da = fh::desc_kmajor_sw128(hand_w);
+  const uint64_t db = fh::desc_mnmajor_sw128(x, T::kQAtomBytes);
+#pragma unroll
+  for (int c = 0; c < T::kBlockM / 16; ++c) {
+    fh::wgmma_ss<T::kHeadDim, 0, 1, T::kElem>(acc, fh::desc_advance(da, fh::kmajor_k_offset(c, T::kBlockN)),
+                                              fh::desc_advance(db, fh::mnmajor_k_offset(c)), true);
+  }
+}
+
+template <class T, bool kDet>
+__device__ __forceinline__ void bwd_sm90_consumer_by_queries(const BwdSm90Params& p,
+                                                             const BwdSm90Work& w, uint8_t* smem,
+                                                             uint64_t* kv_bar,
+                                                             fh::TmaPipeline<T::kQStages>* pipe_q,
+                                                             fh::TmaPipeline<T::kDoStages>* pipe_do,
+                                                             const int wg) {
+  constexpr int kS = T::kBlockN / 2;  // S, dP registers (64 queries x block_n keys)
+  constexpr bool kDqSmem = !kDet && T::kDqViaSmem;
+  static_assert(T::kHeadDim == 64 && T::kBlockM == 64 * T::kConsumerWgs, "by_queries: d = 64 shapes");
+  const int t = threadIdx.x % 128;
+  const bool warp_leader = (threadIdx.x % 32) == 0;
+  const int n0 = w.n_block * T::kBlockN;
+  const int seqlen_k = w.seq.seqlen_k;
+  const int seqlen_q = w.seq.seqlen_q;
+  const int diag = seqlen_k - seqlen_q;  // causal: query i sees keys <= i + diag
+  // This thread's query rows (accumulator rows) q_lo, q_lo + 8 of the warpgroup's 64, and key
+  // columns n0 + 8 j + 2 (t % 4) + {0, 1}.
+  const int row0 = 64 * wg + fh::acc_row(0, t);
+  const int col0 = fh::acc_col(0, t);
+  uint8_t* p_t = smem + T::kOffP;    // one buffer each (single_hand)
+  uint8_t* ds_t = smem + T::kOffDs;
+
+  float acc_dv[T::kHeadDim / 2];  // dV of this warpgroup's 64 keys
+  float acc_dk[T::kHeadDim / 2];
+  fh::zero_acc(acc_dv);
+  fh::zero_acc(acc_dk);
+  if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);  // K
+
+  fh::PipelineState<T::kQStages> sq;
+  fh::PipelineState<T::kDoStages> sd;
+  for (int it = 0; it < w.n_iters; ++it) {
+    int head, m_block;
+    bwd_sm90_iter<kDet>(p, w, it, head, m_block);
+    const int m0 = m_block * T::kBlockM;
+    const float* lse = reinterpret_cast<const float*>(smem + T::kOffLse + sq.stage * T::kStatBytes);
+    const float* dsum = reinterpret_cast<const float*>(smem + T::kOffDsum + sd.stage * T::kStatBytes);
+    const uint8_t* q_s = smem + T::kOffQ + sq.stage * T::kQTileBytes;
+    const uint8_t* do_s = smem + T::kOffDo + sd.stage * T::kQTileBytes;
+
+    // (1) S = Q_w K^T, (3) dP = dO_w V^T: two commit groups.
+    float s[kS], dp[kS];
+    pipe_q->consumer_wait(sq);
+    fh::wgmma_fence();
+    gemm_q_by_kv<T>(s, q_s + 64 * wg * 128, smem + T::kOffK);
+    fh::wgmma_commit();
+    if (it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
+    pipe_do->consumer_wait(sd);
+    fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
+    gemm_q_by_kv<T>(dp, do_s + 64 * wg * 128, smem + T::kOffV);
+    fh::wgmma_commit();
+
+    // (2) P: keys past seqlen_k and (causal) after a query's diagonal give 0; query rows past
+    // seqlen_q have LSE = +inf (workspace padding).
+    const float lse0 = lse[row0], lse1 = lse[row0 + 8];
+    fh::wgmma_wait<1>();
+    fh::wgmma_fence_operand(s);
+    const bool need_mask =
+        n0 + T::kBlockN > seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag);
+    if (need_mask) {
+#pragma unroll
+      for (int r = 0; r < kS; ++r) {
+        const int key = n0 + fh::acc_col(r, t);
+        const int query = m0 + 64 * wg + fh::acc_row(r, t);
+        const bool masked = key >= seqlen_k || (p.causal && key > query + diag);
+        s[r] = masked ? 0.f : fh::exp2_approx(s[r] * p.scale_log2 - ((r & 2) ? lse1 : lse0));
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < kS; ++r) s[r] = fh::exp2_approx(s[r] * p.scale_log2 - ((r & 2) ? lse1 : lse0));
+    }
+    // The one P^T / dS^T buffer: every warpgroup waited for its (5)-(7) of the last step (the
+    // wait<0> at the step's end) before it reaches this barrier.
+    if (it > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
+    store_hand_rows_t<T, T::kBlockN>(p_t + wg * T::kHandAtomBytes, s, 0, t);
+
+    // (4) dS = P * (dP - D)
+    const float dsum0 = dsum[row0], dsum1 = dsum[row0 + 8];
+    fh::wgmma_wait<0>();
+    fh::wgmma_fence_operand(dp);
+#pragma unroll
+    for (int r = 0; r < kS; ++r) dp[r] = s[r] * (dp[r] - ((r & 2) ? dsum1 : dsum0));
+    store_hand_rows_t<T, T::kBlockN>(ds_t + wg * T::kHandAtomBytes, dp, 0, t);
+    fh::fence_proxy_async_shared();  // stmatrix (generic proxy) -> wgmma (async proxy) reads
+
+    // (7) dQ^T of this warpgroup's queries from its own dS^T columns: its 128 threads' stores.
+    fh::named_bar_sync(T::kBarOwnDs0 + wg, 128);
+    float dq[32];
+    fh::zero_acc(dq);
+    fh::wgmma_fence_operand(dq);
+    fh::wgmma_fence();
+    gemm_dq_by_keys<T>(dq, smem + T::kOffK, ds_t + wg * T::kHandAtomBytes);
+    fh::wgmma_commit();
+    // Every warpgroup's columns of P^T and dS^T are in place.
+    fh::named_bar_sync(T::kBarHandoff, T::kConsumerThreads);
+    // (5) dV_w += P^T dO, (6) dK_w += dS^T Q over all block_m queries.
+    fh::wgmma_fence();
+    gemm_ss_dkv<T>(acc_dv, p_t + T::kWgKeys * wg * 128, do_s);
+    fh::wgmma_commit();
+    gemm_ss_dkv<T>(acc_dk, ds_t + T::kWgKeys * wg * 128, q_s);
+    fh::wgmma_commit();
+
+    // dQ^T first (groups retire in order), its adds while dV and dK run.
+    fh::wgmma_wait<2>();
+    fh::wgmma_fence_operand(dq);
+    if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + wg, T::kTurnThreads);
+    if constexpr (kDqSmem) {
+      if (it > 0) fh::named_bar_sync(T::kBarDqFree0 + wg, T::kDqThreads);
+      store_dq_partial(smem + T::kOffDqBuf + wg * T::kDqBufBytes, t, dq);
+      fh::fence_proxy_async_shared();  // st.shared (generic proxy) -> bulk reduce (async)
+      fh::named_bar_arrive(T::kBarDqFull0 + wg, T::kDqThreads);
+    } else if (m0 + 64 * wg < seqlen_q) {  // else a padding tile: its dS^T columns are 0
+      add_dq_partial<T::kHeadDim>(p, dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles + wg),
+                                  0, t, dq);
+    }
+    if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + wg, T::kTurnThreads);
+    // dV frees dO_i, dK frees Q_i (both warpgroups' dV / dK read all of the step's queries: a
+    // stage is free once all consumer warps released it). The lanes' reads of the stage's LSE /
+    // D rows come before the leader's release (__syncwarp), as by keys.
+    __syncwarp();
+    fh::wgmma_wait<1>();
+    if (warp_leader) pipe_do->consumer_release(sd);
+    fh::wgmma_wait<0>();
+    if (warp_leader) pipe_q->consumer_release(sq);
+    sq.advance();
+    sd.advance();
+  }
+  fh::wgmma_fence_operand(acc_dv);
+  fh::wgmma_fence_operand(acc_dk);
+
+  // Epilogue as by keys, rows of this warpgroup's keys.
+  fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
+  uint8_t* stage_dv = smem;
+  uint8_t* stage_dk = smem + T::kStageBytes;
+  stage_dkv_rows<T>(stage_dv, acc_dv, 1.f, wg, t);
+  stage_dkv_rows<T>(stage_dk, acc_dk, p.softmax_scale, wg, t);
+  copy_out_dkv<T>(p, w, stage_dv, stage_dk, n0, seqlen_k);
+}
+
 }  // namespace sm90
 }  // namespace flashback
