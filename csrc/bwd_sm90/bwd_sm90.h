@@ -105,7 +105,7 @@ struct BwdSm90Config {
   // own dS^T columns after a barrier of its own warpgroup only, and after the hand-off barrier
   // dV and dK of its 64 keys from both warpgroups' columns (SS). So the dQ^T adds go out while
   // dV / dK run instead of after them (FA3's public d = 64 split). With single_hand: one P^T
-  // and one dS^T buffer (two of each exceed the 227 KB by 128 bytes). CANDIDATE.
+  // and one dS^T buffer (two of each exceed the 227 KB by 80 bytes). CANDIDATE.
   bool by_queries = false;
 };
 

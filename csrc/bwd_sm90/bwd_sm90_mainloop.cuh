@@ -225,7 +225,9 @@ struct BwdSm90Traits {
                 "the dQ warps'");
   // by_queries: warpgroup w's own dS^T columns are written (its 128 threads), for its dQ^T.
   static constexpr uint32_t kBarOwnDs0 = 11;
-  static_assert(!kByQueries || kBarOwnDs0 + kConsumerWgs <= kBarHandFree, "named barrier ids");
+  static_assert(!kByQueries || (kBarDqFree0 + kConsumerWgs <= kBarOwnDs0 &&
+                                 kBarOwnDs0 + kConsumerWgs <= kBarHandFree),
+                "by_queries: its own-columns barriers clear of the dQ warps' and single_hand's");
 };
 
 struct BwdSm90Maps {

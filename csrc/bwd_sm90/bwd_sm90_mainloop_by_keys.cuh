@@ -299,8 +299,8 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
 // (1) S or (3) dP: this warpgroup's 64 rows of Q or dO (A, K-major) times K or V (B, K-major,
 // block_n rows), K = d.
 template <class T>
-__device__ __forceinline__ void gemm_q_by_kv(float (&acc)[T::kBlockN / 2], const uint8_t* x_w,
-                                             const uint8_t* kv) {
+__device__ __forceinline__ void gemm_qrows_by_kv(float (&acc)[T::kBlockN / 2], const uint8_t* x_w,
+                                                 const uint8_t* kv) {
   const uint64_t da = fh::desc_kmajor_sw128(x_w);
   const uint64_t db = fh::desc_kmajor_sw128(kv);
   fh::wgmma_ss_set<T::kBlockN, 0, 0, T::kElem>(acc, da, db);
@@ -342,10 +342,8 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_queries(const BwdSm90Params
   const int seqlen_k = w.seq.seqlen_k;
   const int seqlen_q = w.seq.seqlen_q;
   const int diag = seqlen_k - seqlen_q;  // causal: query i sees keys <= i + diag
-  // This thread's query rows (accumulator rows) q_lo, q_lo + 8 of the warpgroup's 64, and key
-  // columns n0 + 8 j + 2 (t % 4) + {0, 1}.
+  // This thread's query rows (accumulator rows) row0, row0 + 8 of the step's block_m.
   const int row0 = 64 * wg + fh::acc_row(0, t);
-  const int col0 = fh::acc_col(0, t);
   uint8_t* p_t = smem + T::kOffP;    // one buffer each (single_hand)
   uint8_t* ds_t = smem + T::kOffDs;
 
@@ -370,12 +368,12 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_queries(const BwdSm90Params
     float s[kS], dp[kS];
     pipe_q->consumer_wait(sq);
     fh::wgmma_fence();
-    gemm_q_by_kv<T>(s, q_s + 64 * wg * 128, smem + T::kOffK);
+    gemm_qrows_by_kv<T>(s, q_s + 64 * wg * 128, smem + T::kOffK);
     fh::wgmma_commit();
     if (it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
     pipe_do->consumer_wait(sd);
     fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
-    gemm_q_by_kv<T>(dp, do_s + 64 * wg * 128, smem + T::kOffV);
+    gemm_qrows_by_kv<T>(dp, do_s + 64 * wg * 128, smem + T::kOffV);
     fh::wgmma_commit();
 
     // (2) P: keys past seqlen_k and (causal) after a query's diagonal give 0; query rows past
@@ -428,10 +426,25 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_queries(const BwdSm90Params
     gemm_ss_dkv<T>(acc_dk, ds_t + T::kWgKeys * wg * 128, q_s);
     fh::wgmma_commit();
 
-    // dQ^T first (groups retire in order), its adds while dV and dK run.
+    // dV frees dO_i, dK frees Q_i (both warpgroups' dV / dK read all of the step's queries: a
+    // stage is free once all consumer warps released it). The lanes' reads of the stage's LSE /
+    // D rows come before the leader's release (__syncwarp), as by keys.
+    auto release_stages = [&] {
+      __syncwarp();
+      fh::wgmma_wait<1>();
+      if (warp_leader) pipe_do->consumer_release(sd);
+      fh::wgmma_wait<0>();
+      if (warp_leader) pipe_q->consumer_release(sq);
+    };
+    // dQ^T first (groups retire in order), its adds while dV and dK run. Deterministic: the
+    // stages are released before the wait for this warpgroup's turn, so that the producer's
+    // loads of later steps do not wait for other CTAs' adds (as by keys).
     fh::wgmma_wait<2>();
     fh::wgmma_fence_operand(dq);
-    if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + wg, T::kTurnThreads);
+    if constexpr (kDet) {
+      release_stages();
+      fh::named_bar_sync(T::kBarTurn0 + wg, T::kTurnThreads);
+    }
     if constexpr (kDqSmem) {
       if (it > 0) fh::named_bar_sync(T::kBarDqFree0 + wg, T::kDqThreads);
       store_dq_partial(smem + T::kOffDqBuf + wg * T::kDqBufBytes, t, dq);
@@ -441,15 +454,11 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_queries(const BwdSm90Params
       add_dq_partial<T::kHeadDim>(p, dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles + wg),
                                   0, t, dq);
     }
-    if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + wg, T::kTurnThreads);
-    // dV frees dO_i, dK frees Q_i (both warpgroups' dV / dK read all of the step's queries: a
-    // stage is free once all consumer warps released it). The lanes' reads of the stage's LSE /
-    // D rows come before the leader's release (__syncwarp), as by keys.
-    __syncwarp();
-    fh::wgmma_wait<1>();
-    if (warp_leader) pipe_do->consumer_release(sd);
-    fh::wgmma_wait<0>();
-    if (warp_leader) pipe_q->consumer_release(sq);
+    if constexpr (kDet) {
+      fh::named_bar_arrive(T::kBarAdded0 + wg, T::kTurnThreads);
+    } else {
+      release_stages();
+    }
     sq.advance();
     sd.advance();
   }
