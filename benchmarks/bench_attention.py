@@ -11,8 +11,9 @@ halved when causal; backward FLOPs = 2.5 x forward. TFLOP/s = FLOPs / median tim
 
 Timing: CUDA events around each call; the median of --iters (default 100) timed calls after
 --warmup calls, repeated three times in one process (the three numbers of "tflops"). The
-repeats are interleaved: each repeat times every implementation once, the order rotated by one
-per repeat, so a clock boost after a lighter kernel does not always favour the same one.
+repeats are interleaved: each repeat times every implementation once, on odd repeats with all
+but the first in reverse order, so a clock boost after a lighter kernel does not always favour
+the same one.
 - fwd: one forward call with autograd recording (the training forward).
 - bwd: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) after one forward, i.e. the
   user-visible path including each library's preprocess/postprocess kernels.
@@ -464,6 +465,15 @@ def _short(e):
     return f"{type(e).__name__}: {msg[0][:200] if msg else ''}"
 
 
+def repeat_order(impls, rep):
+    """The order of the implementations in repeat `rep` of a point: as given on even repeats, on
+    odd ones the first kept and the rest reversed. Over three repeats (the last of one repeat
+    followed by the first of the next) each implementation then follows two different ones,
+    where a rotation would keep every implementation's predecessor."""
+    order = list(impls)
+    return order[:1] + order[1:][::-1] if rep % 2 else order
+
+
 def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRECTIONS, headdims=(HEADDIM,),
               dtypes=("bf16",), shapes=SHAPES, tag="", warm_seconds=1.0, causals=(True, False)):
     import torch
@@ -471,7 +481,8 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
     payload = make_payload(device, git_commit(), datetime.date.today().isoformat(), torch.__version__, [],
                            notes=[], method=(f"FlashAttention FLOP convention (fwd 4*b*s^2*h*d, /2 causal; bwd 2.5x); "
                                              f"median of {iters} CUDA-event-timed calls after {warmup} warm-up, "
-                                             f"{repeats} repeats interleaved across implementations (order rotated per repeat); "
+                                             f"{repeats} repeats interleaved across implementations (on odd repeats all but "
+                                             f"the first in reverse order); "
                                              f"bwd = autograd.grad after one forward; "
                                              f"{BWD_CALL} = raw attention_backward call"
                                              + (f"; {warm_seconds:g} s of matmuls before the first row"
@@ -502,7 +513,7 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
             for t in (q, k, v):
                 t.requires_grad_()
             # The repeats are interleaved: repeat r times every implementation once, in the order
-            # rotated by r, so that no implementation always runs right after the same other one.
+            # of repeat_order, so that no implementation always runs right after the same other one.
             # A card at its power cap runs faster for a fraction of a second after a lighter
             # load; with all repeats of one implementation back to back, that boost lands on
             # whichever one follows a slower implementation (seen: three repeats 706 / 705 /
@@ -510,7 +521,7 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
             point_impls = [i for i in impls if not (i == "fa3" and dtype_name != "bf16")]
             runs, paths_of, states_of = {}, {}, {}  # impl -> {key: [ms per repeat]}, ...
             for rep in range(repeats):
-                for impl in point_impls[rep % len(point_impls):] + point_impls[:rep % len(point_impls)]:
+                for impl in repeat_order(point_impls, rep):
                     if rep > 0 and impl not in runs:
                         continue  # skipped at its first repeat
                     paths, states = {}, {}

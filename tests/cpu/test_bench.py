@@ -189,3 +189,20 @@ def test_gpu_state_is_empty_or_numbers(bench):
                            and state["sm_clock_mhz"] > 0 and state["power_w"] > 0)
     if not torch.cuda.is_available():
         assert state == {}
+
+
+def test_repeat_order_varies_the_predecessor(bench):
+    """Three repeats: every implementation is timed once per repeat, and (with three or more
+    implementations) follows at least two different ones over the point, counting the last of
+    one repeat as the predecessor of the next repeat's first."""
+    for impls in (["flashback", "sdpa_flash", "fa3"], ["flashback", "flashback_det", "sdpa_flash", "fa3"]):
+        orders = [bench.repeat_order(impls, r) for r in range(3)]
+        assert all(sorted(o) == sorted(impls) for o in orders)
+        seq = [i for o in orders for i in o]
+        preds = {i: set() for i in impls}
+        for a, b in zip(seq, seq[1:]):
+            if a != b:
+                preds[b].add(a)
+        assert all(len(p) >= 2 for p in preds.values()), preds
+    assert bench.repeat_order(["a"], 1) == ["a"]
+    assert bench.repeat_order([], 0) == []
