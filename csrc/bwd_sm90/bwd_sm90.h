@@ -186,9 +186,13 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // shows 11% of the stall samples on the first instruction after the step's red.global.adds,
 // which the shared-memory stores would not have).
 constexpr BwdSm90Config kBwdSm90Hdim64DqSmem = {64, 128, 128, 2, 2, 24, 240, true, 2, true};
-// Candidate, written, NOT yet run: d = 64 with (1)-(4) and (7) split by queries (by_queries).
+// Candidates, written, NOT yet run: d = 64 with (1)-(4) and (7) split by queries (by_queries),
+// LSE / D from the stages' rows (stats_smem) or, ByQG, from global memory (nothing mbarrier-ordered
+// for racecheck to report).
 constexpr BwdSm90Config kBwdSm90Hdim64ByQ = {64, 128, 128, 2, 2, 24, 240, false, 2, true,
-                                            false, false, false, false, false, false, true, true};
+                                            false, true, false, false, false, false, true, true};
+constexpr BwdSm90Config kBwdSm90Hdim64ByQG = {64, 128, 128, 2, 2, 24, 240, false, 2, true,
+                                             false, false, false, false, false, false, true, true};
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.

@@ -123,7 +123,7 @@ struct BwdSm90Traits {
   // P^T goes through shared memory again.
   static constexpr bool kByQueries = kCfg.by_queries;
   static_assert(!kByQueries || (kByKeys && kSingleHand && !kCfg.stats_by_consumers),
-                "by_queries: the by-keys shapes, one P^T / dS^T buffer, the stage rows");
+                "by_queries: the by-keys shapes, one P^T / dS^T buffer, no stats_by_consumers");
   static constexpr uint32_t kOffDs = kOffP + (kByKeys && !kByQueries ? 0 : kHandBufs * kHandBytes);
   // dQ through shared memory (kCfg.dq_smem, default mode): one 64 x 64 fp32 buffer per consumer
   // warpgroup in dQaccum's fragment order, which a producer-warpgroup warp adds into dQaccum
@@ -138,7 +138,9 @@ struct BwdSm90Traits {
   // copies on the stage's full barrier), read from shared memory next to their use.
   // stats_smem: the same for the split by head dim.
   static constexpr bool kStatsByConsumers = kCfg.stats_by_consumers;
-  static constexpr bool kStatsSmem = (kByKeys || kCfg.stats_smem) && !kStatsByConsumers;
+  // (by_queries: a thread needs two query rows' LSE and D; without stats_smem it loads them
+  // from global memory at the step's top.)
+  static constexpr bool kStatsSmem = ((kByKeys && !kCfg.by_queries) || kCfg.stats_smem) && !kStatsByConsumers;
   static constexpr uint32_t kStatBytes = kStatsSmem ? kBlockM * 4 : 0;
   static constexpr uint32_t kOffLse = kOffDqBuf + (kDqViaSmem ? kConsumerWgs * kDqBufBytes : 0);
   static constexpr uint32_t kOffDsum = kOffLse + kQStages * kStatBytes;

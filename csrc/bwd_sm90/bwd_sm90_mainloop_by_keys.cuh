@@ -359,8 +359,20 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_queries(const BwdSm90Params
     int head, m_block;
     bwd_sm90_iter<kDet>(p, w, it, head, m_block);
     const int m0 = m_block * T::kBlockM;
+    // LSE and D of this thread's two query rows: from the stages' rows (stats_smem, read after
+    // the stages' waits), or loaded from global memory here, ahead of the S and dP wgmmas that
+    // hide their latency (no stage rows: nothing for racecheck to report).
+    float lse0, lse1, dsum0, dsum1;
     const float* lse = reinterpret_cast<const float*>(smem + T::kOffLse + sq.stage * T::kStatBytes);
     const float* dsum = reinterpret_cast<const float*>(smem + T::kOffDsum + sd.stage * T::kStatBytes);
+    if constexpr (!T::kStatsSmem) {
+      // A step's kStepTiles workspace tiles are consecutive.
+      const int64_t row = dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles) * kDqTileRows + row0;
+      lse0 = p.lse_log2[row];
+      lse1 = p.lse_log2[row + 8];
+      dsum0 = p.dsum[row];
+      dsum1 = p.dsum[row + 8];
+    }
     const uint8_t* q_s = smem + T::kOffQ + sq.stage * T::kQTileBytes;
     const uint8_t* do_s = smem + T::kOffDo + sd.stage * T::kQTileBytes;
 
@@ -378,7 +390,10 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_queries(const BwdSm90Params
 
     // (2) P: keys past seqlen_k and (causal) after a query's diagonal give 0; query rows past
     // seqlen_q have LSE = +inf (workspace padding).
-    const float lse0 = lse[row0], lse1 = lse[row0 + 8];
+    if constexpr (T::kStatsSmem) {
+      lse0 = lse[row0];
+      lse1 = lse[row0 + 8];
+    }
     fh::wgmma_wait<1>();
     fh::wgmma_fence_operand(s);
     const bool need_mask =
@@ -401,7 +416,10 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_queries(const BwdSm90Params
     store_hand_rows_t<T, T::kBlockN>(p_t + wg * T::kHandAtomBytes, s, 0, t);
 
     // (4) dS = P * (dP - D)
-    const float dsum0 = dsum[row0], dsum1 = dsum[row0 + 8];
+    if constexpr (T::kStatsSmem) {
+      dsum0 = dsum[row0];
+      dsum1 = dsum[row0 + 8];
+    }
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(dp);
 #pragma unroll
