@@ -22,19 +22,18 @@
 namespace flashback {
 namespace sm90 {
 
-// (1) S^T or (3) dP^T: this warpgroup's 64 rows of K or V (A, K-major) times the Q-side tile
-// (B, K-major, block_m rows), K = d.
-template <class T>
-__device__ __forceinline__ void gemm_kv_by_q(float (&acc)[T::kBlockM / 2], const uint8_t* kv_w,
-                                             const uint8_t* x) {
-  const uint64_t da = fh::desc_kmajor_sw128(kv_w);
-  const uint64_t db = fh::desc_kmajor_sw128(x);
-  fh::wgmma_ss_set<T::kBlockM, 0, 0, T::kElem>(acc, da, db);
+// (1) and (3), K = d, both operands K-major (each 64-element atom-column of A kARows rows, of B
+// N rows): by keys S^T / dP^T = this warpgroup's 64 rows of K / V times the Q-side tile (N =
+// block_m); by queries S / dP = its 64 rows of Q / dO times K / V (N = block_n).
+template <class T, int N, int kARows>
+__device__ __forceinline__ void gemm_kmajor_by_d(float (&acc)[N / 2], const uint8_t* a, const uint8_t* b) {
+  const uint64_t da = fh::desc_kmajor_sw128(a);
+  const uint64_t db = fh::desc_kmajor_sw128(b);
+  fh::wgmma_ss_set<N, 0, 0, T::kElem>(acc, da, db);
 #pragma unroll
   for (int s = 1; s < T::kHeadDim / 16; ++s) {
-    fh::wgmma_ss<T::kBlockM, 0, 0, T::kElem>(acc, fh::desc_advance(da, fh::kmajor_k_offset(s, T::kBlockN)),
-                                             fh::desc_advance(db, fh::kmajor_k_offset(s, T::kBlockM)),
-                                             true);
+    fh::wgmma_ss<N, 0, 0, T::kElem>(acc, fh::desc_advance(da, fh::kmajor_k_offset(s, kARows)),
+                                    fh::desc_advance(db, fh::kmajor_k_offset(s, N)), true);
   }
 }
 
@@ -100,6 +99,24 @@ __device__ __forceinline__ void stage_dkv_rows(uint8_t* stage, const float (&acc
   }
 }
 
+// The step's dQ^T of warpgroup w (queries 64 w .. of the step, workspace tile m_block x
+// kStepTiles + w) out: into its buffer for its dQ warp's bulk reduce (kDqSmem), or added into
+// dQaccum from registers (skipped for a padding tile: its dS^T columns are 0).
+template <class T, bool kDqSmem>
+__device__ __forceinline__ void dq_tile_out(const BwdSm90Params& p, const BwdSm90Work& w, uint8_t* smem,
+                                            int it, int head, int m_block, int wg, int t,
+                                            const float (&dq)[32]) {
+  if constexpr (kDqSmem) {
+    if (it > 0) fh::named_bar_sync(T::kBarDqFree0 + wg, T::kDqThreads);
+    store_dq_partial(smem + T::kOffDqBuf + wg * T::kDqBufBytes, t, dq);
+    fh::fence_proxy_async_shared();  // st.shared (generic proxy) -> bulk reduce (async)
+    fh::named_bar_arrive(T::kBarDqFull0 + wg, T::kDqThreads);
+  } else if (m_block * T::kBlockM + 64 * wg < w.seq.seqlen_q) {
+    add_dq_partial<T::kHeadDim>(p, dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles + wg), 0, t,
+                                dq);
+  }
+}
+
 template <class T, bool kDet>
 __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p,
                                                           const BwdSm90Work& w, uint8_t* smem,
@@ -159,12 +176,12 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
     float s[kS], dp[kS];
     pipe_q->consumer_wait(sq);
     fh::wgmma_fence();
-    gemm_kv_by_q<T>(s, k_w, q_s);
+    gemm_kmajor_by_d<T, T::kBlockM, T::kBlockN>(s, k_w, q_s);
     fh::wgmma_commit();
     if (it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
     pipe_do->consumer_wait(sd);
     fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
-    gemm_kv_by_q<T>(dp, v_w, do_s);
+    gemm_kmajor_by_d<T, T::kBlockM, T::kBlockN>(dp, v_w, do_s);
     fh::wgmma_commit();
 
     // (2) P^T (rows are keys, columns queries): keys past seqlen_k and (causal) after a query's
@@ -257,16 +274,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
     fh::wgmma_fence_operand(dq);
     // Deterministic: this warpgroup's tile is phase wg; wait for its turn (turn warp wg).
     if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + wg, T::kTurnThreads);
-    if constexpr (kDqSmem) {
-      // Into this warpgroup's buffer, which its dQ warp adds with one bulk reduce.
-      if (it > 0) fh::named_bar_sync(T::kBarDqFree0 + wg, T::kDqThreads);
-      store_dq_partial(smem + T::kOffDqBuf + wg * T::kDqBufBytes, t, dq);
-      fh::fence_proxy_async_shared();  // st.shared (generic proxy) -> bulk reduce (async)
-      fh::named_bar_arrive(T::kBarDqFull0 + wg, T::kDqThreads);
-    } else if (m0 + 64 * wg < seqlen_q) {  // else a padding tile: its dS^T columns are 0
-      add_dq_partial<T::kHeadDim>(p, dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles + wg),
-                                  0, t, dq);
-    }
+    dq_tile_out<T, kDqSmem>(p, w, smem, it, head, m_block, wg, t, dq);
     if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + wg, T::kTurnThreads);
     sq.advance();
     sd.advance();
@@ -295,22 +303,6 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
 //   (5) dV_w += P^T dO   (6) dK_w += dS^T Q      SS, A = rows 64 w .. of P^T / dS^T (K-major
 //       over all block_m queries), B = the Q-side tile [query][d] read N-major
 // so dQ^T is done, and its adds go out, while dV and dK run on the tensor cores.
-
-// (1) S or (3) dP: this warpgroup's 64 rows of Q or dO (A, K-major) times K or V (B, K-major,
-// block_n rows), K = d.
-template <class T>
-__device__ __forceinline__ void gemm_qrows_by_kv(float (&acc)[T::kBlockN / 2], const uint8_t* x_w,
-                                                 const uint8_t* kv) {
-  const uint64_t da = fh::desc_kmajor_sw128(x_w);
-  const uint64_t db = fh::desc_kmajor_sw128(kv);
-  fh::wgmma_ss_set<T::kBlockN, 0, 0, T::kElem>(acc, da, db);
-#pragma unroll
-  for (int s = 1; s < T::kHeadDim / 16; ++s) {
-    fh::wgmma_ss<T::kBlockN, 0, 0, T::kElem>(acc, fh::desc_advance(da, fh::kmajor_k_offset(s, T::kBlockM)),
-                                             fh::desc_advance(db, fh::kmajor_k_offset(s, T::kBlockN)),
-                                             true);
-  }
-}
 
 // (5) dV_w or (6) dK_w += H^T x: A = rows 64 w .. of the hand-off tile [key][query] (K-major,
 // block_m queries in atom-columns of block_n rows), B = the Q-side tile [query][d] N-major.
@@ -380,12 +372,12 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_queries(const BwdSm90Params
     float s[kS], dp[kS];
     pipe_q->consumer_wait(sq);
     fh::wgmma_fence();
-    gemm_qrows_by_kv<T>(s, q_s + 64 * wg * 128, smem + T::kOffK);
+    gemm_kmajor_by_d<T, T::kBlockN, T::kBlockM>(s, q_s + 64 * wg * 128, smem + T::kOffK);
     fh::wgmma_commit();
     if (it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
     pipe_do->consumer_wait(sd);
     fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
-    gemm_qrows_by_kv<T>(dp, do_s + 64 * wg * 128, smem + T::kOffV);
+    gemm_kmajor_by_d<T, T::kBlockN, T::kBlockM>(dp, do_s + 64 * wg * 128, smem + T::kOffV);
     fh::wgmma_commit();
 
     // (2) P: keys past seqlen_k and (causal) after a query's diagonal give 0; query rows past
@@ -463,15 +455,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_queries(const BwdSm90Params
       release_stages();
       fh::named_bar_sync(T::kBarTurn0 + wg, T::kTurnThreads);
     }
-    if constexpr (kDqSmem) {
-      if (it > 0) fh::named_bar_sync(T::kBarDqFree0 + wg, T::kDqThreads);
-      store_dq_partial(smem + T::kOffDqBuf + wg * T::kDqBufBytes, t, dq);
-      fh::fence_proxy_async_shared();  // st.shared (generic proxy) -> bulk reduce (async)
-      fh::named_bar_arrive(T::kBarDqFull0 + wg, T::kDqThreads);
-    } else if (m0 + 64 * wg < seqlen_q) {  // else a padding tile: its dS^T columns are 0
-      add_dq_partial<T::kHeadDim>(p, dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles + wg),
-                                  0, t, dq);
-    }
+    dq_tile_out<T, kDqSmem>(p, w, smem, it, head, m_block, wg, t, dq);
     if constexpr (kDet) {
       fh::named_bar_arrive(T::kBarAdded0 + wg, T::kTurnThreads);
     } else {
