@@ -51,10 +51,6 @@ struct FwdSm90Config {
   // as the tile's last S has been waited for, so with one Q stage (d >= 192) the next tile's Q
   // loads during this tile's last P V and epilogue instead of after them. CANDIDATE.
   bool o_direct = false;
-  // A tile's S_0 and S_1 issued together, so that S_1 runs during block 0's softmax instead of
-  // the tensor cores waiting for it (the fill of each tile's pipeline; O 0 + S twice + P live,
-  // P of block 0 converted as S_0's registers die). CANDIDATE.
-  bool s1_ahead = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -105,11 +101,6 @@ constexpr FwdSm90Config kFwdSm90Hdim192Pp = {192, 112, 2, 2, 24, 240, true, true
 constexpr FwdSm90Config kFwdSm90Hdim128Od = {128, 128, 2, 2, 24, 240, false, true, false, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim192Od = {192, 112, 2, 2, 24, 240, false, true, true, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim256Od = {256, 80, 2, 2, 24, 240, false, true, true, false, true};
-// Candidates, written, NOT yet run: s1_ahead beside o_direct (docs/perf-log.md, "The forward's O
-// from registers").
-constexpr FwdSm90Config kFwdSm90Hdim128OdS1 = {128, 128, 2, 2, 24, 240, false, true, false, false, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim192OdS1 = {192, 112, 2, 2, 24, 240, false, true, true, false, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim256OdS1 = {256, 80, 2, 2, 24, 240, false, true, true, false, true, true};
 
 struct FwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k

@@ -92,8 +92,6 @@ struct FwdSm90Traits {
                 "named barrier ids: 16 per CTA, the epilogue's and the turns' must not overlap");
   static constexpr bool kCrossTile = kCfg.cross_tile;
   static constexpr bool kODirect = kCfg.o_direct;
-  static constexpr bool kS1Ahead = kCfg.s1_ahead;
-  static_assert(!(kCfg.s1_ahead && kCfg.cross_tile), "s1_ahead: a chained tile's block 0 comes primed");
   static_assert(!(kCfg.o_direct && kCfg.cross_tile), "o_direct: the chained tiles stage O (cross_tile)");
 };
 
@@ -351,51 +349,12 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   // inside its iteration: ptxas serialized all wgmmas when a group stayed in flight across the
   // back edge (docs/perf-log.md, backward v5), so the last block's P V is issued after the loop.
   if (w.n_count > 0) {
-    // s1_ahead's step 0, after the issue of P_0 V_0 (S_1 issued already): the loop body's second
-    // half. (The loop keeps its own copy: calling this lambda there changes the production
-    // kernels' register allocation; if s1_ahead is kept, both become this one.)
-    auto step_tail = [&](int j, const fh::PipelineState<T::kStages>& next) {
-      fh::wgmma_wait<1>();  // S_{j+1}; P_j V_j may still run
-      fh::wgmma_fence_operand(s);
-      if (warp_leader) pipe_k->consumer_release(next);
-      release_q_after_last_s(j + 2 == w.n_count);
-      softmax(s, j + 1, alpha);
-      if constexpr (T::kPvWaitBelow) fh::keep_waits_below(w.seqlen_k);  // (wgmma.h)
-      fh::wgmma_wait<0>();  // P_j V_j
-      fh::wgmma_fence_operand(o);
-      fence_frags(a);
-      if (warp_leader) pipe_v->consumer_release(st);
-      rescale_o(alpha);
-      to_frags(s, a);
-      st = next;
-    };
-    int j0 = 0;
     if (primed) {
 #pragma unroll
       for (int c = 0; c < T::kBlockN / 16; ++c) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) a[c][i] = carry->a[c][i];
       }
-    } else if (T::kS1Ahead && w.n_count >= 2) {
-      // s1_ahead: S_0 and S_1 issued together, so that S_1 runs on the tensor cores during
-      // block 0's softmax (the pipeline's fill, otherwise bare); then step 0 without its S.
-      fh::PipelineState<T::kStages> next = st;
-      next.advance();
-      float s0[kS];
-      turn_begin();
-      issue_s(s0, st, q_w);
-      issue_s(s, next, q_w);
-      turn_end();
-      fh::wgmma_wait<1>();  // S_0; S_1 may still run
-      fh::wgmma_fence_operand(s0);
-      if (warp_leader) pipe_k->consumer_release(st);
-      softmax(s0, 0, alpha);
-      to_frags(s0, a);  // O is 0: no rescale
-      turn_begin();
-      issue_pv(a, st);
-      turn_end();
-      step_tail(0, next);
-      j0 = 1;
     } else {
       turn_begin();
       issue_s(s, st, q_w);
@@ -407,7 +366,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       softmax(s, 0, alpha);
       to_frags(s, a);  // O is 0: no rescale
     }
-    for (int j = T::kS1Ahead ? j0 : 0; j + 1 < w.n_count; ++j) {
+    for (int j = 0; j + 1 < w.n_count; ++j) {
       fh::PipelineState<T::kStages> next = st;
       next.advance();
       turn_begin();
