@@ -46,11 +46,6 @@ struct FwdSm90Config {
   // own (fwd_sm90_consumer's kChain). Needs two Q stages (the next tile's Q lands while this
   // one's O is staged over its stage) and no ping-pong. CANDIDATE.
   bool cross_tile = false;
-  // O leaves from the accumulator registers straight to global memory (4-byte stores, a
-  // quad's 16 bytes per row) instead of being staged over the Q stage: Q is then freed as soon
-  // as the tile's last S has been waited for, so with one Q stage (d >= 192) the next tile's Q
-  // loads during this tile's last P V and epilogue instead of after them. CANDIDATE.
-  bool o_direct = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -95,12 +90,6 @@ constexpr FwdSm90Config kFwdSm90Hdim128Cross = {128, 128, 2, 2, 24, 240, false, 
 // above the softmax at 11.5% of the stall samples, which the other warpgroup's GEMMs would fill.
 constexpr FwdSm90Config kFwdSm90Hdim128Pp = {128, 128, 2, 2, 24, 240, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim192Pp = {192, 112, 2, 2, 24, 240, true, true, true};
-// Candidates, written, NOT yet run: o_direct at d = 192 / 256 (one Q stage: the next tile's Q no
-// longer waits for this tile's O copy-out) and at d = 128 (two Q stages: only the staging's
-// shared-memory round trip and barrier go). docs/perf-log.md, "The forward's O from registers".
-constexpr FwdSm90Config kFwdSm90Hdim128Od = {128, 128, 2, 2, 24, 240, false, true, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim192Od = {192, 112, 2, 2, 24, 240, false, true, true, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim256Od = {256, 80, 2, 2, 24, 240, false, true, true, false, true};
 
 struct FwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k

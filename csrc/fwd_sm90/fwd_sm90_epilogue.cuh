@@ -58,30 +58,5 @@ __device__ __forceinline__ void store_out_and_lse(const FwdSm90Params& p, const 
   }
 }
 
-// o_direct: O from the accumulators to global memory without staging. For a fixed column group
-// j a warp's store covers 8 rows x 16 bytes (the 4 lanes of a quad side by side); the next j
-// completes each 32-byte sector, which L2 merges before it writes back.
-template <int kHeadDim, hopper::Dtype kElem>
-__device__ __forceinline__ void store_out_direct_and_lse(const FwdSm90Params& p,
-                                                         const FwdSm90Work& w, int m0, int t,
-                                                         const float (&o)[kHeadDim / 2],
-                                                         const float (&inv)[2],
-                                                         const float (&lse)[2]) {
-  const int row0 = hopper::acc_row(0, t);
-  store_lse(p, w, m0 + row0, t, lse);
-  uint16_t* out = static_cast<uint16_t*>(p.out) + w.out_offset + w.head * p.out_strides.head;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = m0 + row0 + 8 * h;
-    if (r >= w.seqlen_q) continue;
-    uint16_t* row = out + static_cast<int64_t>(r) * p.out_strides.row + 2 * (t % 4);
-#pragma unroll
-    for (int j = 0; j < kHeadDim / 8; ++j) {
-      *reinterpret_cast<uint32_t*>(row + 8 * j) =
-          hopper::pack2<kElem>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
-    }
-  }
-}
-
 }  // namespace sm90
 }  // namespace flashback

@@ -91,8 +91,6 @@ struct FwdSm90Traits {
   static_assert(kBarEpilogue0 + kConsumerWgs <= kBarTurn0 && kBarTurn0 + kConsumerWgs <= 16,
                 "named barrier ids: 16 per CTA, the epilogue's and the turns' must not overlap");
   static constexpr bool kCrossTile = kCfg.cross_tile;
-  static constexpr bool kODirect = kCfg.o_direct;
-  static_assert(!(kCfg.o_direct && kCfg.cross_tile), "o_direct: the chained tiles stage O (cross_tile)");
 };
 
 struct FwdSm90Maps {
@@ -236,14 +234,6 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     }
   }
   if (!primed) pipe_q->consumer_wait(sq);  // (primed: waited for by the previous tile)
-  // o_direct: the Q stage is read by this tile's S wgmmas only (no O staged over it, no generic
-  // access at all), so each warp frees it once its last S has been waited for.
-  auto release_q_after_last_s = [&](bool last) {
-    if constexpr (T::kODirect) {
-      if (last && warp_leader) pipe_q->consumer_release(sq);
-    }
-  };
-  release_q_after_last_s(w.n_count == 0);
 
   // S = Q_w K_j^T into `acc` (one commit group). Zeroed first although the first wgmma ignores
   // it: its asm reads the accumulators; the operand fence keeps the zeroing before
@@ -362,7 +352,6 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       fh::wgmma_wait<0>();
       fh::wgmma_fence_operand(s);
       if (warp_leader) pipe_k->consumer_release(st);
-      release_q_after_last_s(w.n_count == 1);
       softmax(s, 0, alpha);
       to_frags(s, a);  // O is 0: no rescale
     }
@@ -376,7 +365,6 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       fh::wgmma_wait<1>();  // S_{j+1}; P_j V_j may still run
       fh::wgmma_fence_operand(s);
       if (warp_leader) pipe_k->consumer_release(next);
-      release_q_after_last_s(j + 2 == w.n_count);
       softmax(s, j + 1, alpha);
       if constexpr (T::kPvWaitBelow) fh::keep_waits_below(w.seqlen_k);  // (wgmma.h)
       fh::wgmma_wait<0>();  // P_j V_j
@@ -451,18 +439,14 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   // the producer's wait, the TMA of this Q, its full barrier), but compute-sanitizer's racecheck
   // does not follow a chain through a TMA and reported it as a race; this barrier (one per tile)
   // states the order where the tool sees it.
-  if constexpr (T::kODirect) {
-    store_out_direct_and_lse<T::kHeadDim, T::kElem>(p, w, m0, t, o, inv, lse);
-  } else {
-    if constexpr (T::kQStages == 1) fh::named_bar_sync(T::kBarEpilogue0 + wg, 128);
-    store_out_and_lse<T::kHeadDim, T::kElem>(p, w, q_stage + 64 * wg * 128, T::kQAtomBytes,
-                                             m0, t, T::kBarEpilogue0 + wg, o, inv, lse);
-    // This warp's reads of the staged O are done: the stage may take the next Q (a TMA write,
-    // async proxy, after generic-proxy writes and reads of the same bytes: fence first).
-    fh::fence_proxy_async_shared();  // every lane, before the warp's release
-    __syncwarp();
-    if (warp_leader) pipe_q->consumer_release(sq);
-  }
+  if constexpr (T::kQStages == 1) fh::named_bar_sync(T::kBarEpilogue0 + wg, 128);
+  store_out_and_lse<T::kHeadDim, T::kElem>(p, w, q_stage + 64 * wg * 128, T::kQAtomBytes,
+                                           m0, t, T::kBarEpilogue0 + wg, o, inv, lse);
+  // This warp's reads of the staged O are done: the stage may take the next Q (a TMA write,
+  // async proxy, after generic-proxy writes and reads of the same bytes: fence first).
+  fh::fence_proxy_async_shared();  // every lane, before the warp's release
+  __syncwarp();
+  if (warp_leader) pipe_q->consumer_release(sq);
   sq.advance();
 }
 
