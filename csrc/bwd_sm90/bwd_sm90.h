@@ -78,8 +78,10 @@ struct BwdSm90Config {
   // the stores before every read). The same rows without the producer's bulk copies, ordered
   // by a named barrier, which compute-sanitizer racecheck follows (it reports the stage copies,
   // which only mbarriers order). Measured against the stage rows (H200, bf16): d = 128 -0.8..-0.0%
-  // (within the run's noise), racecheck no report; d = 192 -1.1..-2.7%, d = 64 (by keys) -6..-7%:
-  // on at d = 128 only (docs/perf-log.md, "The forward's P V wait, the pair's Q atoms").
+  // (within the run's noise), racecheck no report; d = 192 -1.1..-2.7% (two warpgroups) and
+  // -0.4..-1.6% (three), d = 64 (by keys) -6..-7%: on at d = 128 and 192, for racecheck-clean
+  // instances (docs/perf-log.md, "The forward's P V wait, the pair's Q atoms", "Five candidates
+  // measured, one kept").
   bool stats_by_consumers = false;
   // pair_dq: the step's dQ adds kept above the wait for dK^T (hopper::keep_waits_below). In the
   // SASS without it ptxas puts that wait amid the adds, so the Q stage's release (after the
@@ -142,9 +144,13 @@ constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240, true, 2,
 // memory, one P^T / dS^T buffer (single_hand) for the room of a second Q stage: K, V 2 x 36 KB,
 // Q 2 x 24 KB, dO 24 KB, P^T and dS^T 2 x 12 KB, dQ buffers 3 x 16 KB: 216 KB. Measured against
 // two warpgroups at 64 x 80 (two Q and dO stages): +4.1..+7.6% causal, +3.4..+7.9% non-causal;
-// the same without single_hand (one Q stage) -17..-25% (docs/perf-log.md).
-constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, true,
-                                          false, false, false, false, true};
+// the same without single_hand (one Q stage) -17..-25% (docs/perf-log.md). The LSE / D rows are
+// brought by the consumer threads (stats_by_consumers), not the stages' bulk copies, which
+// compute-sanitizer racecheck reports (it does not follow their mbarrier order): measured
+// -0.4..-1.6% against the stage rows, for a racecheck-clean instance (docs/perf-log.md, "Five
+// candidates measured, one kept").
+constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
+                                          false, true, false, false, true};
 // d = 256 runs the 2-CTA pair (pair_dq, with pair_ghost): its dS^T buffers take the room of
 // the second Q stage. Measured on the H200 against one CTA with two Q stages: +0.9 / +4.4 /
 // +5.2% causal 4k / 8k / 16k, -0.5 / +0.5 / +1.9% non-causal; one Q stage alone costs 4-7%;
@@ -193,11 +199,6 @@ constexpr BwdSm90Config kBwdSm90Hdim64ByQ = {64, 128, 128, 2, 2, 24, 240, false,
                                             false, true, false, false, false, false, true, true};
 constexpr BwdSm90Config kBwdSm90Hdim64ByQG = {64, 128, 128, 2, 2, 24, 240, false, 2, true,
                                              false, false, false, false, false, false, true, true};
-// Candidate, written, NOT yet run: the d = 192 row with the LSE / D rows brought by the consumer
-// threads (stats_by_consumers) instead of the stages' bulk copies, which racecheck reports at
-// d = 192 (measured -1.1..-2.7% on the two-warpgroup config; not on this one).
-constexpr BwdSm90Config kBwdSm90Hdim192StatsC = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
-                                                 false, true, false, false, true};
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.

@@ -15,7 +15,6 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg2)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim64DqSmem)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim64ByQ)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim64ByQG)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192StatsC)
 #undef FLASHBACK_BWD_CANDIDATE
 #define FLASHBACK_FWD_CANDIDATE(C)                                           \
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
