@@ -101,14 +101,6 @@ struct BwdSm90Config {
   // stage. The price: a consumer barrier per step before the next P^T is written (every
   // warpgroup's (5)-(7) of this step have read the buffers). On at d = 192.
   bool single_hand = false;
-  // By keys (block_m = 64 x W queries, 64 keys of dV / dK per warpgroup), (1)-(4) and (7) split
-  // by queries instead: warpgroup w computes S and dP for its 64 queries over all block_n keys,
-  // stores P^T and dS^T into its query columns of the hand-off tiles, issues its dQ^T from its
-  // own dS^T columns after a barrier of its own warpgroup only, and after the hand-off barrier
-  // dV and dK of its 64 keys from both warpgroups' columns (SS). So the dQ^T adds go out while
-  // dV / dK run instead of after them (FA3's public d = 64 split). With single_hand: one P^T
-  // and one dS^T buffer (two of each exceed the 227 KB by 80 bytes). CANDIDATE.
-  bool by_queries = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -192,13 +184,6 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // shows 11% of the stall samples on the first instruction after the step's red.global.adds,
 // which the shared-memory stores would not have).
 constexpr BwdSm90Config kBwdSm90Hdim64DqSmem = {64, 128, 128, 2, 2, 24, 240, true, 2, true};
-// Candidates, written, NOT yet run: d = 64 with (1)-(4) and (7) split by queries (by_queries),
-// LSE / D from the stages' rows (stats_smem) or, ByQG, from global memory (nothing mbarrier-ordered
-// for racecheck to report).
-constexpr BwdSm90Config kBwdSm90Hdim64ByQ = {64, 128, 128, 2, 2, 24, 240, false, 2, true,
-                                            false, true, false, false, false, false, true, true};
-constexpr BwdSm90Config kBwdSm90Hdim64ByQG = {64, 128, 128, 2, 2, 24, 240, false, 2, true,
-                                             false, false, false, false, false, false, true, true};
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.

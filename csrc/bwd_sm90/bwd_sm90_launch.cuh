@@ -116,9 +116,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         return;
       }
     }
-    if constexpr (T::kByQueries) {
-      bwd_sm90_consumer_by_queries<T, kDet>(p, w, smem, kv_bar, pipe_q, pipe_do, wg - 1);
-    } else if constexpr (T::kByKeys) {
+    if constexpr (T::kByKeys) {
       bwd_sm90_consumer_by_keys<T, kDet>(p, w, smem, kv_bar, pipe_q, pipe_do, wg - 1);
     } else if constexpr (T::kSharedConsumer) {
       bwd_sm90_consumer<T, kDet, T::kOwn0>(p, w, smem, kv_bar, pipe_q, pipe_do, wg - 1);

@@ -119,12 +119,7 @@ struct BwdSm90Traits {
   static constexpr uint32_t kOffP = kOffDo + kDoStages * kQTileBytes;
   static constexpr bool kSingleHand = kCfg.single_hand;
   static constexpr uint32_t kHandBufs = kSingleHand ? 1 : 2;
-  // by_queries: (1)-(4) and (7) by queries, dV / dK by keys (bwd_sm90_mainloop_by_keys.cuh);
-  // P^T goes through shared memory again.
-  static constexpr bool kByQueries = kCfg.by_queries;
-  static_assert(!kByQueries || (kByKeys && kSingleHand && !kCfg.stats_by_consumers),
-                "by_queries: the by-keys shapes, one P^T / dS^T buffer, no stats_by_consumers");
-  static constexpr uint32_t kOffDs = kOffP + (kByKeys && !kByQueries ? 0 : kHandBufs * kHandBytes);
+  static constexpr uint32_t kOffDs = kOffP + (kByKeys ? 0 : kHandBufs * kHandBytes);
   // dQ through shared memory (kCfg.dq_smem, default mode): one 64 x 64 fp32 buffer per consumer
   // warpgroup in dQaccum's fragment order, which a producer-warpgroup warp adds into dQaccum
   // with one bulk reduce per step (bwd_sm90_dq_warp).
@@ -138,9 +133,7 @@ struct BwdSm90Traits {
   // copies on the stage's full barrier), read from shared memory next to their use.
   // stats_smem: the same for the split by head dim.
   static constexpr bool kStatsByConsumers = kCfg.stats_by_consumers;
-  // (by_queries: a thread needs two query rows' LSE and D; without stats_smem it loads them
-  // from global memory at the step's top.)
-  static constexpr bool kStatsSmem = ((kByKeys && !kCfg.by_queries) || kCfg.stats_smem) && !kStatsByConsumers;
+  static constexpr bool kStatsSmem = (kByKeys || kCfg.stats_smem) && !kStatsByConsumers;
   static constexpr uint32_t kStatBytes = kStatsSmem ? kBlockM * 4 : 0;
   static constexpr uint32_t kOffLse = kOffDqBuf + (kDqViaSmem ? kConsumerWgs * kDqBufBytes : 0);
   static constexpr uint32_t kOffDsum = kOffLse + kQStages * kStatBytes;
@@ -222,14 +215,8 @@ struct BwdSm90Traits {
   static_assert(kBarDqFree0 + kConsumerWgs <= 16, "16 named barriers per CTA");
   // single_hand: every consumer warpgroup's (5)-(7) of the last step have read P^T and dS^T.
   static constexpr uint32_t kBarHandFree = 15;
-  static_assert(!kSingleHand || ((!kByKeys || kByQueries) && !kPair && kBarDqFree0 + kConsumerWgs <= kBarHandFree),
-                "single_hand: split by head dim (or by_queries), one CTA; its barrier id clear of "
-                "the dQ warps'");
-  // by_queries: warpgroup w's own dS^T columns are written (its 128 threads), for its dQ^T.
-  static constexpr uint32_t kBarOwnDs0 = 11;
-  static_assert(!kByQueries || (kBarDqFree0 + kConsumerWgs <= kBarOwnDs0 &&
-                                 kBarOwnDs0 + kConsumerWgs <= kBarHandFree),
-                "by_queries: its own-columns barriers clear of the dQ warps' and single_hand's");
+  static_assert(!kSingleHand || (!kByKeys && !kPair && kBarDqFree0 + kConsumerWgs <= kBarHandFree),
+                "single_hand: split by head dim, one CTA; its barrier id clear of the dQ warps'");
 };
 
 struct BwdSm90Maps {
@@ -462,39 +449,32 @@ __device__ __forceinline__ void issue_dq_dv(float (&dq)[T::kBlockM / 2], const u
 // turns each 8 x 8 block (8 queries x 8 keys) into 8 key rows of 16 contiguous bytes.
 // Block (key group j, query half h) of warp v holds keys 8j.., queries 16v + 8h..; matrices
 // are taken in the order (j, 0), (j, 1), (j + 1, 0), (j + 1, 1).
-// kKeys keys from key0 on, into the 64-query atom-column at `hand` (by_queries: all block_n keys
-// of a warpgroup's own 64 queries).
-template <class T, int kKeys>
-__device__ __forceinline__ void store_hand_rows_t(uint8_t* hand, const float (&acc)[kKeys / 2],
-                                                  int key0, int t) {
+template <class T>
+__device__ __forceinline__ void store_hand_t(uint8_t* hand, const float (&acc)[T::kWgKeys / 2],
+                                             int wg, int t) {
   const int lane = t % 32;
   const int warp = t / 32;
   const uint32_t base = fh::smem_u32(hand);
-  uint32_t pk[kKeys / 4];
+  uint32_t pk[T::kWgKeys / 4];
 #pragma unroll
-  for (int i = 0; i < kKeys / 4; ++i) pk[i] = fh::pack2<T::kElem>(acc[2 * i], acc[2 * i + 1]);
+  for (int i = 0; i < T::kWgKeys / 4; ++i) pk[i] = fh::pack2<T::kElem>(acc[2 * i], acc[2 * i + 1]);
   // pk[2j] = (j, 0), pk[2j + 1] = (j, 1).
   const int mat = lane / 8;  // x4: matrices 0..3; x2 uses lanes 0..15
   const int r = lane % 8;
   auto addr = [&](int j, int h) {
-    const int key = key0 + 8 * j + r;
+    const int key = T::kWgKeys * wg + 8 * j + r;
     const int chunk = 2 * warp + h;
     return base + key * 128 + ((chunk ^ (key & 7)) << 4);
   };
 #pragma unroll
-  for (int j = 0; j + 1 < kKeys / 8; j += 2) {
+  for (int j = 0; j + 1 < T::kWgKeys / 8; j += 2) {
     fh::stmatrix_x4_trans(addr(j + mat / 2, mat & 1), pk[2 * j], pk[2 * j + 1], pk[2 * j + 2],
                           pk[2 * j + 3]);
   }
-  if constexpr ((kKeys / 8) % 2 == 1) {
-    constexpr int j = kKeys / 8 - 1;
+  if constexpr ((T::kWgKeys / 8) % 2 == 1) {
+    constexpr int j = T::kWgKeys / 8 - 1;
     fh::stmatrix_x2_trans(addr(j, mat & 1), pk[2 * j], pk[2 * j + 1]);
   }
-}
-template <class T>
-__device__ __forceinline__ void store_hand_t(uint8_t* hand, const float (&acc)[T::kWgKeys / 2],
-                                             int wg, int t) {
-  store_hand_rows_t<T, T::kWgKeys>(hand, acc, T::kWgKeys * wg, t);
 }
 
 // One dQ^T atom-column of this step into dQaccum; deterministic, inside add phase h's turn
