@@ -18,9 +18,6 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim64DqSmem)
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
       const flashback_fwd_params&, cudaStream_t);
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128N176)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128Cross)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128Pp)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192Pp)
 #undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

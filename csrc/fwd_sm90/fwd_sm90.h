@@ -41,11 +41,6 @@ struct FwdSm90Config {
   // (H200, bf16): d = 256 +1.0..+3.2%, d = 192 -2.6..+9.1% (+1.4% mean), d = 128 -5.6..+0.7%,
   // d = 64 -1.3..-6.3%: on at d = 192 and 256 (docs/perf-log.md).
   bool pv_wait_below = false;
-  // A persistent CTA's tiles as one software pipeline: a tile's last P V runs beside the next
-  // tile's block-0 S and softmax, instead of each tile filling and draining the pipeline on its
-  // own (fwd_sm90_consumer's kChain). Needs two Q stages (the next tile's Q lands while this
-  // one's O is staged over its stage) and no ping-pong. CANDIDATE.
-  bool cross_tile = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -78,18 +73,10 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB; non-causal
 // -1.2..-1.8% against 128 keys (docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
-// Candidate, measured slower: cross_tile at d = 128 (the persistent causal rows, and
-// non-causal up to seqlen 2048): main sweep -6.1..+0.7%, short sweep -8..-17% (8520 SASS
-// instructions against 6264; docs/perf-log.md, "Five candidates measured").
-constexpr FwdSm90Config kFwdSm90Hdim128Cross = {128, 128, 2, 2, 24, 240, false, true, false, true};
-
-// Candidates, written, NOT yet run on this code: ping-pong at d = 128 and 192 (the consumer
-// warpgroups issue their GEMMs in turn, as FA3 does at d <= 128). Last measured before the
-// counter-fed tiles and the P V wait change: d = 128 -0.2..-6.0%, d = 192 -9.3..+3.5%
-// (docs/perf-log.md, "Forward ping-pong"); the d = 128 causal profile since shows the P V wait
-// above the softmax at 11.5% of the stall samples, which the other warpgroup's GEMMs would fill.
-constexpr FwdSm90Config kFwdSm90Hdim128Pp = {128, 128, 2, 2, 24, 240, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim192Pp = {192, 112, 2, 2, 24, 240, true, true, true};
+// Measured slower and removed (docs/perf-log.md): a persistent CTA's tiles as one software
+// pipeline (cross_tile, d = 128: -6..+1% main sweep, -8..-17% short), ping-pong at d = 128 / 192
+// on the counter-fed tiles (-3.9..+0.3% / -3.3..+2.6%), O from registers without staging
+// (-2..-7% at d = 128-256).
 
 struct FwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k

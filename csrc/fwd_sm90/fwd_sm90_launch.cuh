@@ -26,9 +26,7 @@ namespace sm90 {
 
 // A consumer warpgroup's tiles: next_id() gives its next tile id (the static stride, or either
 // ring), every consumer thread calling it at the same points; an id past the last tile ends the
-// loop, and a tile past the end of a shorter sequence (varlen) is skipped by all. With
-// cross_tile the tiles run as one chain (fwd_sm90_consumer's kChain): a tile with keys fetches
-// the next one itself, before its last P V.
+// loop, and a tile past the end of a shorter sequence (varlen) is skipped by all.
 template <class T, class NextId>
 __device__ __forceinline__ void fwd_sm90_consumer_tiles(const FwdSm90Params& p, uint8_t* smem,
                                                         fh::TmaPipeline<T::kQStages>* pipe_q,
@@ -37,37 +35,11 @@ __device__ __forceinline__ void fwd_sm90_consumer_tiles(const FwdSm90Params& p, 
                                                         int wg, NextId next_id) {
   fh::PipelineState<T::kQStages> sq;
   fh::PipelineState<T::kStages> st;
-  if constexpr (!T::kCrossTile) {
-    for (;;) {
-      const int id = next_id();
-      if (id >= p.num_tiles) break;
-      const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
-      if (w.active) fwd_sm90_consumer<T>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg);
-    }
-  } else {
-    FwdSm90Carry<T> carry;
-    int id = next_id();
-    while (id < p.num_tiles) {
-      const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
-      if (!w.active) {
-        id = next_id();
-        continue;
-      }
-      bool fetched = false;
-      int next = 0;
-      auto fetch = [&](FwdSm90Work& nw) {
-        for (;;) {
-          next = next_id();
-          if (next >= p.num_tiles) break;
-          nw = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, next);
-          if (nw.active) break;
-        }
-        fetched = true;
-        return next < p.num_tiles;
-      };
-      fwd_sm90_consumer<T, true>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg, &carry, fetch);
-      id = fetched ? next : next_id();
-    }
+  for (;;) {
+    const int id = next_id();
+    if (id >= p.num_tiles) break;
+    const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
+    if (w.active) fwd_sm90_consumer<T>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg);
   }
 }
 

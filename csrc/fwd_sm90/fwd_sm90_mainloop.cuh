@@ -90,7 +90,6 @@ struct FwdSm90Traits {
   static constexpr uint32_t kBarTurn0 = 4;
   static_assert(kBarEpilogue0 + kConsumerWgs <= kBarTurn0 && kBarTurn0 + kConsumerWgs <= 16,
                 "named barrier ids: 16 per CTA, the epilogue's and the turns' must not overlap");
-  static constexpr bool kCrossTile = kCfg.cross_tile;
 };
 
 struct FwdSm90Maps {
@@ -148,40 +147,15 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// cross_tile: what a tile hands the next one of the chain when it has already issued that
-// tile's block 0 (its S waited for and its softmax done beside the last P V): block 0's P as
-// A fragments and the row statistics after it.
+// One tile: this warpgroup's 64 query rows against K/V blocks 0 .. n_count - 1.
 template <class T>
-struct FwdSm90Carry {
-  uint32_t a[T::kBlockN / 16][4];
-  float m_raw[2], l_part[2];
-  bool primed = false;
-};
-
-// A consumer's chain of tiles without cross_tile: nothing is fetched ahead.
-struct FwdSm90NoNext {
-  __device__ __forceinline__ bool operator()(FwdSm90Work&) const { return false; }
-};
-
-// One tile: this warpgroup's 64 query rows against K/V blocks 0 .. n_count - 1. With kChain
-// (cross_tile), `carry` says whether the previous tile already issued this one's block 0, and
-// `fetch_next` (called by every consumer thread at the same point, before this tile's last
-// P V) gives the next tile of the chain, if any: when it has keys, its block 0 is issued
-// beside this tile's last P V and handed on in `carry`.
-template <class T, bool kChain = false, class FetchNext = FwdSm90NoNext>
 __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const FwdSm90Work& w,
                                                   uint8_t* smem,
                                                   fh::TmaPipeline<T::kQStages>* pipe_q,
                                                   fh::PipelineState<T::kQStages>& sq,
                                                   fh::TmaPipeline<T::kStages>* pipe_k,
                                                   fh::TmaPipeline<T::kStages>* pipe_v,
-                                                  fh::PipelineState<T::kStages>& st, int wg,
-                                                  FwdSm90Carry<T>* carry = nullptr,
-                                                  FetchNext fetch_next = FwdSm90NoNext{}) {
-  // Two K/V stages: the next tile's K_0 / V_0 go where this tile's block n - 2 was, so the
-  // producer reaches the next Q before this tile's last V is released (one stage would deadlock).
-  static_assert(!kChain || (!T::kPingpong && T::kQStages == 2 && T::kStages >= 2),
-                "cross_tile: no ping-pong turns; the next tile's Q in the other stage; two K/V stages");
+                                                  fh::PipelineState<T::kStages>& st, int wg) {
   constexpr int kS = T::kBlockN / 2;  // S accumulator registers (64 x block_n)
   const int t = threadIdx.x % 128;
   const bool warp_leader = (threadIdx.x % 32) == 0;
@@ -221,19 +195,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   fh::zero_acc(o);
   float m_raw[2] = {-INFINITY, -INFINITY};  // running row max of S (unscaled)
   float l_part[2] = {0.f, 0.f};             // this thread's part of the row sums
-  bool primed = false;
-  if constexpr (kChain) {
-    primed = carry->primed;
-    carry->primed = false;
-    if (primed) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        m_raw[h] = carry->m_raw[h];
-        l_part[h] = carry->l_part[h];
-      }
-    }
-  }
-  if (!primed) pipe_q->consumer_wait(sq);  // (primed: waited for by the previous tile)
+  pipe_q->consumer_wait(sq);
 
   // S = Q_w K_j^T into `acc` (one commit group). Zeroed first although the first wgmma ignores
   // it: its asm reads the accumulators; the operand fence keeps the zeroing before
@@ -271,7 +233,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   };
   // Mask, then the online softmax of block j in place (acc becomes P, unnormalized), the row
   // statistics updated; returns in alpha the factor O must be rescaled by before P_j V_j.
-  // (Of the tile whose rows start at tm0: this one's, or with cross_tile the next one's.)
+  // (Of the tile whose rows start at tm0.)
   auto softmax_of = [&](float (&acc)[kS], int j, float (&alpha)[2], int t_seqlen_k, int tm0,
                         int t_diag, float (&row_max)[2], float (&row_sum)[2]) {
     const int n0 = j * T::kBlockN;
@@ -339,22 +301,14 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   // inside its iteration: ptxas serialized all wgmmas when a group stayed in flight across the
   // back edge (docs/perf-log.md, backward v5), so the last block's P V is issued after the loop.
   if (w.n_count > 0) {
-    if (primed) {
-#pragma unroll
-      for (int c = 0; c < T::kBlockN / 16; ++c) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) a[c][i] = carry->a[c][i];
-      }
-    } else {
-      turn_begin();
-      issue_s(s, st, q_w);
-      turn_end();
-      fh::wgmma_wait<0>();
-      fh::wgmma_fence_operand(s);
-      if (warp_leader) pipe_k->consumer_release(st);
-      softmax(s, 0, alpha);
-      to_frags(s, a);  // O is 0: no rescale
-    }
+    turn_begin();
+    issue_s(s, st, q_w);
+    turn_end();
+    fh::wgmma_wait<0>();
+    fh::wgmma_fence_operand(s);
+    if (warp_leader) pipe_k->consumer_release(st);
+    softmax(s, 0, alpha);
+    to_frags(s, a);  // O is 0: no rescale
     for (int j = 0; j + 1 < w.n_count; ++j) {
       fh::PipelineState<T::kStages> next = st;
       next.advance();
@@ -375,51 +329,12 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       to_frags(s, a);
       st = next;
     }
-    bool cross = false;
-    if constexpr (kChain) {
-      FwdSm90Work nw;
-      cross = fetch_next(nw) && nw.n_count > 0;
-      if (cross) {
-        // The next tile's block 0 beside this tile's last P V: its Q (the other stage) and K_0
-        // are the producer's next loads after this tile's; its statistics start afresh.
-        fh::PipelineState<T::kQStages> sq_next = sq;
-        sq_next.advance();
-        fh::PipelineState<T::kStages> st_next = st;
-        st_next.advance();
-        pipe_q->consumer_wait(sq_next);
-        const uint8_t* q_next = smem + T::kOffQ + sq_next.stage * T::kQBytes + 64 * wg * 128;
-        float m_next[2] = {-INFINITY, -INFINITY};
-        float l_next[2] = {0.f, 0.f};
-        issue_s(s, st_next, q_next);
-        issue_pv(a, st);
-        fh::wgmma_wait<1>();  // S of the next tile's block 0; this P V may still run
-        fh::wgmma_fence_operand(s);
-        if (warp_leader) pipe_k->consumer_release(st_next);
-        softmax_of(s, 0, alpha, nw.seqlen_k, nw.m_block * T::kBlockM + 64 * wg,
-                   nw.seqlen_k - nw.seqlen_q, m_next, l_next);
-        // The softmax above overlaps this P V only with the wait kept below it (pitfall 16).
-        fh::keep_waits_below(nw.seqlen_k);
-        fh::wgmma_wait<0>();
-        fh::wgmma_fence_operand(o);
-        fence_frags(a);
-        if (warp_leader) pipe_v->consumer_release(st);
-        to_frags(s, carry->a);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          carry->m_raw[h] = m_next[h];
-          carry->l_part[h] = l_next[h];
-        }
-        carry->primed = true;
-      }
-    }
-    if (!cross) {
-      turn_begin();
-      issue_pv(a, st);
-      turn_end();
-      fh::wgmma_wait<0>();
-      fh::wgmma_fence_operand(o);
-      if (warp_leader) pipe_v->consumer_release(st);
-    }
+    turn_begin();
+    issue_pv(a, st);
+    turn_end();
+    fh::wgmma_wait<0>();
+    fh::wgmma_fence_operand(o);
+    if (warp_leader) pipe_v->consumer_release(st);
     st.advance();  // the next tile's first block
   }
 
