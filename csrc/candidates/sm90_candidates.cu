@@ -18,6 +18,10 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim64DqSmem)
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
       const flashback_fwd_params&, cudaStream_t);
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128N176)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64Rb)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128Rb)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192Rb)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256Rb)
 #undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

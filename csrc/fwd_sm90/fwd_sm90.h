@@ -41,6 +41,11 @@ struct FwdSm90Config {
   // (H200, bf16): d = 256 +1.0..+3.2%, d = 192 -2.6..+9.1% (+1.4% mean), d = 128 -5.6..+0.7%,
   // d = 64 -1.3..-6.3%: on at d = 192 and 256 (docs/perf-log.md).
   bool pv_wait_below = false;
+  // O rescaled by block j's factor after S_{j+1} is issued and before P_j V_j, while the tensor
+  // cores run S_{j+1}, instead of after the wait for P_{j-1} V_{j-1} with the tensor cores idle
+  // (ncu at d = 192 causal 4k: the loop ~260 cycles per iteration longer than FA3's, which
+  // rescales between its two GEMM issues). Block 0's factor is 0 (O is still 0). CANDIDATE.
+  bool rescale_between = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -73,6 +78,12 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB; non-causal
 // -1.2..-1.8% against 128 keys (docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
+// Candidates, written, NOT yet run: rescale_between on each row (docs/perf-log.md, "The forward's
+// O rescale between the GEMM issues").
+constexpr FwdSm90Config kFwdSm90Hdim64Rb = {64, 128, 3, 2, 24, 160, true, true, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim128Rb = {128, 128, 2, 2, 24, 240, false, true, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim192Rb = {192, 112, 2, 2, 24, 240, false, true, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim256Rb = {256, 80, 2, 2, 24, 240, false, true, true, true};
 // Measured slower and removed (docs/perf-log.md): a persistent CTA's tiles as one software
 // pipeline (cross_tile, d = 128: -6..+1% main sweep, -8..-17% short), ping-pong at d = 128 / 192
 // on the counter-fed tiles (-3.9..+0.3% / -3.3..+2.6%), O from registers without staging
