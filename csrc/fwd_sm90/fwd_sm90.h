@@ -46,6 +46,14 @@ struct FwdSm90Config {
   // (ncu at d = 192 causal 4k: the loop ~260 cycles per iteration longer than FA3's, which
   // rescales between its two GEMM issues). Block 0's factor is 0 (O is still 0). CANDIDATE.
   bool rescale_between = false;
+  // One Q stage (d >= 192): the tile's O staged over the V stages instead of its Q stage, so Q is
+  // freed once the tile's last S has been waited for and the next tile's Q (and K_0) load during
+  // this tile's last P V and epilogue; the producer holds the next tile's V_0 until the O has
+  // left (an "O free" barrier per tile). Then a persistent grid (tiles from the counter when
+  // causal) no longer starts each tile with a bare Q load, and runs at every length instead of
+  // one CTA per tile from seqlen 2048 on (ncu at d = 192 causal 4k: the Q wait at a tile's start
+  // and the CTA launch gaps were ~38% of the gap to FA3, which stages O over V). CANDIDATE.
+  bool o_over_v = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -84,6 +92,10 @@ constexpr FwdSm90Config kFwdSm90Hdim64Rb = {64, 128, 3, 2, 24, 160, true, true, 
 constexpr FwdSm90Config kFwdSm90Hdim128Rb = {128, 128, 2, 2, 24, 240, false, true, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim192Rb = {192, 112, 2, 2, 24, 240, false, true, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim256Rb = {256, 80, 2, 2, 24, 240, false, true, true, true};
+// Candidates, written, NOT yet run: o_over_v at d = 192 / 256 (docs/perf-log.md, "The forward's
+// O over the V stages").
+constexpr FwdSm90Config kFwdSm90Hdim192Ov = {192, 112, 2, 2, 24, 240, false, true, true, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim256Ov = {256, 80, 2, 2, 24, 240, false, true, true, false, true};
 // Measured slower and removed (docs/perf-log.md): a persistent CTA's tiles as one software
 // pipeline (cross_tile, d = 128: -6..+1% main sweep, -8..-17% short), ping-pong at d = 128 / 192
 // on the counter-fed tiles (-3.9..+0.3% / -3.3..+2.6%), O from registers without staging
