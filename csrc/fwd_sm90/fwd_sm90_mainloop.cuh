@@ -12,6 +12,7 @@
 // Shared memory (128B-swizzled, 1024-aligned, all written by TMA; d/64 atom-columns each):
 //   Q            kQStages x block_m rows x 128 B per atom-column (warpgroup w: rows 64w..,
 //                +8 KB); a tile's O is staged over its Q stage, which the epilogue then frees
+//                (o_over_v: over the V stages, and Q is freed after the tile's last S)
 //   K_j, V_j     kv_stages x block_n rows x 128 B per atom-column
 // The rings run on across the tiles of a persistent CTA (fwd_sm90_launch.cuh).
 // (sizes per config in fwd_sm90.h).
@@ -156,8 +157,12 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
                              pipe_k->full_barrier(st), p.head_inner & 2, w.row_k + n0, kv_head,
                              w.map_batch);
     }
+    // A tile without keys needs only its Q before its consumers free the O barrier: waiting
+    // after its Q would let them complete this tile's phase and the next before the wait polls
+    // (a parity wait cannot tell phase k + 1 from k - 1), so there the wait comes first.
+    if (w.n_count == 0) pipe_o->producer_acquire(sq);
     load_q();
-    pipe_o->producer_acquire(sq);
+    if (w.n_count > 0) pipe_o->producer_acquire(sq);
     sq.advance();
     if (w.n_count > 0) {
       pipe_v->producer_acquire(st);
