@@ -96,6 +96,9 @@ constexpr FwdSm90Config kFwdSm90Hdim256Rb = {256, 80, 2, 2, 24, 240, false, true
 // O over the V stages").
 constexpr FwdSm90Config kFwdSm90Hdim192Ov = {192, 112, 2, 2, 24, 240, false, true, true, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim256Ov = {256, 80, 2, 2, 24, 240, false, true, true, false, true};
+// Both (the two are independent: one moves the rescale within a step, the other the tile's ends).
+constexpr FwdSm90Config kFwdSm90Hdim192RbOv = {192, 112, 2, 2, 24, 240, false, true, true, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim256RbOv = {256, 80, 2, 2, 24, 240, false, true, true, true, true};
 // Measured slower and removed (docs/perf-log.md): a persistent CTA's tiles as one software
 // pipeline (cross_tile, d = 128: -6..+1% main sweep, -8..-17% short), ping-pong at d = 128 / 192
 // on the counter-fed tiles (-3.9..+0.3% / -3.3..+2.6%), O from registers without staging
