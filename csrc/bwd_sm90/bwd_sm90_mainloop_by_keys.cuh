@@ -22,17 +22,19 @@
 namespace flashback {
 namespace sm90 {
 
-// (1) and (3), K = d, both operands K-major (each 64-element atom-column of A kARows rows, of B
-// N rows): S^T / dP^T = this warpgroup's 64 rows of K / V times the Q-side tile (N = block_m).
-template <class T, int N, int kARows>
-__device__ __forceinline__ void gemm_kmajor_by_d(float (&acc)[N / 2], const uint8_t* a, const uint8_t* b) {
-  const uint64_t da = fh::desc_kmajor_sw128(a);
-  const uint64_t db = fh::desc_kmajor_sw128(b);
-  fh::wgmma_ss_set<N, 0, 0, T::kElem>(acc, da, db);
+// (1) S^T or (3) dP^T: this warpgroup's 64 rows of K or V (A, K-major, atom-columns of block_n
+// rows) times the Q-side tile (B, K-major, block_m rows), K = d.
+template <class T>
+__device__ __forceinline__ void gemm_kv_by_q(float (&acc)[T::kBlockM / 2], const uint8_t* kv_w,
+                                             const uint8_t* x) {
+  const uint64_t da = fh::desc_kmajor_sw128(kv_w);
+  const uint64_t db = fh::desc_kmajor_sw128(x);
+  fh::wgmma_ss_set<T::kBlockM, 0, 0, T::kElem>(acc, da, db);
 #pragma unroll
   for (int s = 1; s < T::kHeadDim / 16; ++s) {
-    fh::wgmma_ss<N, 0, 0, T::kElem>(acc, fh::desc_advance(da, fh::kmajor_k_offset(s, kARows)),
-                                    fh::desc_advance(db, fh::kmajor_k_offset(s, N)), true);
+    fh::wgmma_ss<T::kBlockM, 0, 0, T::kElem>(acc, fh::desc_advance(da, fh::kmajor_k_offset(s, T::kBlockN)),
+                                             fh::desc_advance(db, fh::kmajor_k_offset(s, T::kBlockM)),
+                                             true);
   }
 }
 
@@ -175,12 +177,12 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
     float s[kS], dp[kS];
     pipe_q->consumer_wait(sq);
     fh::wgmma_fence();
-    gemm_kmajor_by_d<T, T::kBlockM, T::kBlockN>(s, k_w, q_s);
+    gemm_kv_by_q<T>(s, k_w, q_s);
     fh::wgmma_commit();
     if (it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
     pipe_do->consumer_wait(sd);
     fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
-    gemm_kmajor_by_d<T, T::kBlockM, T::kBlockN>(dp, v_w, do_s);
+    gemm_kv_by_q<T>(dp, v_w, do_s);
     fh::wgmma_commit();
 
     // (2) P^T (rows are keys, columns queries): keys past seqlen_k and (causal) after a query's

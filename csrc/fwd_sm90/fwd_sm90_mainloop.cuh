@@ -282,18 +282,16 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   };
   // Mask, then the online softmax of block j in place (acc becomes P, unnormalized), the row
   // statistics updated; returns in alpha the factor O must be rescaled by before P_j V_j.
-  // (Of the tile whose rows start at tm0.)
-  auto softmax_of = [&](float (&acc)[kS], int j, float (&alpha)[2], int t_seqlen_k, int tm0,
-                        int t_diag, float (&row_max)[2], float (&row_sum)[2]) {
+  auto softmax = [&](float (&acc)[kS], int j, float (&alpha)[2]) {
     const int n0 = j * T::kBlockN;
     // Keys past seqlen_k and (causal) after a row's diagonal get -inf; only blocks that reach
     // past seqlen_k or cross the diagonal test each element.
-    if (n0 + T::kBlockN > t_seqlen_k || (p.causal && n0 + T::kBlockN - 1 > tm0 + t_diag)) {
+    if (n0 + T::kBlockN > w.seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag)) {
 #pragma unroll
       for (int r = 0; r < kS; ++r) {
         const int key = n0 + fh::acc_col(r, t);
-        const int query = tm0 + fh::acc_row(r, t);
-        if (key >= t_seqlen_k || (p.causal && key > query + t_diag)) acc[r] = -INFINITY;
+        const int query = m0 + fh::acc_row(r, t);
+        if (key >= w.seqlen_k || (p.causal && key > query + diag)) acc[r] = -INFINITY;
       }
     }
     // Base 2: p = exp2(S * scale_log2 - m * scale_log2). A row that has seen only masked keys
@@ -302,7 +300,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     float offset[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float mx = row_max[h];
+      float mx = m_raw[h];
 #pragma unroll
       for (int r = 0; r < kS; ++r) {
         if (((r >> 1) & 1) == h) mx = fmaxf(mx, acc[r]);
@@ -311,8 +309,8 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       offset[h] = mx == -INFINITY ? 0.f : mx * p.scale_log2;
       // O and l are still 0 while no key was seen: alpha must then be 0, not exp2(-offset),
       // which overflows to inf (and 0 * inf = NaN) when the first row maximum is very negative.
-      alpha[h] = row_max[h] == -INFINITY ? 0.f : fh::exp2_approx(row_max[h] * p.scale_log2 - offset[h]);
-      row_max[h] = mx;
+      alpha[h] = m_raw[h] == -INFINITY ? 0.f : fh::exp2_approx(m_raw[h] * p.scale_log2 - offset[h]);
+      m_raw[h] = mx;
     }
     float rowsum[2] = {0.f, 0.f};
 #pragma unroll
@@ -322,10 +320,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       rowsum[h] += acc[r];
     }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) row_sum[h] = row_sum[h] * alpha[h] + rowsum[h];
-  };
-  auto softmax = [&](float (&acc)[kS], int j, float (&alpha)[2]) {
-    softmax_of(acc, j, alpha, w.seqlen_k, m0, diag, m_raw, l_part);
+    for (int h = 0; h < 2; ++h) l_part[h] = l_part[h] * alpha[h] + rowsum[h];
   };
   auto rescale_o = [&](const float (&alpha)[2]) {
 #pragma unroll
