@@ -44,8 +44,8 @@ struct BwdSm90Config {
   // Default mode: dQ^T partials leave through shared memory and one bulk reduce per step, issued
   // by a producer-warpgroup warp, instead of global reductions from the MMA warpgroups. Needs
   // each warpgroup to own one atom-column (d = 128) and 32 KB of room; measured +1-5% at d = 128,
-  // 6-11% slower at d = 64 and at d = 192 with two warpgroups; d = 192 takes it with three
-  // warpgroups and single_hand (docs/perf-log.md).
+  // 6-11% slower at d = 192 with two warpgroups and 1-3.5% slower at d = 64 (by keys, twice);
+  // d = 192 takes it with three warpgroups and single_hand (docs/perf-log.md).
   bool dq_smem;
   int consumer_wgs;   // MMA warpgroups (2 or 3) splitting the work by data
   // How (5)-(7) are split (below): false, by head-dim atom-columns; true, by keys (d = 64:
@@ -179,11 +179,6 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // 3.4-7.9% slower than kBwdSm90Hdim192 (docs/perf-log.md). Compiled by the candidates target
 // because it is the one config with unequal shares, whose second consumer instance
 // (bwd_sm90_launch.cuh) no table row instantiates now.
-// Candidate, written, NOT yet run on this code: d = 64 by keys with dQ^T through shared memory
-// and the dQ warps' bulk reduces (measured -1..-2% at 7596ff2's code; the d = 64 profile since
-// shows 11% of the stall samples on the first instruction after the step's red.global.adds,
-// which the shared-memory stores would not have).
-constexpr BwdSm90Config kBwdSm90Hdim64DqSmem = {64, 128, 128, 2, 2, 24, 240, true, 2, true};
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.

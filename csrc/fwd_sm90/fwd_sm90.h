@@ -41,19 +41,6 @@ struct FwdSm90Config {
   // (H200, bf16): d = 256 +1.0..+3.2%, d = 192 -2.6..+9.1% (+1.4% mean), d = 128 -5.6..+0.7%,
   // d = 64 -1.3..-6.3%: on at d = 192 and 256 (docs/perf-log.md).
   bool pv_wait_below = false;
-  // O rescaled by block j's factor after S_{j+1} is issued and before P_j V_j, while the tensor
-  // cores run S_{j+1}, instead of after the wait for P_{j-1} V_{j-1} with the tensor cores idle
-  // (ncu at d = 192 causal 4k: the loop ~260 cycles per iteration longer than FA3's, which
-  // rescales between its two GEMM issues). Block 0's factor is 0 (O is still 0). CANDIDATE.
-  bool rescale_between = false;
-  // One Q stage (d >= 192): the tile's O staged over the V stages instead of its Q stage, so Q is
-  // freed once the tile's last S has been waited for and the next tile's Q (and K_0) load during
-  // this tile's last P V and epilogue; the producer holds the next tile's V_0 until the O has
-  // left (an "O free" barrier per tile). Then a persistent grid (tiles from the counter when
-  // causal) no longer starts each tile with a bare Q load, and runs at every length instead of
-  // one CTA per tile from seqlen 2048 on (ncu at d = 192 causal 4k: the Q wait at a tile's start
-  // and the CTA launch gaps were ~38% of the gap to FA3, which stages O over V). CANDIDATE.
-  bool o_over_v = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -86,23 +73,13 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB; non-causal
 // -1.2..-1.8% against 128 keys (docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
-// Candidates, written, NOT yet run: rescale_between on each row (docs/perf-log.md, "The forward's
-// O rescale between the GEMM issues").
-constexpr FwdSm90Config kFwdSm90Hdim64Rb = {64, 128, 3, 2, 24, 160, true, true, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim128Rb = {128, 128, 2, 2, 24, 240, false, true, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim192Rb = {192, 112, 2, 2, 24, 240, false, true, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim256Rb = {256, 80, 2, 2, 24, 240, false, true, true, true};
-// Candidates, written, NOT yet run: o_over_v at d = 192 / 256 (docs/perf-log.md, "The forward's
-// O over the V stages").
-constexpr FwdSm90Config kFwdSm90Hdim192Ov = {192, 112, 2, 2, 24, 240, false, true, true, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim256Ov = {256, 80, 2, 2, 24, 240, false, true, true, false, true};
-// Both (the two are independent: one moves the rescale within a step, the other the tile's ends).
-constexpr FwdSm90Config kFwdSm90Hdim192RbOv = {192, 112, 2, 2, 24, 240, false, true, true, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim256RbOv = {256, 80, 2, 2, 24, 240, false, true, true, true, true};
 // Measured slower and removed (docs/perf-log.md): a persistent CTA's tiles as one software
 // pipeline (cross_tile, d = 128: -6..+1% main sweep, -8..-17% short), ping-pong at d = 128 / 192
 // on the counter-fed tiles (-3.9..+0.3% / -3.3..+2.6%), O from registers without staging
-// (-2..-7% at d = 128-256).
+// (-2..-7% at d = 128-256), the O rescale between the S and P V issues (rescale_between: mean
+// -0.5% at d = 64 / 128, neutral on top of o_over_v), a tile's O staged over the V stages so that
+// the next Q loads during this tile's end (o_over_v, d = 192 / 256: -5..-10% causal), 1 / l and
+// log2 l by rcp.approx / lg2.approx (mean +0.2%, -3.8..+2.3%).
 
 struct FwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k
