@@ -73,6 +73,12 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB; non-causal
 // -1.2..-1.8% against 128 keys (docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
+// Candidates, written, NOT yet run: d = 128 with three consumer warpgroups (192 x 80 tiles), as
+// d = 64 runs, without and with ping-pong: O 64 + S 40 + P 20 registers under 160 (24 B spills;
+// 96 keys spill 120 B); 2 x 48 KB + 2 x 2 x 20 KB = 176 KB (docs/perf-log.md, "d = 128 forward
+// with three warpgroups").
+constexpr FwdSm90Config kFwdSm90Hdim128Wg3 = {128, 80, 3, 2, 24, 160, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim128Wg3Pp = {128, 80, 3, 2, 24, 160, true, true};
 // Measured slower and removed (docs/perf-log.md): a persistent CTA's tiles as one software
 // pipeline (cross_tile, d = 128: -6..+1% main sweep, -8..-17% short), ping-pong at d = 128 / 192
 // on the counter-fed tiles (-3.9..+0.3% / -3.3..+2.6%), O from registers without staging
