@@ -79,6 +79,11 @@ constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, t
 // with three warpgroups").
 constexpr FwdSm90Config kFwdSm90Hdim128Wg3 = {128, 80, 3, 2, 24, 160, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim128Wg3Pp = {128, 80, 3, 2, 24, 160, true, true};
+// Candidate, written, NOT yet run: d = 192 with 80-key blocks, so that two Q stages fit (2 x 48 KB
+// + 2 x 2 x 30 KB = 216 KB) and causal calls take their tiles from the counter at every length,
+// the next tile's Q loading during this one's end: O 96 + S 40 + P 20 registers (docs/perf-log.md,
+// "d = 192 forward with two Q stages").
+constexpr FwdSm90Config kFwdSm90Hdim192N80 = {192, 80, 2, 2, 24, 240, false, true, true};
 // Measured slower and removed (docs/perf-log.md): a persistent CTA's tiles as one software
 // pipeline (cross_tile, d = 128: -6..+1% main sweep, -8..-17% short), ping-pong at d = 128 / 192
 // on the counter-fed tiles (-3.9..+0.3% / -3.3..+2.6%), O from registers without staging
@@ -118,12 +123,12 @@ bool fwd_sm90_can_implement(const flashback_fwd_params& p, const char** why);
 int fwd_sm90_sm_count();
 
 // Whether the call runs a persistent grid (one CTA per SM walking tiles) rather than one CTA
-// per tile (fwd_sm90_launch.cu says when and why).
-bool fwd_sm90_persistent(const flashback_fwd_params& p);
+// per tile (fwd_sm90_launch.cu says when and why); q_stages: the config's Q ring depth.
+bool fwd_sm90_persistent(const flashback_fwd_params& p, int q_stages);
 
 // Whether a config with dynamic_tiles takes this call's tiles from a counter (a persistent
 // grid; fwd_sm90_launch.cu says when).
-bool fwd_sm90_dynamic(const flashback_fwd_params& p);
+bool fwd_sm90_dynamic(const flashback_fwd_params& p, int q_stages);
 
 // Runs the forward on `stream`. Returns cudaErrorNotSupported without launching anything when
 // a tensor map cannot be encoded (the caller then takes the reference path).
