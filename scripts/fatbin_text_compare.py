@@ -56,6 +56,9 @@ def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     a, b = texts(fatbin(sys.argv[1])), texts(fatbin(sys.argv[2]))
+    for path, found in ((sys.argv[1], a), (sys.argv[2], b)):
+        if not found:
+            sys.exit(f"{path}: no kernel code found in its .nv_fatbin section")
     differ = sorted(k for k in a.keys() & b.keys() if a[k] != b[k])
     for k in differ:
         print(f"differ ({len(a[k])} / {len(b[k])} bytes): {k}")
