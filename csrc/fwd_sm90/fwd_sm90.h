@@ -73,24 +73,14 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB; non-causal
 // -1.2..-1.8% against 128 keys (docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
-// Candidates, written, NOT yet run: d = 128 with three consumer warpgroups (192 x 80 tiles), as
-// d = 64 runs, without and with ping-pong: O 64 + S 40 + P 20 registers under 160 (24 B spills;
-// 96 keys spill 120 B); 2 x 48 KB + 2 x 2 x 20 KB = 176 KB (docs/perf-log.md, "d = 128 forward
-// with three warpgroups").
-constexpr FwdSm90Config kFwdSm90Hdim128Wg3 = {128, 80, 3, 2, 24, 160, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim128Wg3Pp = {128, 80, 3, 2, 24, 160, true, true};
-// Candidate, written, NOT yet run: d = 192 with 80-key blocks, so that two Q stages fit (2 x 48 KB
-// + 2 x 2 x 30 KB = 216 KB) and causal calls take their tiles from the counter at every length,
-// the next tile's Q loading during this one's end: O 96 + S 40 + P 20 registers (docs/perf-log.md,
-// "d = 192 forward with two Q stages").
-constexpr FwdSm90Config kFwdSm90Hdim192N80 = {192, 80, 2, 2, 24, 240, false, true, true};
 // Measured slower and removed (docs/perf-log.md): a persistent CTA's tiles as one software
 // pipeline (cross_tile, d = 128: -6..+1% main sweep, -8..-17% short), ping-pong at d = 128 / 192
 // on the counter-fed tiles (-3.9..+0.3% / -3.3..+2.6%), O from registers without staging
 // (-2..-7% at d = 128-256), the O rescale between the S and P V issues (rescale_between: mean
 // -0.5% at d = 64 / 128, neutral on top of o_over_v), a tile's O staged over the V stages so that
 // the next Q loads during this tile's end (o_over_v, d = 192 / 256: -5..-10% causal), 1 / l and
-// log2 l by rcp.approx / lg2.approx (mean +0.2%, -3.8..+2.3%).
+// log2 l by rcp.approx / lg2.approx (mean +0.2%, -3.8..+2.3%), d = 192 with 80-key blocks and two
+// Q stages (-7..-14%), d = 128 on three consumer warpgroups at 192 x 80 (-7.3 / -4.9 / +0.7% causal).
 
 struct FwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k
@@ -123,12 +113,12 @@ bool fwd_sm90_can_implement(const flashback_fwd_params& p, const char** why);
 int fwd_sm90_sm_count();
 
 // Whether the call runs a persistent grid (one CTA per SM walking tiles) rather than one CTA
-// per tile (fwd_sm90_launch.cu says when and why); q_stages: the config's Q ring depth.
-bool fwd_sm90_persistent(const flashback_fwd_params& p, int q_stages);
+// per tile (fwd_sm90_launch.cu says when and why).
+bool fwd_sm90_persistent(const flashback_fwd_params& p);
 
 // Whether a config with dynamic_tiles takes this call's tiles from a counter (a persistent
 // grid; fwd_sm90_launch.cu says when).
-bool fwd_sm90_dynamic(const flashback_fwd_params& p, int q_stages);
+bool fwd_sm90_dynamic(const flashback_fwd_params& p);
 
 // Runs the forward on `stream`. Returns cudaErrorNotSupported without launching anything when
 // a tensor map cannot be encoded (the caller then takes the reference path).

@@ -61,12 +61,10 @@ bool fwd_sm90_can_implement(const flashback_fwd_params& p, const char** why) {
 // With long rows the fixed costs are small and the static tile stride costs more than they do:
 // causal tiles then vary in length, and the longest-first order that a one-CTA-per-tile grid
 // keeps (the hardware hands a free SM the next tile) is lost, -4 to -32% at 4096-16384 and
-// already -7 to -23% at 1024-2048 for the causal d = 192 / 256 rows (few, long tiles). Those
-// rows are the configs with one Q stage (FwdSm90Traits::kQStages), whose next tile's Q waits for
-// this tile's O to leave its stage; with two the next Q loads during this tile's end.
-bool fwd_sm90_persistent(const flashback_fwd_params& p, int q_stages) {
+// already -7 to -23% at 1024-2048 for the causal d = 192 / 256 rows (few, long tiles).
+bool fwd_sm90_persistent(const flashback_fwd_params& p) {
   if (p.seqlen_k > 2048) return false;  // varlen: the longest sequence
-  return !p.causal || q_stages > 1;
+  return !p.causal || p.headdim <= 128;
 }
 
 // Tiles from a counter (configs with dynamic_tiles: every row), docs/perf-log.md "Forward tiles
@@ -76,9 +74,9 @@ bool fwd_sm90_persistent(const flashback_fwd_params& p, int q_stages) {
 // and +7.0 / +0.3% at 512 / 1024, but -1.1 / -3.1% at 2048 and 2-11% slower at 4k-16k (where one
 // CTA per tile stays). Non-causal tiles are all alike: the static stride (or one CTA per tile)
 // measured 0.3-4.4% faster than the counter there.
-bool fwd_sm90_dynamic(const flashback_fwd_params& p, int q_stages) {
+bool fwd_sm90_dynamic(const flashback_fwd_params& p) {
   if (!p.causal) return false;
-  return q_stages > 1 || p.seqlen_k <= 1024;  // varlen: the longest sequence
+  return p.headdim <= 128 || p.seqlen_k <= 1024;  // varlen: the longest sequence
 }
 
 int fwd_sm90_sm_count() {

@@ -203,7 +203,7 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
     // The counter: 4 bytes from the stream-ordered allocator, zeroed, freed after the kernel
     // (all in stream order, so concurrent streams never share one and graph capture records
     // them as nodes). Without a stream-ordered pool the static stride below runs instead.
-    if (fwd_sm90_dynamic(p, T::kQStages)) {
+    if (fwd_sm90_dynamic(p)) {
       if (cudaMallocAsync(reinterpret_cast<void**>(&kp.tile_counter), sizeof(int), stream) ==
           cudaSuccess) {
         err = cudaMemsetAsync(kp.tile_counter, 0, sizeof(int), stream);
@@ -219,7 +219,7 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
       kp.tile_counter = nullptr;
     }
   }
-  const int grid = fwd_sm90_persistent(p, T::kQStages) ? std::min(kp.num_tiles, fwd_sm90_sm_count()) : kp.num_tiles;
+  const int grid = fwd_sm90_persistent(p) ? std::min(kp.num_tiles, fwd_sm90_sm_count()) : kp.num_tiles;
   kernel<<<dim3(grid), T::kThreads, T::kSmemBytes, stream>>>(map_q, map_k, map_v, kp);
   return cudaGetLastError();
 }
