@@ -44,11 +44,16 @@ def elf_texts(e):
     return out
 
 
-def texts(blob):
+def cubins(blob):
+    """The ELF files in a fatbin, each cut at the next one's start."""
     starts = [m.start() for m in re.finditer(rb"\x7fELF\x02", blob)]
+    return [blob[a:b] for a, b in zip(starts, starts[1:] + [len(blob)])]
+
+
+def texts(blob):
     out = {}
-    for a, b in zip(starts, starts[1:] + [len(blob)]):
-        out.update(elf_texts(blob[a:b]))
+    for cubin in cubins(blob):
+        out.update(elf_texts(cubin))
     return out
 
 

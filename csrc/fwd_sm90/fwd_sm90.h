@@ -73,6 +73,11 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB; non-causal
 // -1.2..-1.8% against 128 keys (docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
+// Candidate, written, NOT yet run: d = 128 with ping-pong and pv_wait_below together, the order
+// FA3's d = 128 causal loop has in its SASS (turns between the warpgroups' GEMM issues, the wait
+// for P V after the row max and part of the exponentials); each alone measured slower here
+// (docs/perf-log.md, "The d = 128 forward loop beside FA3's, by SASS").
+constexpr FwdSm90Config kFwdSm90Hdim128PpPv = {128, 128, 2, 2, 24, 240, true, true, true};
 // Measured slower and removed (docs/perf-log.md): a persistent CTA's tiles as one software
 // pipeline (cross_tile, d = 128: -6..+1% main sweep, -8..-17% short), ping-pong at d = 128 / 192
 // on the counter-fed tiles (-3.9..+0.3% / -3.3..+2.6%), O from registers without staging
