@@ -10,6 +10,7 @@ hold one function's SASS encoding. What nvcc derives from a file's path (hashes 
 internal-linkage names) is dropped from the names before they are matched. Prints "same N, differ M, only in A: X, only
 in B: Y" and each differing or unmatched function; exit status 1 if any.
 """
+import os
 import re
 import struct
 import subprocess
@@ -18,9 +19,15 @@ import tempfile
 
 
 def fatbin(path):
-    with tempfile.NamedTemporaryFile(suffix=".bin") as f:
-        subprocess.run(["objcopy", "-O", "binary", "--only-section=.nv_fatbin", path, f.name], check=True)
-        return open(f.name, "rb").read()
+    if not os.path.isfile(path):
+        sys.exit(f"{path}: no such file")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "fatbin.bin")
+        subprocess.run(["objcopy", "-O", "binary", "--only-section=.nv_fatbin", path, out], check=True)
+        if not os.path.exists(out):
+            return b""
+        with open(out, "rb") as f:
+            return f.read()
 
 
 def normalise(name):
