@@ -18,6 +18,8 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg2)
       const flashback_fwd_params&, cudaStream_t);
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128N176)
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128PpPv)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192Rb)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256Rb)
 #undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback
