@@ -101,6 +101,12 @@ struct BwdSm90Config {
   // stage. The price: a consumer barrier per step before the next P^T is written (every
   // warpgroup's (5)-(7) of this step have read the buffers). On at d = 192.
   bool single_hand = false;
+  // By keys: (7) dQ^T issued before (6) dK, right after the hand-off barrier, and the step's dQ
+  // adds made once dQ^T is done, while dK still runs, instead of dK, the barrier, dQ^T and the
+  // adds after every wgmma of the step (FA3's d = 64 step orders dQ before dK in its SASS, its
+  // dQ stores overlapping dK; ours issue 8 global reductions per thread with the tensor cores
+  // idle, and ncu put 11% of the stall samples on the next step's wait for them).
+  bool dq_before_dk = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -179,6 +185,10 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // 3.4-7.9% slower than kBwdSm90Hdim192 (docs/perf-log.md). Compiled by the candidates target
 // because it is the one config with unequal shares, whose second consumer instance
 // (bwd_sm90_launch.cuh) no table row instantiates now.
+// Candidate, written, NOT yet run: d = 64 with dQ^T before dK and the adds while dK runs
+// (dq_before_dk; docs/perf-log.md, "The d = 64 backward: dQ before dK").
+constexpr BwdSm90Config kBwdSm90Hdim64DqFirst = {64, 128, 128, 2, 2, 24, 240, false, 2, true, false, false,
+                                                false, false, false, false, false, true};
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.

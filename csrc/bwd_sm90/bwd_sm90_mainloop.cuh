@@ -118,6 +118,8 @@ struct BwdSm90Traits {
   // (single_hand).
   static constexpr uint32_t kOffP = kOffDo + kDoStages * kQTileBytes;
   static constexpr bool kSingleHand = kCfg.single_hand;
+  static constexpr bool kDqBeforeDk = kCfg.dq_before_dk;
+  static_assert(!kDqBeforeDk || kByKeys, "dq_before_dk: for the split by keys");
   static constexpr uint32_t kHandBufs = kSingleHand ? 1 : 2;
   static constexpr uint32_t kOffDs = kOffP + (kByKeys ? 0 : kHandBufs * kHandBytes);
   // dQ through shared memory (kCfg.dq_smem, default mode): one 64 x 64 fp32 buffer per consumer

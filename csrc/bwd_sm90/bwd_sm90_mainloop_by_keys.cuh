@@ -241,9 +241,11 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
     store_ds_t<T>(ds_t, da, wg, t);
     if constexpr (T::kStatsByConsumers) stat_rows.store(it, next_row);
     fh::fence_proxy_async_shared();  // stmatrix (generic proxy) -> wgmma (async proxy) reads
-    fh::wgmma_fence();
-    gemm_rs_dkv<T>(acc_dk, da, q_s);
-    fh::wgmma_commit();
+    if constexpr (!T::kDqBeforeDk) {
+      fh::wgmma_fence();
+      gemm_rs_dkv<T>(acc_dk, da, q_s);
+      fh::wgmma_commit();
+    }
     // Every warpgroup's dS^T is in place. The buffers alternate with the step's parity: the
     // other warpgroups passed this barrier only after their last wgmmas of step i-1 had
     // completed, so step i+1 may overwrite what step i-1 read.
@@ -256,6 +258,10 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
     fh::wgmma_fence();
     gemm_dq_by_keys<T>(dq, smem + T::kOffK, ds_t + wg * T::kHandAtomBytes);
     fh::wgmma_commit();
+    if constexpr (T::kDqBeforeDk) {
+      gemm_rs_dkv<T>(acc_dk, da, q_s);
+      fh::wgmma_commit();
+    }
     // Groups retire in order: dV frees dO_i (and P^T's registers), dK frees Q_i. A warp's
     // leader releases a stage for its lanes, whose reads of its LSE / D rows the next bulk copy
     // into it overwrites: __syncwarp orders those reads before the leader's release (an
@@ -264,19 +270,34 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
     __syncwarp();
     fh::wgmma_wait<2>();
     if (warp_leader) pipe_do->consumer_release(sd);
-    fh::wgmma_wait<1>();
-    if (warp_leader) pipe_q->consumer_release(sq);
+    if constexpr (T::kDqBeforeDk) {
+      fh::wgmma_wait<1>();  // dQ^T; dK may still run
+      fh::wgmma_fence_operand(dq);
+      if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + wg, T::kTurnThreads);
+      dq_tile_out<T, kDqSmem>(p, w, smem, it, head, m_block, wg, t, dq);
+      if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + wg, T::kTurnThreads);
 #pragma unroll
-    for (int c = 0; c < kK; ++c) {
-      fh::wgmma_fence_operand(pa[c]);
-      fh::wgmma_fence_operand(da[c]);
+      for (int c = 0; c < kK; ++c) {
+        fh::wgmma_fence_operand(pa[c]);
+        fh::wgmma_fence_operand(da[c]);
+      }
+      fh::wgmma_wait<0>();
+      if (warp_leader) pipe_q->consumer_release(sq);
+    } else {
+      fh::wgmma_wait<1>();
+      if (warp_leader) pipe_q->consumer_release(sq);
+#pragma unroll
+      for (int c = 0; c < kK; ++c) {
+        fh::wgmma_fence_operand(pa[c]);
+        fh::wgmma_fence_operand(da[c]);
+      }
+      fh::wgmma_wait<0>();
+      fh::wgmma_fence_operand(dq);
+      // Deterministic: this warpgroup's tile is phase wg; wait for its turn (turn warp wg).
+      if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + wg, T::kTurnThreads);
+      dq_tile_out<T, kDqSmem>(p, w, smem, it, head, m_block, wg, t, dq);
+      if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + wg, T::kTurnThreads);
     }
-    fh::wgmma_wait<0>();
-    fh::wgmma_fence_operand(dq);
-    // Deterministic: this warpgroup's tile is phase wg; wait for its turn (turn warp wg).
-    if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + wg, T::kTurnThreads);
-    dq_tile_out<T, kDqSmem>(p, w, smem, it, head, m_block, wg, t, dq);
-    if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + wg, T::kTurnThreads);
     sq.advance();
     sd.advance();
   }
