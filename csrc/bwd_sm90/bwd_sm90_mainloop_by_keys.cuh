@@ -276,12 +276,12 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
       if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + wg, T::kTurnThreads);
       dq_tile_out<T, kDqSmem>(p, w, smem, it, head, m_block, wg, t, dq);
       if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + wg, T::kTurnThreads);
+      fh::wgmma_wait<0>();  // dK, whose A fragments (da) stay live until here
 #pragma unroll
       for (int c = 0; c < kK; ++c) {
         fh::wgmma_fence_operand(pa[c]);
         fh::wgmma_fence_operand(da[c]);
       }
-      fh::wgmma_wait<0>();
       if (warp_leader) pipe_q->consumer_release(sq);
     } else {
       fh::wgmma_wait<1>();
