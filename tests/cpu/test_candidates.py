@@ -1,0 +1,58 @@
+"""The Hopper kernels' candidate configs: every config in the headers that no table row uses is
+compiled by the candidates target (so a change that breaks one shows in CI), and
+scripts/build_candidates.sh can put each in place of its head dim's row."""
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HEADERS = {"Fwd": "csrc/fwd_sm90/fwd_sm90.h", "Bwd": "csrc/bwd_sm90/bwd_sm90.h"}
+ROW = re.compile(r"k(Fwd|Bwd)Sm90Hdim(64|128|192|256)(Full|Det|Single)?$")
+
+
+def configs(kind):
+    text = open(os.path.join(ROOT, HEADERS[kind])).read()
+    return re.findall(r"constexpr %sSm90Config (k\w+) = \{" % kind, text)
+
+
+def candidates():
+    return [c for kind in HEADERS for c in configs(kind) if not ROW.match(c)]
+
+
+def test_rows_are_defined():
+    for kind in HEADERS:
+        names = configs(kind)
+        for d in (64, 128, 192, 256):
+            assert f"k{kind}Sm90Hdim{d}" in names
+
+
+def test_every_candidate_is_compiled():
+    compiled = open(os.path.join(ROOT, "csrc/candidates/sm90_candidates.cu")).read()
+    found = candidates()
+    assert found, "no candidate configs found: the header layout changed"
+    missing = [c for c in found if not re.search(r"FLASHBACK_(FWD|BWD)_CANDIDATE\(%s\)" % c, compiled)]
+    assert not missing, f"candidates not compiled by csrc/candidates/sm90_candidates.cu: {missing}"
+    listed = re.findall(r"FLASHBACK_(?:FWD|BWD)_CANDIDATE\((k\w+)\)", compiled)
+    assert sorted(set(listed)) == sorted(set(found)), "the candidates target names a config the headers lack"
+
+
+def test_build_candidates_substitutes_each(tmp_path):
+    """The substitution step of build_candidates.sh (its embedded Python) on a copy of the headers."""
+    text = open(os.path.join(ROOT, "scripts/build_candidates.sh")).read()
+    script = re.search(r"<<'PYEOF'\n(.*?)\nPYEOF", text, re.S).group(1)
+    (tmp_path / "sub.py").write_text(script)
+    for kind, path in HEADERS.items():
+        os.makedirs(tmp_path / os.path.dirname(path), exist_ok=True)
+    for cand in candidates():
+        kind = "Fwd" if cand.startswith("kFwd") else "Bwd"
+        d = re.match(r"k\w+Hdim(\d+)", cand).group(1)
+        for path in HEADERS.values():
+            (tmp_path / path).write_text(open(os.path.join(ROOT, path)).read())
+        row = f"k{kind}Sm90Hdim{d}"
+        r = subprocess.run([sys.executable, str(tmp_path / "sub.py"), str(tmp_path), row, cand],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, (cand, r.stdout, r.stderr)
+        new = (tmp_path / HEADERS[kind]).read_text()
+        init = re.search(r"constexpr %sSm90Config %s = (\{[^}]*\});" % (kind, cand), new).group(1)
+        assert f"constexpr {kind}Sm90Config {row} = {init};" in new, cand
