@@ -10,7 +10,9 @@
 # library's experimental switches).
 # Environment: OUT (default ./logs), ITERS (default 50), REPEATS (default 2),
 # TESTS=0 to skip the tests, TEST_ARGS (pytest selection, default "-k 256"), BENCH_ARGS (e.g.
-# "--directions fwd --headdims 64,128"). The table keys rows by head dim, dtype, direction, mask
+# "--directions fwd --headdims 64,128").
+# PACK=1: at the end, the per-build folders and logs go into one $OUT/runs.tgz (compare.json
+# keeps every build's results), for a copy of $OUT that should hold few files. The table keys rows by head dim, dtype, direction, mask
 # and seqlen and ends with the change of ours / SDPA flash from the first build to the last.
 # Logs: $OUT/<n>-tests.log, $OUT/<n>/<result>.json, and all builds' results in $OUT/compare.json.
 # With the same build first and last (A B C A), a second table gives each build between against
@@ -102,3 +104,6 @@ if len(distinct) < len(libs) and len(distinct) > 1:
               + "  ".join(f"{mean[lib] / base - 1:+6.1%}" for lib in distinct[1:])
               + "   | " + " ".join(f"{max(v) / min(v) - 1:.1%}" for v in vals.values()))
 PYEOF
+if [ "${PACK:-0}" = 1 ]; then
+  (cd "$OUT_DIR" && items=$(ls -d [0-9]* 2>/dev/null) && [ -n "$items" ] && tar czf runs.tgz $items && rm -rf $items)
+fi
