@@ -262,7 +262,8 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
       gemm_rs_dkv<T>(acc_dk, da, q_s);
       fh::wgmma_commit();
     }
-    // Groups retire in order: dV frees dO_i (and P^T's registers), dK frees Q_i. A warp's
+    // Groups retire in order (dV, dK, dQ^T; dq_before_dk: dV, dQ^T, dK): dV frees dO_i (and
+    // P^T's registers), dK frees Q_i. A warp's
     // leader releases a stage for its lanes, whose reads of its LSE / D rows the next bulk copy
     // into it overwrites: __syncwarp orders those reads before the leader's release (an
     // mbarrier arrive releases only its own thread's accesses); the proxy fence after the dS^T
@@ -273,6 +274,8 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
     if constexpr (T::kDqBeforeDk) {
       fh::wgmma_wait<1>();  // dQ^T; dK may still run
       fh::wgmma_fence_operand(dq);
+      // The adds as in the other order below (as one lambda for both, the production kernel's
+      // SASS changed).
       if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + wg, T::kTurnThreads);
       dq_tile_out<T, kDqSmem>(p, w, smem, it, head, m_block, wg, t, dq);
       if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + wg, T::kTurnThreads);
