@@ -189,6 +189,10 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // (dq_before_dk; docs/perf-log.md, "The d = 64 backward: dQ before dK").
 constexpr BwdSm90Config kBwdSm90Hdim64DqFirst = {64, 128, 128, 2, 2, 24, 240, false, 2, true, false, false,
                                                 false, false, false, false, false, true};
+// The same with dQ^T through shared memory and the dQ warps' bulk reduces (dq_smem), which is
+// FA3's d = 64 step as its SASS reads: dQ stored while dK runs.
+constexpr BwdSm90Config kBwdSm90Hdim64DqFirstSmem = {64, 128, 128, 2, 2, 24, 240, true, 2, true, false,
+                                                    false, false, false, false, false, false, true};
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
