@@ -112,24 +112,19 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
                                                   fh::TmaPipeline<T::kStages>* pipe_v,
                                                   fh::PipelineState<T::kStages>& st) {
   const int kv_head = w.head / p.group;
-  auto load_k = [&](int j) {
+  auto load_kv = [&](int j) {
+    const int n0 = j * T::kBlockN;
     pipe_k->producer_acquire(st);
     pipe_k->producer_expect(st, T::kKvTileBytes);
     tma_tile<T::kAtomCols>(smem + T::kOffK + st.stage * T::kKvTileBytes, T::kKvAtomBytes, m.k,
-                           pipe_k->full_barrier(st), p.head_inner & 2, w.row_k + j * T::kBlockN,
-                           kv_head, w.map_batch);
-  };
-  auto load_v = [&](int j) {  // K_j's stage, then the next one
+                           pipe_k->full_barrier(st), p.head_inner & 2, w.row_k + n0, kv_head,
+                           w.map_batch);
     pipe_v->producer_acquire(st);
     pipe_v->producer_expect(st, T::kKvTileBytes);
     tma_tile<T::kAtomCols>(smem + T::kOffV + st.stage * T::kKvTileBytes, T::kKvAtomBytes, m.v,
-                           pipe_v->full_barrier(st), p.head_inner & 4, w.row_k + j * T::kBlockN,
-                           kv_head, w.map_batch);
+                           pipe_v->full_barrier(st), p.head_inner & 4, w.row_k + n0, kv_head,
+                           w.map_batch);
     st.advance();
-  };
-  auto load_kv = [&](int j) {
-    load_k(j);
-    load_v(j);
   };
   if (w.n_count > 0) load_kv(0);
   // Q even when no key is seen (n_count = 0): the consumers stage that tile's O over it too.
