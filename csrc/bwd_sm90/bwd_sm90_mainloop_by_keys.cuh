@@ -102,11 +102,13 @@ __device__ __forceinline__ void stage_dkv_rows(uint8_t* stage, const float (&acc
 
 // The step's dQ^T of warpgroup w (queries 64 w .. of the step, workspace tile m_block x
 // kStepTiles + w) out: into its buffer for its dQ warp's bulk reduce (kDqSmem), or added into
-// dQaccum from registers (skipped for a padding tile: its dS^T columns are 0).
-template <class T, bool kDqSmem>
+// dQaccum from registers (skipped for a padding tile: its dS^T columns are 0). Deterministic:
+// this warpgroup's tile is phase wg, added in its turn (turn warp wg).
+template <class T, bool kDqSmem, bool kDet>
 __device__ __forceinline__ void dq_tile_out(const BwdSm90Params& p, const BwdSm90Work& w, uint8_t* smem,
                                             int it, int head, int m_block, int wg, int t,
                                             const float (&dq)[32]) {
+  if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + wg, T::kTurnThreads);
   if constexpr (kDqSmem) {
     if (it > 0) fh::named_bar_sync(T::kBarDqFree0 + wg, T::kDqThreads);
     store_dq_partial(smem + T::kOffDqBuf + wg * T::kDqBufBytes, t, dq);
@@ -116,6 +118,7 @@ __device__ __forceinline__ void dq_tile_out(const BwdSm90Params& p, const BwdSm9
     add_dq_partial<T::kHeadDim>(p, dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles + wg), 0, t,
                                 dq);
   }
+  if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + wg, T::kTurnThreads);
 }
 
 template <class T, bool kDet>
@@ -274,11 +277,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
     if constexpr (T::kDqBeforeDk) {
       fh::wgmma_wait<1>();  // dQ^T; dK may still run
       fh::wgmma_fence_operand(dq);
-      // The adds as in the other order below (as one lambda for both, the production kernel's
-      // SASS changed).
-      if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + wg, T::kTurnThreads);
-      dq_tile_out<T, kDqSmem>(p, w, smem, it, head, m_block, wg, t, dq);
-      if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + wg, T::kTurnThreads);
+      dq_tile_out<T, kDqSmem, kDet>(p, w, smem, it, head, m_block, wg, t, dq);
       fh::wgmma_wait<0>();  // dK, whose A fragments (da) stay live until here
 #pragma unroll
       for (int c = 0; c < kK; ++c) {
@@ -296,10 +295,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
       }
       fh::wgmma_wait<0>();
       fh::wgmma_fence_operand(dq);
-      // Deterministic: this warpgroup's tile is phase wg; wait for its turn (turn warp wg).
-      if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + wg, T::kTurnThreads);
-      dq_tile_out<T, kDqSmem>(p, w, smem, it, head, m_block, wg, t, dq);
-      if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + wg, T::kTurnThreads);
+      dq_tile_out<T, kDqSmem, kDet>(p, w, smem, it, head, m_block, wg, t, dq);
     }
     sq.advance();
     sd.advance();
