@@ -10,10 +10,10 @@
 # library's experimental switches).
 # Environment: OUT (default ./logs), ITERS (default 50), REPEATS (default 2),
 # TESTS=0 to skip the tests, TEST_ARGS (pytest selection, default "-k 256"), BENCH_ARGS (e.g.
-# "--directions fwd --headdims 64,128").
-# PACK=1: at the end, the per-build folders and logs go into one $OUT/runs.tgz (compare.json
-# keeps every build's results), for a copy of $OUT that should hold few files. The table keys rows by head dim, dtype, direction, mask
-# and seqlen and ends with the change of ours / SDPA flash from the first build to the last.
+# "--directions fwd --headdims 64,128"), PACK=1 (at the end, the per-build folders and logs go
+# into one $OUT/runs.tgz; compare.json keeps every build's results). The table keys rows by head
+# dim, dtype, direction, mask and seqlen and ends with the change of ours / SDPA flash from the
+# first build to the last.
 # Logs: $OUT/<n>-tests.log, $OUT/<n>/<result>.json, and all builds' results in $OUT/compare.json.
 # With the same build first and last (A B C A), a second table gives each build between against
 # the mean of the two A runs, with their spread (this run's noise). With builds named more than

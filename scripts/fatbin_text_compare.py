@@ -7,8 +7,9 @@ sm_90a cubins embedded in two libflashback.so files, byte for byte, without cuob
 For refactors that must not change a kernel. The cubins sit uncompressed in the library's
 `.nv_fatbin` section (read here with objcopy); each is an ELF file whose `.text.<name>` sections
 hold one function's SASS encoding. What nvcc derives from a file's path (hashes in
-internal-linkage names) is dropped from the names before they are matched. Prints "same N, differ M, only in A: X, only
-in B: Y" and each differing or unmatched function; exit status 1 if any.
+internal-linkage names) is dropped from the names before they are matched. Prints "same N,
+differ M, only in A: X, only in B: Y" and each differing or unmatched function; exit status 1
+if any.
 """
 import os
 import re

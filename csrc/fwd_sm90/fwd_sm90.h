@@ -44,7 +44,8 @@ struct FwdSm90Config {
   // O rescaled by block j's factor after S_{j+1} is issued and before P_j V_j, while the tensor
   // cores run S_{j+1}, instead of after the wait for P_j V_j (FA3's d = 192 loop does so in its
   // SASS: docs/perf-log.md, "The d = 192 forward loop beside FA3's"). Block 0's factor is 0 (O
-  // is still 0). Measured at d = 64 / 128 (mean -0.5%) and only on top of o_over_v at 192 / 256.
+  // is still 0). Measured at d = 64 / 128 (mean -0.5%); at 192 / 256 only together with a since
+  // removed option (O staged over the V stages).
   bool rescale_between = false;
 };
 
