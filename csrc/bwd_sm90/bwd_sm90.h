@@ -136,7 +136,14 @@ struct BwdSm90Config {
 // Three consumer warpgroups (512 threads, 128 registers each at entry, setmaxnreg 24 / 160) split
 // the keys of (1)-(4) in three and own one atom-column each at d = 192: 64 x 96, dV^T + dK^T
 // 2 x 48, S and dP 2 x 16, one dQ^T atom 32; shared memory in kBwdSm90Hdim192's comment.
-constexpr BwdSm90Config kBwdSm90Hdim64 = {64, 128, 128, 2, 2, 24, 240, false, 2, true};
+// d = 64: by keys, dQ^T before dK and through shared memory (dq_before_dk with dq_smem: the
+// step's dQ^T leaves by a bulk reduce while dK runs). Measured against dK first with the adds
+// from registers (H200, bf16, A B A B): +0.6 / +1.7 / +2.0% causal 4k / 8k / 16k, +1.3 / +2.0 /
+// +2.0% non-causal; dQ before dK with the adds from registers +0.3..+2.7%; dq_smem alone
+// (after dK) -1.3..-3.5% (docs/perf-log.md, "The d = 64 backward: dQ before dK, measured").
+// The deterministic mode keeps its ordered adds from registers.
+constexpr BwdSm90Config kBwdSm90Hdim64 = {64, 128, 128, 2, 2, 24, 240, true, 2, true, false, false,
+                                         false, false, false, false, false, true};
 constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, false, false, true};
 // d = 192: three consumer warpgroups of one atom-column each (64 x 96), dQ^T through shared
 // memory, one P^T / dS^T buffer (single_hand) for the room of a second Q stage: K, V 2 x 36 KB,
@@ -185,14 +192,6 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // 3.4-7.9% slower than kBwdSm90Hdim192 (docs/perf-log.md). Compiled by the candidates target
 // because it is the one config with unequal shares, whose second consumer instance
 // (bwd_sm90_launch.cuh) no table row instantiates now.
-// Candidate, written, NOT yet run: d = 64 with dQ^T before dK and the adds while dK runs
-// (dq_before_dk; docs/perf-log.md, "The d = 64 backward: dQ before dK").
-constexpr BwdSm90Config kBwdSm90Hdim64DqFirst = {64, 128, 128, 2, 2, 24, 240, false, 2, true, false, false,
-                                                false, false, false, false, false, true};
-// The same with dQ^T through shared memory and the dQ warps' bulk reduces (dq_smem), which is
-// FA3's d = 64 step as its SASS reads: dQ stored while dK runs.
-constexpr BwdSm90Config kBwdSm90Hdim64DqFirstSmem = {64, 128, 128, 2, 2, 24, 240, true, 2, true, false,
-                                                    false, false, false, false, false, false, true};
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.

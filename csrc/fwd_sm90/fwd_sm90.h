@@ -41,12 +41,6 @@ struct FwdSm90Config {
   // (H200, bf16): d = 256 +1.0..+3.2%, d = 192 -2.6..+9.1% (+1.4% mean), d = 128 -5.6..+0.7%,
   // d = 64 -1.3..-6.3%: on at d = 192 and 256 (docs/perf-log.md).
   bool pv_wait_below = false;
-  // O rescaled by block j's factor after S_{j+1} is issued and before P_j V_j, while the tensor
-  // cores run S_{j+1}, instead of after the wait for P_j V_j (FA3's d = 192 loop does so in its
-  // SASS: docs/perf-log.md, "The d = 192 forward loop beside FA3's"). Block 0's factor is 0 (O
-  // is still 0). Measured at d = 64 / 128 (mean -0.5%); at 192 / 256 only together with a since
-  // removed option (O staged over the V stages).
-  bool rescale_between = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -79,22 +73,15 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB; non-causal
 // -1.2..-1.8% against 128 keys (docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
-// Candidate, written, NOT yet run: d = 128 with ping-pong and pv_wait_below together, the order
-// FA3's d = 128 causal loop has in its SASS (turns between the warpgroups' GEMM issues, the wait
-// for P V after the row max and part of the exponentials); each alone measured slower here
-// (docs/perf-log.md, "The d = 128 forward loop beside FA3's, by SASS").
-constexpr FwdSm90Config kFwdSm90Hdim128PpPv = {128, 128, 2, 2, 24, 240, true, true, true};
-// Candidates, written, NOT yet run alone: rescale_between at d = 192 / 256 (docs/perf-log.md,
-// "The d = 192 forward loop beside FA3's").
-constexpr FwdSm90Config kFwdSm90Hdim192Rb = {192, 112, 2, 2, 24, 240, false, true, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim256Rb = {256, 80, 2, 2, 24, 240, false, true, true, true};
 // Measured slower and removed (docs/perf-log.md): a persistent CTA's tiles as one software
 // pipeline (cross_tile, d = 128: -6..+1% main sweep, -8..-17% short), ping-pong at d = 128 / 192
 // on the counter-fed tiles (-3.9..+0.3% / -3.3..+2.6%), O from registers without staging
 // (-2..-7% at d = 128-256), a tile's O staged over the V stages so that
 // the next Q loads during this tile's end (o_over_v, d = 192 / 256: -5..-10% causal), 1 / l and
 // log2 l by rcp.approx / lg2.approx (mean +0.2%, -3.8..+2.3%), d = 192 with 80-key blocks and two
-// Q stages (-7..-14%), d = 128 on three consumer warpgroups at 192 x 80 (-7.3 / -4.9 / +0.7% causal).
+// Q stages (-7..-14%), d = 128 on three consumer warpgroups at 192 x 80 (-7.3 / -4.9 / +0.7% causal),
+// d = 128 with ping-pong and pv_wait_below together (-0.0..-3.1%), O rescaled between the GEMM
+// issues (rescale_between, d = 64 / 128 mean -0.5%, d = 192 / 256 -1.4..+2.6%, noise).
 
 struct FwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k

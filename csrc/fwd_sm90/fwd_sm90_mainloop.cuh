@@ -65,7 +65,6 @@ struct FwdSm90Traits {
   // dynamic_tiles: the producer hands each tile id to the consumers through a 2-slot ring.
   static constexpr bool kDynamic = kCfg.dynamic_tiles;
   static constexpr bool kPvWaitBelow = kCfg.pv_wait_below;
-  static constexpr bool kRescaleBetween = kCfg.rescale_between;
   static constexpr uint32_t kOffTileIds = kOffPipeV + sizeof(fh::TmaPipeline<kStages>);
   static constexpr uint32_t kOffPipeTile = kOffTileIds + 16;
   static constexpr size_t kSmemBytes =
@@ -310,12 +309,6 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       next.advance();
       turn_begin();
       issue_s(s, next, q_w);
-      if constexpr (T::kRescaleBetween) {
-        // The fences keep the multiplies after the S issue and before the P V issue.
-        fh::wgmma_fence_operand(o);
-        rescale_o(alpha);
-        fh::wgmma_fence_operand(o);
-      }
       issue_pv(a, st);
       turn_end();
       fh::wgmma_wait<1>();  // S_{j+1}; P_j V_j may still run
@@ -327,11 +320,10 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       fh::wgmma_fence_operand(o);
       fence_frags(a);
       if (warp_leader) pipe_v->consumer_release(st);
-      if constexpr (!T::kRescaleBetween) rescale_o(alpha);
+      rescale_o(alpha);
       to_frags(s, a);
       st = next;
     }
-    if constexpr (T::kRescaleBetween) rescale_o(alpha);
     turn_begin();
     issue_pv(a, st);
     turn_end();
