@@ -192,6 +192,12 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // 3.4-7.9% slower than kBwdSm90Hdim192 (docs/perf-log.md). Compiled by the candidates target
 // because it is the one config with unequal shares, whose second consumer instance
 // (bwd_sm90_launch.cuh) no table row instantiates now.
+// Candidate: the deterministic d = 256 pair with ghost steps (the default config's own:
+// pair_ghost). Causal walks are not shifted in this mode, so an upper CTA's ghost steps are
+// still the first 1-2 of each q head's walk, and a ghost tile is one no higher unit sees (its
+// rank is 0: no wait for a turn). docs/perf-log.md, "Ghost steps in the deterministic pair".
+constexpr BwdSm90Config kBwdSm90Hdim256DetGhost = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true,
+                                                  false, true, false, true, true};
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
