@@ -162,14 +162,17 @@ constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 96, 2, 1, 24, 160, true, 3, 
 // pair_ghost on top +0..+2.6%; q_atom_barriers (with adds_before_wait) +2.7..+5.3% (docs/perf-log.md).
 constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true};
 // The deterministic mode's config per head dim (the two configs of a head dim share block_m
-// and block_n: the workspace and can_implement read the default's). d = 256: the pair without
-// ghost steps; against the single-CTA config in this mode +3.5 / +5.3 / +7.9% causal,
-// +5.0 / +5.5 / +5.8% non-causal; q_atom_barriers (with adds_before_wait) +1.5..+3.9%
-// (docs/perf-log.md).
+// and block_n: the workspace and can_implement read the default's). Every head dim runs its
+// default config in this mode too. d = 256, the pair: against the single-CTA config in this
+// mode +3.5 / +5.3 / +7.9% causal, +5.0 / +5.5 / +5.8% non-causal; q_atom_barriers (with
+// adds_before_wait) +1.5..+3.9%; pair_ghost +1.6 / +0.9 / +0.3% causal, +0.4 / +0.9 / +1.3%
+// non-causal. Causal walks are not shifted in this mode, so an upper CTA's ghost steps are still
+// the first of each q head's walk, on tiles no higher unit sees (rank 0: no turn to wait for)
+// (docs/perf-log.md, "Ghost steps in the deterministic pair").
 static constexpr const BwdSm90Config& kBwdSm90Hdim64Det = kBwdSm90Hdim64;
 static constexpr const BwdSm90Config& kBwdSm90Hdim128Det = kBwdSm90Hdim128;
 static constexpr const BwdSm90Config& kBwdSm90Hdim192Det = kBwdSm90Hdim192;
-constexpr BwdSm90Config kBwdSm90Hdim256Det = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, false, false, true, true};
+static constexpr const BwdSm90Config& kBwdSm90Hdim256Det = kBwdSm90Hdim256;
 // The single-CTA config of a head dim whose configs are pairs: it runs both modes where the
 // pair does not pay (short walks: fewer than kBwdSm90PairMinRows query rows per CTA, measured
 // 1.7-12% faster than the pair at seqlen 512-2048) or cannot run (no 2-CTA cluster fits, or
@@ -192,12 +195,6 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // 3.4-7.9% slower than kBwdSm90Hdim192 (docs/perf-log.md). Compiled by the candidates target
 // because it is the one config with unequal shares, whose second consumer instance
 // (bwd_sm90_launch.cuh) no table row instantiates now.
-// Candidate: the deterministic d = 256 pair with ghost steps (the default config's own:
-// pair_ghost). Causal walks are not shifted in this mode, so an upper CTA's ghost steps are
-// still the first 1-2 of each q head's walk, and a ghost tile is one no higher unit sees (its
-// rank is 0: no wait for a turn). docs/perf-log.md, "Ghost steps in the deterministic pair".
-constexpr BwdSm90Config kBwdSm90Hdim256DetGhost = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true,
-                                                  false, true, false, true, true};
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
