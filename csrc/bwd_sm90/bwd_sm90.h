@@ -107,6 +107,12 @@ struct BwdSm90Config {
   // dQ stores overlapping dK; ours issue 8 global reductions per thread with the tensor cores
   // idle, and ncu put 11% of the stall samples on the next step's wait for them).
   bool dq_before_dk = false;
+  // By keys: (5) dV issued after (4) dS^T is computed, instead of between (2) and (4). dV reads
+  // every P^T fragment, so where it sits between them the 64 exponentials of (2) must all issue
+  // before it and the subtractions and multiplies of (4) after it: MUFU alone, then FMA-pipe
+  // work alone. With dV after (4), ptxas may interleave the two (FA3's d = 64 step in its SASS:
+  // the exponentials mixed with the dS arithmetic, the dP wait among them, dV after).
+  bool dv_after_ds = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -195,6 +201,10 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // 3.4-7.9% slower than kBwdSm90Hdim192 (docs/perf-log.md). Compiled by the candidates target
 // because it is the one config with unequal shares, whose second consumer instance
 // (bwd_sm90_launch.cuh) no table row instantiates now.
+// Candidate, written, NOT yet run: the d = 64 row with dV issued after dS^T (dv_after_ds;
+// docs/perf-log.md, "The d = 64 backward: dV after dS").
+constexpr BwdSm90Config kBwdSm90Hdim64DvLate = {64, 128, 128, 2, 2, 24, 240, true, 2, true, false, false,
+                                               false, false, false, false, false, true, true};
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.

@@ -120,6 +120,8 @@ struct BwdSm90Traits {
   static constexpr bool kSingleHand = kCfg.single_hand;
   static constexpr bool kDqBeforeDk = kCfg.dq_before_dk;
   static_assert(!kDqBeforeDk || kByKeys, "dq_before_dk: for the split by keys");
+  static constexpr bool kDvAfterDs = kCfg.dv_after_ds;
+  static_assert(!kDvAfterDs || kByKeys, "dv_after_ds: for the split by keys");
   static constexpr uint32_t kHandBufs = kSingleHand ? 1 : 2;
   static constexpr uint32_t kOffDs = kOffP + (kByKeys ? 0 : kHandBufs * kHandBytes);
   // dQ through shared memory (kCfg.dq_smem, default mode): one 64 x 64 fp32 buffer per consumer

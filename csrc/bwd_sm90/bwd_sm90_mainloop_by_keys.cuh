@@ -217,16 +217,18 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
         }
       }
     }
-    // (5) dV_w += P^T dO_i at once: it runs while dS^T is computed.
+    // (5) dV_w += P^T dO_i at once: it runs while dS^T is computed (dv_after_ds: once dS^T is).
     uint32_t pa[kK][4];
 #pragma unroll
     for (int c = 0; c < kK; ++c) fh::acc_to_a_frag<T::kElem>(s, c, pa[c]);
-    fh::wgmma_fence();
-    gemm_rs_dkv<T>(acc_dv, pa, do_s);
-    fh::wgmma_commit();
+    if constexpr (!T::kDvAfterDs) {
+      fh::wgmma_fence();
+      gemm_rs_dkv<T>(acc_dv, pa, do_s);
+      fh::wgmma_commit();
+    }
 
     // (4) dS^T = P^T * (dP^T - D)
-    fh::wgmma_wait<1>();  // dP^T (dV may still run)
+    fh::wgmma_wait<T::kDvAfterDs ? 0 : 1>();  // dP^T (dV may still run)
     fh::wgmma_fence_operand(dp);
 #pragma unroll
     for (int j = 0; j < T::kBlockM / 8; ++j) {
@@ -239,6 +241,11 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
     uint32_t da[kK][4];
 #pragma unroll
     for (int c = 0; c < kK; ++c) fh::acc_to_a_frag<T::kElem>(dp, c, da[c]);
+    if constexpr (T::kDvAfterDs) {  // the same group order as above: dV first
+      fh::wgmma_fence();
+      gemm_rs_dkv<T>(acc_dv, pa, do_s);
+      fh::wgmma_commit();
+    }
     // dS^T to shared memory for (7), then (6) dK_w += dS^T Q_i: the stores read the fragments
     // before the RS wgmma does (touching an in-flight wgmma's A registers is undefined in PTX).
     store_ds_t<T>(ds_t, da, wg, t);
