@@ -45,7 +45,8 @@ struct BwdSm90Config {
   // by a producer-warpgroup warp, instead of global reductions from the MMA warpgroups. Needs
   // each warpgroup to own one atom-column (d = 128) and 32 KB of room; measured +1-5% at d = 128,
   // 6-11% slower at d = 192 with two warpgroups and 1-3.5% slower at d = 64 (by keys, twice);
-  // d = 192 takes it with three warpgroups and single_hand (docs/perf-log.md).
+  // d = 192 takes it with three warpgroups and single_hand, d = 64 with dq_before_dk
+  // (docs/perf-log.md).
   bool dq_smem;
   int consumer_wgs;   // MMA warpgroups (2 or 3) splitting the work by data
   // How (5)-(7) are split (below): false, by head-dim atom-columns; true, by keys (d = 64:
