@@ -121,33 +121,33 @@ __device__ __forceinline__ void dq_tile_out(const BwdSm90Params& p, const BwdSm9
   if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + wg, T::kTurnThreads);
 }
 
-// dv_after_ds: (2) P^T and (4) dS^T = P^T * (dP^T - D) of one step, the wait for dP^T between
-// them, in one function body per mask case (the step's branch), so that the exponentials and
-// the dS arithmetic are one basic block. Rows of s / dp are keys key_lo, key_lo + 8; columns
-// queries q0 + 8 j + {0, 1}.
+// (2) P^T of one step (rows are keys key_lo, key_lo + 8; columns queries q0 + 8 j + {0, 1}):
+// keys past seqlen_k and (causal) after a query's diagonal give 0 (kMasked); query columns past
+// seqlen_q have LSE = +inf (workspace padding).
 template <class T, bool kMasked, int kS>
-__device__ __forceinline__ void p_t_and_ds_t(const BwdSm90Params& p, float (&s)[kS], float (&dp)[kS],
-                                             const float2* lse2, const float2* dsum2, int key_lo,
-                                             int q0, int seqlen_k, int diag) {
+__device__ __forceinline__ void p_t_exps(const BwdSm90Params& p, float (&s)[kS], const float2* lse2,
+                                         int key_lo, int q0, int seqlen_k, int diag) {
 #pragma unroll
   for (int j = 0; j < T::kBlockM / 8; ++j) {
     const float2 l = lse2[4 * j];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = 4 * j + e;
-      const float lse = (e & 1) ? l.y : l.x;
       if constexpr (kMasked) {
         const int key = key_lo + 8 * (e >> 1);
         const int query = q0 + 8 * j + (e & 1);
         const bool masked = key >= seqlen_k || (p.causal && key > query + diag);
-        s[r] = masked ? 0.f : fh::exp2_approx(s[r] * p.scale_log2 - lse);
+        s[r] = masked ? 0.f : fh::exp2_approx(s[r] * p.scale_log2 - ((e & 1) ? l.y : l.x));
       } else {
-        s[r] = fh::exp2_approx(s[r] * p.scale_log2 - lse);
+        s[r] = fh::exp2_approx(s[r] * p.scale_log2 - ((e & 1) ? l.y : l.x));
       }
     }
   }
-  fh::wgmma_wait<0>();  // dP^T
-  fh::wgmma_fence_operand(dp);
+}
+
+// (4) dS^T = P^T * (dP^T - D), into dp.
+template <class T, int kS>
+__device__ __forceinline__ void ds_t_values(const float (&s)[kS], float (&dp)[kS], const float2* dsum2) {
 #pragma unroll
   for (int j = 0; j < T::kBlockM / 8; ++j) {
     const float2 dd = dsum2[4 * j];
@@ -156,6 +156,19 @@ __device__ __forceinline__ void p_t_and_ds_t(const BwdSm90Params& p, float (&s)[
       dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? dd.y : dd.x));
     }
   }
+}
+
+// dv_after_ds: (2), the wait for dP^T and (4) in one function body per mask case (the step's
+// branch), so that the exponentials and the dS arithmetic are one basic block, which ptxas may
+// interleave (it moves no instruction across the branch's join).
+template <class T, bool kMasked, int kS>
+__device__ __forceinline__ void p_t_and_ds_t(const BwdSm90Params& p, float (&s)[kS], float (&dp)[kS],
+                                             const float2* lse2, const float2* dsum2, int key_lo,
+                                             int q0, int seqlen_k, int diag) {
+  p_t_exps<T, kMasked>(p, s, lse2, key_lo, q0, seqlen_k, diag);
+  fh::wgmma_wait<0>();  // dP^T
+  fh::wgmma_fence_operand(dp);
+  ds_t_values<T>(s, dp, dsum2);
 }
 
 template <class T, bool kDet>
@@ -225,42 +238,21 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
     gemm_kv_by_q<T>(dp, v_w, do_s);
     fh::wgmma_commit();
 
-    // (2) P^T (rows are keys, columns queries): keys past seqlen_k and (causal) after a query's
-    // diagonal give 0; query columns past seqlen_q have LSE = +inf (workspace padding).
+    // (2) P^T (p_t_exps), only steps that cross the diagonal or seqlen_k test the mask.
     fh::wgmma_wait<1>();
     fh::wgmma_fence_operand(s);
     const bool need_mask =
         n0 + T::kBlockN > seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag);
     if constexpr (T::kDvAfterDs) {
-      // (2) and (4) in each branch: one basic block each, which ptxas may interleave (it moves
-      // no instruction across the branches' join).
       if (need_mask) {
         p_t_and_ds_t<T, true>(p, s, dp, lse2, dsum2, key_lo, m0 + col0, seqlen_k, diag);
       } else {
         p_t_and_ds_t<T, false>(p, s, dp, lse2, dsum2, key_lo, m0 + col0, seqlen_k, diag);
       }
     } else if (need_mask) {
-#pragma unroll
-      for (int j = 0; j < T::kBlockM / 8; ++j) {
-        const float2 l = lse2[4 * j];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = 4 * j + e;
-          const int key = key_lo + 8 * (e >> 1);
-          const int query = m0 + col0 + 8 * j + (e & 1);
-          const bool masked = key >= seqlen_k || (p.causal && key > query + diag);
-          s[r] = masked ? 0.f : fh::exp2_approx(s[r] * p.scale_log2 - ((e & 1) ? l.y : l.x));
-        }
-      }
+      p_t_exps<T, true>(p, s, lse2, key_lo, m0 + col0, seqlen_k, diag);
     } else {
-#pragma unroll
-      for (int j = 0; j < T::kBlockM / 8; ++j) {
-        const float2 l = lse2[4 * j];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[4 * j + e] = fh::exp2_approx(s[4 * j + e] * p.scale_log2 - ((e & 1) ? l.y : l.x));
-        }
-      }
+      p_t_exps<T, false>(p, s, lse2, key_lo, m0 + col0, seqlen_k, diag);
     }
     // (5) dV_w += P^T dO_i at once: it runs while dS^T is computed (dv_after_ds: after it).
     uint32_t pa[kK][4];
@@ -274,14 +266,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
       // (4) dS^T = P^T * (dP^T - D)
       fh::wgmma_wait<1>();  // dP^T (dV may still run)
       fh::wgmma_fence_operand(dp);
-#pragma unroll
-      for (int j = 0; j < T::kBlockM / 8; ++j) {
-        const float2 dd = dsum2[4 * j];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? dd.y : dd.x));
-        }
-      }
+      ds_t_values<T>(s, dp, dsum2);
     }
     uint32_t da[kK][4];
 #pragma unroll
