@@ -8,7 +8,8 @@
 #
 # An argument VAR=value[,VAR2=value]:LIB runs LIB with those environment variables set (the
 # library's experimental switches).
-# Environment: OUT (default ./logs), ITERS (default 50), REPEATS (default 2),
+# Environment: OUT (default ./logs), ITERS (default 50), REPEATS (default 2), IMPL (the
+# benchmark implementation compared, default flashback; flashback_det for the deterministic mode),
 # TESTS=0 to skip the tests, TEST_ARGS (pytest selection, default "-k 256"), BENCH_ARGS (e.g.
 # "--directions fwd --headdims 64,128"), PACK=1 (at the end, the per-build folders and logs go
 # into one $OUT/runs.tgz; compare.json keeps every build's results). The table keys rows by head
@@ -21,6 +22,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+IMPL=${IMPL:-flashback}
 OUT_DIR=${OUT:-$PWD/logs}
 mkdir -p "$OUT_DIR"
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -37,13 +39,14 @@ for arg in "$@"; do
       -p no:cacheprovider > "$OUT_DIR/$n-tests.log" 2>&1
     tail -n 1 "$OUT_DIR/$n-tests.log"
   fi
-  env "${envs[@]}" FLASHBACK_LIBRARY="$lib" timeout -k 10 300 $PY benchmarks/bench_attention.py --impls flashback,sdpa_flash \
+  env "${envs[@]}" FLASHBACK_LIBRARY="$lib" timeout -k 10 300 $PY benchmarks/bench_attention.py --impls "$IMPL",sdpa_flash \
     --iters "${ITERS:-50}" --repeats "${REPEATS:-2}" --out "$OUT_DIR/$n" ${BENCH_ARGS:-} > "$OUT_DIR/$n-bench.log" 2>&1 \
     || echo "benchmark of [$n] failed: see $OUT_DIR/$n-bench.log"
 done
-$PY - "$OUT_DIR" "$@" <<'PYEOF'
+IMPL=$IMPL $PY - "$OUT_DIR" "$@" <<'PYEOF'
 import glob, json, os, statistics, sys
 out, libs = sys.argv[1], sys.argv[2:]
+impl = os.environ.get("IMPL") or "flashback"  # the benchmark's implementation compared
 rows = {}
 merged = {"builds": libs, "runs": []}
 for n, lib in enumerate(libs, 1):
@@ -58,7 +61,7 @@ for n, lib in enumerate(libs, 1):
 # Every build's result file in one, so that a copy of $OUT/compare.json alone keeps the A/B.
 with open(os.path.join(out, "compare.json"), "w") as f:
     json.dump(merged, f, indent=1)
-print("flashback TFLOP/s (ours/sdpa_flash) per build: " + "  ".join(f"[{n}] {l}" for n, l in enumerate(libs, 1))
+print(f"{impl} TFLOP/s (ours/sdpa_flash) per build: " + "  ".join(f"[{n}] {l}" for n, l in enumerate(libs, 1))
       + ("  | last/first ratio change" if len(libs) > 1 else ""))
 order = {"bwd": 0, "fwd": 1, "train": 2}
 bracketed = len(libs) > 2 and libs[0] == libs[-1]
@@ -66,7 +69,7 @@ bracket = []
 for key in sorted(rows, key=lambda k: (k[0], k[1], order.get(k[2], 3), not k[3], k[4])):
     cells, ratios = [], []
     for n in range(1, len(libs) + 1):
-        ours, yard = rows[key].get((n, "flashback")), rows[key].get((n, "sdpa_flash"))
+        ours, yard = rows[key].get((n, impl)), rows[key].get((n, "sdpa_flash"))
         cells.append(f"{ours:6.1f} ({ours / yard:.3f})" if ours and yard else "     -")
         ratios.append(ours / yard if ours and yard else None)
     change = (f"  | {ratios[-1] / ratios[0] - 1:+.1%}"
@@ -74,7 +77,7 @@ for key in sorted(rows, key=lambda k: (k[0], k[1], order.get(k[2], 3), not k[3],
     print(f"d{key[0]:<4} {key[1]:5} {key[2]:5} {'causal' if key[3] else 'full  '} {key[4]:6}  "
           + "  ".join(cells) + change)
     if bracketed:
-        ours = [rows[key].get((n, "flashback")) for n in range(1, len(libs) + 1)]
+        ours = [rows[key].get((n, impl)) for n in range(1, len(libs) + 1)]
         if all(ours):
             base = (ours[0] + ours[-1]) / 2
             bracket.append(f"d{key[0]:<4} {key[1]:5} {key[2]:5} {'causal' if key[3] else 'full  '} {key[4]:6}  "
@@ -83,7 +86,7 @@ for key in sorted(rows, key=lambda k: (k[0], k[1], order.get(k[2], 3), not k[3],
 if bracket:
     # The same build first and last: each build between against the mean of the two (TFLOP/s),
     # and how far the two bracketing runs of one build are apart (the noise of this run).
-    print("flashback TFLOP/s against the mean of the first and last run (same build): "
+    print(f"{impl} TFLOP/s against the mean of the first and last run (same build): "
           + "  ".join(f"[{n}]" for n in range(2, len(libs))))
     print("\n".join(bracket))
 # A build named more than once (A B A B, for runs where the card's clock drifts): each distinct
@@ -92,10 +95,10 @@ if bracket:
 distinct = list(dict.fromkeys(libs))
 if len(distinct) < len(libs) and len(distinct) > 1:
     runs_of = {lib: [n for n, l in enumerate(libs, 1) if l == lib] for lib in distinct}
-    print("flashback TFLOP/s, mean of each build's runs against the first build's: "
+    print(f"{impl} TFLOP/s, mean of each build's runs against the first build's: "
           + "  ".join(f"{lib} x{len(runs_of[lib])}" for lib in distinct[1:]) + "  | spread per build")
     for key in sorted(rows, key=lambda k: (k[0], k[1], order.get(k[2], 3), not k[3], k[4])):
-        vals = {lib: [rows[key].get((n, "flashback")) for n in runs_of[lib]] for lib in distinct}
+        vals = {lib: [rows[key].get((n, impl)) for n in runs_of[lib]] for lib in distinct}
         if not all(all(v) for v in vals.values()):
             continue
         mean = {lib: sum(v) / len(v) for lib, v in vals.items()}

@@ -53,3 +53,20 @@ def test_distinct_builds_give_no_mean_table(tmp_path):
     out = run_summary(tmp_path, ["a.so", "b.so"], [(100, 50), (110, 50)])
     assert "mean of each build" not in out
     assert "+10.0%" in out  # last / first ratio change
+
+
+def test_impl_selects_the_compared_implementation(tmp_path):
+    """IMPL=flashback_det compares the deterministic mode's rows, not the default's."""
+    script = tmp_path / "summary.py"
+    script.write_text(summary_script())
+    for n, (ours, det) in enumerate([(100, 80), (100, 88)], 1):
+        os.makedirs(tmp_path / str(n))
+        rows = [{"impl": impl, "direction": "bwd", "causal": True, "batch": 4, "seqlen": 4096, "nheads": 8,
+                 "headdim": 256, "dtype": "bf16", "tflops": [v, v, v]}
+                for impl, v in (("flashback", ours), ("flashback_det", det), ("sdpa_flash", 50))]
+        json.dump({"results": rows}, open(tmp_path / str(n) / "r.json", "w"))
+    res = subprocess.run([sys.executable, str(script), str(tmp_path), "a.so", "b.so"], capture_output=True,
+                         text=True, env={**os.environ, "IMPL": "flashback_det"})
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("flashback_det TFLOP/s"), res.stdout
+    assert "+10.0%" in res.stdout, res.stdout  # 80 -> 88; the default rows are equal
