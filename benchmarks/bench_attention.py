@@ -68,8 +68,7 @@ def shapes_for(seqlens):
 IMPLS = ("flashback", "flashback_det", "sdpa_flash", "cudnn", "sdpa_efficient", "fa3")
 # The default run leaves out SDPA's memory-efficient backend: at ~40 TFLOP/s it alone would take
 # most of the sweep's time, and its numbers are in docs/perf-log.md. "--impls all" adds it,
-# and flashback_det (deterministic=True; on the reference kernels until the deterministic Hopper
-# backward is validated).
+# and flashback_det (deterministic=True: the Hopper backward with its dQ adds in a fixed order).
 DEFAULT_IMPLS = ("flashback", "sdpa_flash", "cudnn", "fa3")
 BWD_CALL = "flashback_bwd_call"  # extra rows of impl "flashback": the raw attention_backward call
 YARDSTICK = "sdpa_flash"

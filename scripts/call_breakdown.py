@@ -58,7 +58,7 @@ def main():
     ap.add_argument("--seqlen", type=int, default=4096)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--forward", action="store_true", help="the forward call (default: backward)")
-    ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--deterministic", action="store_true", help="flashback's deterministic backward")
     ap.add_argument("--impl", choices=("flashback", "fa3"), default="flashback")
     ap.add_argument("--calls", type=int, default=10)
     a = ap.parse_args()
@@ -71,6 +71,8 @@ def main():
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(b, s, h, d, generator=g, device="cuda").to(torch.bfloat16) for _ in range(4))
     if a.impl == "fa3":
+        if a.deterministic:
+            sys.exit("--deterministic: flashback's mode only (FA3's deterministic backward is not wired here)")
         import flash_attn_interface as fa3
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
 

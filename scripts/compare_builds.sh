@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: GPU tests (head dim 256 unless TEST_ARGS says otherwise) and a short
-# benchmark for each of several builds of the library, in one run, then one table of flashback's TFLOP/s per build (same
+# benchmark for each of several builds of the library, in one run, then one table of TFLOP/s per build ($IMPL's: same
 # process order for all, SDPA flash as the yardstick in every run). Builds nothing.
 #
 #   scripts/compare_builds.sh build/libflashback.so build-exp/libflashback.so

@@ -43,7 +43,8 @@ struct BwdSm90Config {
   int consumer_regs;  // setmaxnreg of the MMA (consumer) warpgroups
   // Default mode: dQ^T partials leave through shared memory and one bulk reduce per step, issued
   // by a producer-warpgroup warp, instead of global reductions from the MMA warpgroups. Needs
-  // each warpgroup to own one atom-column (d = 128) and 32 KB of room; measured +1-5% at d = 128,
+  // each warpgroup to own one atom-column (split by head dim) or its step's 64 queries (by keys),
+  // and 16 KB of room per warpgroup; measured +1-5% at d = 128,
   // 6-11% slower at d = 192 with two warpgroups and 1-3.5% slower at d = 64 (by keys, twice);
   // d = 192 takes it with three warpgroups and single_hand, d = 64 with dq_before_dk
   // (docs/perf-log.md).
@@ -127,7 +128,8 @@ struct BwdSm90Config {
 //           steps, dQ^T goes to dQaccum).
 // (By keys, d = 64, the split is different: bwd_sm90_mainloop_by_keys.cuh; 128 x 128 steps,
 // registers dV + dK 2 x 32, S^T + dP^T 2 x 64, P^T fragments 32: 224; shared memory K, V 16 KB
-// each, Q and dO 2 x 16 KB each, dS^T 2 x 32 KB, LSE / D rows 4 x 512 B: 162 KB.)
+// each, Q and dO 2 x 16 KB each, dS^T 2 x 32 KB, dQ^T buffers (dq_smem) 2 x 16 KB, LSE / D
+// rows 4 x 512 B: 194 KB.)
 // With W = 2, registers per consumer thread of warpgroup 0 (the larger share), own = ceil(d / 128):
 // dV^T + dK^T 2 x own x block_n / 2, S and dP 2 x block_n / 4 (dead before dQ starts), one dQ^T
 // atom 32 in flight. Shared memory: K, V block_n x 2d bytes each, Q and dO 64 x 2d bytes per

@@ -550,7 +550,7 @@ __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const
 }
 
 // --------------------------------------------------------------------------- dQ warps ---
-// Default mode where the config says dq_smem (d = 128): warp 1 + w of the producer warpgroup
+// Default mode where the config says dq_smem (d = 64, 128, 192): warp 1 + w of the producer warpgroup
 // adds consumer warpgroup w's dQ^T partial of every step into dQaccum with one 16 KB bulk
 // reduce, so the MMA warpgroups issue 8 shared stores per thread instead of 8 global reductions.
 // Per step: wait until the partial is in the buffer (kBarDqFull0 + w), issue the reduce, wait

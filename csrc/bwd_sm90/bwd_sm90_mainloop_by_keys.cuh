@@ -14,7 +14,9 @@
 // shared memory ([key][query], block_m / 64 atom-columns of block_n rows). With W = 2 the
 // warpgroups do the same work (S^T, dP^T, dV, dK, dQ^T: 8 m64n64k16-equivalents each per 64
 // queries) and each wgmma has N >= 64 with at most one operand re-read per warpgroup.
-// Warpgroup w adds its dQ^T into workspace tile step_tiles * m_block + w.
+// Warpgroup w's dQ^T goes to workspace tile step_tiles * m_block + w (dq_tile_out: through its
+// buffer and dQ warp w's bulk reduce with dq_smem, else, and in the deterministic mode, added from
+// registers).
 #pragma once
 
 #include "bwd_sm90/bwd_sm90_mainloop.cuh"
