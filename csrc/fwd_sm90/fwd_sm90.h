@@ -41,6 +41,14 @@ struct FwdSm90Config {
   // (H200, bf16): d = 256 +1.0..+3.2%, d = 192 -2.6..+9.1% (+1.4% mean), d = 128 -5.6..+0.7%,
   // d = 64 -1.3..-6.3%: on at d = 192 and 256 (docs/perf-log.md).
   bool pv_wait_below = false;
+  // One Q stage (d >= 192): the tile's O staged over the V stages instead of its Q stage, so Q is
+  // freed once the tile's last S has been waited for and the next tile's Q (and K_0) load during
+  // this tile's last P V and epilogue; the producer holds the next tile's V_0 until the O has
+  // left (an "O free" barrier per tile). A persistent grid (tiles from the counter when causal)
+  // then starts no tile with a bare Q load. Measured on the main sweep (4k-16k) at d = 192 / 256:
+  // -5..-10% causal (the counter-fed grid at long causal rows), within +-2.5% non-causal; back as
+  // a candidate for short sequences, where a tile's ends weigh most (docs/perf-log.md).
+  bool o_over_v = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -73,6 +81,10 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB; non-causal
 // -1.2..-1.8% against 128 keys (docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
+// Candidates, written, NOT yet run at short sequences: o_over_v at d = 192 / 256
+// (docs/perf-log.md, "The forward's O over the V stages at short sequences").
+constexpr FwdSm90Config kFwdSm90Hdim192Ov = {192, 112, 2, 2, 24, 240, false, true, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim256Ov = {256, 80, 2, 2, 24, 240, false, true, true, true};
 // Measured slower and removed (docs/perf-log.md): a persistent CTA's tiles as one software
 // pipeline (cross_tile, d = 128: -6..+1% main sweep, -8..-17% short), ping-pong at d = 128 / 192
 // on the counter-fed tiles (-3.9..+0.3% / -3.3..+2.6%), O from registers without staging

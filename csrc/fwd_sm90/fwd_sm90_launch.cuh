@@ -124,6 +124,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       // full[s]: the producer's arrive after it wrote the id; empty[s]: one per consumer warp
       reinterpret_cast<fh::TmaPipeline<2>*>(smem + T::kOffPipeTile)->init(T::kConsumerWarps);
     }
+    if constexpr (T::kOOverV) {
+      // empty: one arrival per consumer warp after its O rows left the V stages
+      reinterpret_cast<fh::TmaPipeline<1>*>(smem + T::kOffPipeO)->init(T::kConsumerWarps);
+    }
   }
   __syncthreads();
   if constexpr (T::kDynamic) {
@@ -203,7 +207,9 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
     // The counter: 4 bytes from the stream-ordered allocator, zeroed, freed after the kernel
     // (all in stream order, so concurrent streams never share one and graph capture records
     // them as nodes). Without a stream-ordered pool the static stride below runs instead.
-    if (fwd_sm90_dynamic(p)) {
+    // o_over_v: the next tile's Q no longer waits for this one's O, so the counter (and the
+    // persistent grid) may pay at every length, as with two Q stages.
+    if (fwd_sm90_dynamic(p) || (T::kOOverV && p.causal)) {
       if (cudaMallocAsync(reinterpret_cast<void**>(&kp.tile_counter), sizeof(int), stream) ==
           cudaSuccess) {
         err = cudaMemsetAsync(kp.tile_counter, 0, sizeof(int), stream);
@@ -219,7 +225,8 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
       kp.tile_counter = nullptr;
     }
   }
-  const int grid = fwd_sm90_persistent(p) ? std::min(kp.num_tiles, fwd_sm90_sm_count()) : kp.num_tiles;
+  const int grid = fwd_sm90_persistent(p) || (T::kOOverV && p.causal)
+                       ? std::min(kp.num_tiles, fwd_sm90_sm_count()) : kp.num_tiles;
   kernel<<<dim3(grid), T::kThreads, T::kSmemBytes, stream>>>(map_q, map_k, map_v, kp);
   return cudaGetLastError();
 }

@@ -12,6 +12,7 @@
 // Shared memory (128B-swizzled, 1024-aligned, all written by TMA; d/64 atom-columns each):
 //   Q            kQStages x block_m rows x 128 B per atom-column (warpgroup w: rows 64w..,
 //                +8 KB); a tile's O is staged over its Q stage, which the epilogue then frees
+//                (o_over_v: over the V stages, and Q is freed after the tile's last S)
 //   K_j, V_j     kv_stages x block_n rows x 128 B per atom-column
 // The rings run on across the tiles of a persistent CTA (fwd_sm90_launch.cuh).
 // (sizes per config in fwd_sm90.h).
@@ -65,7 +66,15 @@ struct FwdSm90Traits {
   // dynamic_tiles: the producer hands each tile id to the consumers through a 2-slot ring.
   static constexpr bool kDynamic = kCfg.dynamic_tiles;
   static constexpr bool kPvWaitBelow = kCfg.pv_wait_below;
-  static constexpr uint32_t kOffTileIds = kOffPipeV + sizeof(fh::TmaPipeline<kStages>);
+  // o_over_v: the O-free barrier (one arrival per consumer warp after its O rows left the V
+  // stages; the producer waits for it before the next tile's V_0). It runs in step with the one
+  // Q stage, so it shares the Q ring's state.
+  static constexpr bool kOOverV = kCfg.o_over_v;
+  static_assert(!kOOverV || kQStages == 1, "o_over_v: for one Q stage (its O-free barrier uses the Q ring's phase)");
+  static_assert(!kOOverV || kAtomCols * kQAtomBytes <= kStages * kKvTileBytes,
+                "o_over_v: the CTA's O tile must fit in the V stages");
+  static constexpr uint32_t kOffPipeO = kOffPipeV + sizeof(fh::TmaPipeline<kStages>);
+  static constexpr uint32_t kOffTileIds = kOffPipeO + (kOOverV ? sizeof(fh::TmaPipeline<1>) : 0);
   static constexpr uint32_t kOffPipeTile = kOffTileIds + 16;
   static constexpr size_t kSmemBytes =
       1024 /* alignment slack */ +
@@ -88,7 +97,9 @@ struct FwdSm90Traits {
   static constexpr bool kPingpong = kCfg.pingpong && kConsumerWgs > 1;
   static constexpr uint32_t kBarEpilogue0 = 1;
   static constexpr uint32_t kBarTurn0 = 4;
-  static_assert(kBarEpilogue0 + kConsumerWgs <= kBarTurn0 && kBarTurn0 + kConsumerWgs <= 16,
+  // o_over_v: every consumer warpgroup's last P V has read the V stages before any O is staged.
+  static constexpr uint32_t kBarOStage = kBarTurn0 + kConsumerWgs;
+  static_assert(kBarEpilogue0 + kConsumerWgs <= kBarTurn0 && kBarTurn0 + kConsumerWgs + 1 <= 16,
                 "named barrier ids: 16 per CTA, the epilogue's and the turns' must not overlap");
 };
 
@@ -125,14 +136,45 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
                            w.map_batch);
     st.advance();
   };
-  if (w.n_count > 0) load_kv(0);
-  // Q even when no key is seen (n_count = 0): the consumers stage that tile's O over it too.
-  pipe_q->producer_acquire(sq);
-  pipe_q->producer_expect(sq, T::kQBytes);
-  tma_tile<T::kAtomCols>(smem + T::kOffQ + sq.stage * T::kQBytes, T::kQAtomBytes, m.q,
-                         pipe_q->full_barrier(sq), p.head_inner & 1, w.row_q + w.m_block * T::kBlockM,
-                         w.head, w.map_batch);
-  sq.advance();
+  if constexpr (T::kOOverV) {
+    // K_0 and Q stream in while the previous tile finishes; V_0 waits until its O has left the
+    // V stages. (Every tile, n_count = 0 too, passes the O-free barrier once: its consumers
+    // stage an O as well.)
+    auto* pipe_o = reinterpret_cast<fh::TmaPipeline<1>*>(smem + T::kOffPipeO);
+    if (w.n_count > 0) {
+      pipe_k->producer_acquire(st);
+      pipe_k->producer_expect(st, T::kKvTileBytes);
+      tma_tile<T::kAtomCols>(smem + T::kOffK + st.stage * T::kKvTileBytes, T::kKvAtomBytes, m.k,
+                             pipe_k->full_barrier(st), p.head_inner & 2, w.row_k, kv_head, w.map_batch);
+    }
+    // A tile without keys needs only its Q before its consumers free the O barrier: waiting
+    // after its Q would let them complete this tile's phase and the next before the wait polls
+    // (a parity wait cannot tell phase k + 1 from k - 1), so there the wait comes first.
+    if (w.n_count == 0) pipe_o->producer_acquire(sq);
+    pipe_q->producer_acquire(sq);
+    pipe_q->producer_expect(sq, T::kQBytes);
+    tma_tile<T::kAtomCols>(smem + T::kOffQ + sq.stage * T::kQBytes, T::kQAtomBytes, m.q,
+                           pipe_q->full_barrier(sq), p.head_inner & 1, w.row_q + w.m_block * T::kBlockM,
+                           w.head, w.map_batch);
+    if (w.n_count > 0) pipe_o->producer_acquire(sq);
+    sq.advance();
+    if (w.n_count > 0) {
+      pipe_v->producer_acquire(st);
+      pipe_v->producer_expect(st, T::kKvTileBytes);
+      tma_tile<T::kAtomCols>(smem + T::kOffV + st.stage * T::kKvTileBytes, T::kKvAtomBytes, m.v,
+                             pipe_v->full_barrier(st), p.head_inner & 4, w.row_k, kv_head, w.map_batch);
+      st.advance();
+    }
+  } else {
+    if (w.n_count > 0) load_kv(0);
+    // Q even when no key is seen (n_count = 0): the consumers stage that tile's O over it too.
+    pipe_q->producer_acquire(sq);
+    pipe_q->producer_expect(sq, T::kQBytes);
+    tma_tile<T::kAtomCols>(smem + T::kOffQ + sq.stage * T::kQBytes, T::kQAtomBytes, m.q,
+                           pipe_q->full_barrier(sq), p.head_inner & 1, w.row_q + w.m_block * T::kBlockM,
+                           w.head, w.map_batch);
+    sq.advance();
+  }
   for (int j = 1; j < w.n_count; ++j) load_kv(j);
 }
 
@@ -196,6 +238,14 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   float m_raw[2] = {-INFINITY, -INFINITY};  // running row max of S (unscaled)
   float l_part[2] = {0.f, 0.f};             // this thread's part of the row sums
   pipe_q->consumer_wait(sq);
+  // o_over_v: the Q stage is read by this tile's S wgmmas only, so each warp frees it once its
+  // last S has been waited for.
+  auto release_q_after_last_s = [&](bool last) {
+    if constexpr (T::kOOverV) {
+      if (last && warp_leader) pipe_q->consumer_release(sq);
+    }
+  };
+  release_q_after_last_s(w.n_count == 0);
 
   // S = Q_w K_j^T into `acc` (one commit group). Zeroed first although the first wgmma ignores
   // it: its asm reads the accumulators; the operand fence keeps the zeroing before
@@ -302,6 +352,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(s);
     if (warp_leader) pipe_k->consumer_release(st);
+    release_q_after_last_s(w.n_count == 1);
     softmax(s, 0, alpha);
     to_frags(s, a);  // O is 0: no rescale
     for (int j = 0; j + 1 < w.n_count; ++j) {
@@ -314,6 +365,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       fh::wgmma_wait<1>();  // S_{j+1}; P_j V_j may still run
       fh::wgmma_fence_operand(s);
       if (warp_leader) pipe_k->consumer_release(next);
+      release_q_after_last_s(j + 2 == w.n_count);
       softmax(s, j + 1, alpha);
       if constexpr (T::kPvWaitBelow) fh::keep_waits_below(w.seqlen_k);  // (wgmma.h)
       fh::wgmma_wait<0>();  // P_j V_j
@@ -349,14 +401,25 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   // the producer's wait, the TMA of this Q, its full barrier), but compute-sanitizer's racecheck
   // does not follow a chain through a TMA and reported it as a race; this barrier (one per tile)
   // states the order where the tool sees it.
-  if constexpr (T::kQStages == 1) fh::named_bar_sync(T::kBarEpilogue0 + wg, 128);
-  store_out_and_lse<T::kHeadDim, T::kElem>(p, w, q_stage + 64 * wg * 128, T::kQAtomBytes,
-                                           m0, t, T::kBarEpilogue0 + wg, o, inv, lse);
-  // This warp's reads of the staged O are done: the stage may take the next Q (a TMA write,
-  // async proxy, after generic-proxy writes and reads of the same bytes: fence first).
-  fh::fence_proxy_async_shared();  // every lane, before the warp's release
-  __syncwarp();
-  if (warp_leader) pipe_q->consumer_release(sq);
+  if constexpr (T::kOOverV) {
+    // Staged over the V stages (in the Q stage's layout): after every warpgroup's last P V
+    // (their wgmmas read all of V), then freed for the next tile's V_0.
+    fh::named_bar_sync(T::kBarOStage, 128 * T::kConsumerWgs);
+    store_out_and_lse<T::kHeadDim, T::kElem>(p, w, smem + T::kOffV + 64 * wg * 128, T::kQAtomBytes,
+                                             m0, t, T::kBarEpilogue0 + wg, o, inv, lse);
+    fh::fence_proxy_async_shared();  // generic accesses before the next TMA write of V
+    __syncwarp();
+    if (warp_leader) reinterpret_cast<fh::TmaPipeline<1>*>(smem + T::kOffPipeO)->consumer_release(sq);
+  } else {
+    if constexpr (T::kQStages == 1) fh::named_bar_sync(T::kBarEpilogue0 + wg, 128);
+    store_out_and_lse<T::kHeadDim, T::kElem>(p, w, q_stage + 64 * wg * 128, T::kQAtomBytes,
+                                             m0, t, T::kBarEpilogue0 + wg, o, inv, lse);
+    // This warp's reads of the staged O are done: the stage may take the next Q (a TMA write,
+    // async proxy, after generic-proxy writes and reads of the same bytes: fence first).
+    fh::fence_proxy_async_shared();  // every lane, before the warp's release
+    __syncwarp();
+    if (warp_leader) pipe_q->consumer_release(sq);
+  }
   sq.advance();
 }
 
