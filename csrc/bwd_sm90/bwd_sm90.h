@@ -208,6 +208,11 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // docs/perf-log.md, "The d = 64 backward: dV after dS").
 constexpr BwdSm90Config kBwdSm90Hdim64DvLate = {64, 128, 128, 2, 2, 24, 240, true, 2, true, false, false,
                                                false, false, false, false, false, true, true};
+// Candidate, written, NOT yet run: the d = 256 pair on 64-key blocks with two Q stages (the room
+// of the smaller K / V, hand-off and partner tiles); docs/perf-log.md, "The d = 256 pair with two
+// Q stages".
+constexpr BwdSm90Config kBwdSm90Hdim256N64Q2 = {256, 64, 64, 2, 1, 24, 240, false, 2, false, true,
+                                               false, true, false, true, true};
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
