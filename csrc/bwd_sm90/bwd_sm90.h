@@ -213,6 +213,8 @@ constexpr BwdSm90Config kBwdSm90Hdim64DvLate = {64, 128, 128, 2, 2, 24, 240, tru
 // Q stages".
 constexpr BwdSm90Config kBwdSm90Hdim256N64Q2 = {256, 64, 64, 2, 1, 24, 240, false, 2, false, true,
                                                false, true, false, true, true};
+// Its single-CTA companion (a head dim's configs share block_n): swapped in with it.
+constexpr BwdSm90Config kBwdSm90Hdim256SingleN64 = {256, 64, 64, 2, 1, 24, 240, false, 2};
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
