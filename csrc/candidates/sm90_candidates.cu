@@ -14,6 +14,7 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg2)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim64DvLate)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256N64Q2)
+FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256SingleN64)
 #undef FLASHBACK_BWD_CANDIDATE
 #define FLASHBACK_FWD_CANDIDATE(C)                                           \
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
