@@ -23,8 +23,8 @@ Layouts as flash-attn: (batch, seqlen, nheads, headdim), or packed (total, nhead
 int32 cumulative offsets; GQA/MQA by fewer heads in k and v; causal aligned bottom-right.
 
 FlashAttention 3's Hopper module (`flash_attn_interface`) orders its parameters differently
-(softmax_scale fourth, no dropout_p) and returns (out, softmax_lse) under return_attn_probs: code
-written for it runs here when it passes options by keyword and takes `result[:2]`.
+(softmax_scale fourth, no dropout_p) and returns (out, softmax_lse) under return_attn_probs: its
+signatures are in flash_attn3_interface.py.
 
 What flashback does not implement raises NotImplementedError naming the option, before any
 kernel runs: dropout_p other than 0, softcap other than 0, alibi_slopes, block_table (a paged KV

@@ -235,3 +235,31 @@ def test_packed_shape_and_option_errors_on_the_gpu_too():
         flash_attn_qkvpacked_func(qkv, softcap=30.0)
     with pytest.raises(NotImplementedError, match="window_size"):
         flash_attn_kvpacked_func(q, qkv[:, :, 1:], window_size=(8, 0))
+
+
+@pytest.mark.parametrize("d", HEADDIMS)
+def test_flash_attention_3_signatures_match_flashback(d):
+    """FlashAttention 3's signatures (flashback.flash_attn3_interface): the positional order with
+    softmax_scale fourth, (out, lse) under return_attn_probs, its scheduling options accepted;
+    dense and varlen, outputs, LSE and deterministic gradients bitwise equal to flashback's."""
+    from flashback import flash_attn3_interface as fa3i
+    b, s, h, hk = 2, 1000, 8, 2
+    q, k, v, dout = _randn(b, s, h, d), _randn(b, s, hk, d), _randn(b, s, hk, d), _randn(b, s, h, d)
+    scale = 0.5 / math.sqrt(d)
+    leaves, ref_leaves = _leaves(q, k, v), _leaves(q, k, v)
+    out, lse = fa3i.flash_attn_func(*leaves, scale, True, num_splits=3, pack_gqa=True, sm_margin=4,
+                                    deterministic=True, return_attn_probs=True)
+    ref, ref_lse = flashback.attention(*ref_leaves, causal=True, softmax_scale=scale, deterministic=True,
+                                       return_lse=True)
+    assert torch.equal(lse, ref_lse)
+    _check_same(out, ref, leaves, ref_leaves, dout)
+
+    lengths = [300, 1, 699]
+    cu = torch.tensor([0, 300, 301, 1000], device="cuda", dtype=torch.int32)
+    qp, kp, vp, dp = (t[0] for t in (q, k, v, dout))  # (1000, heads, d): three packed sequences
+    leaves, ref_leaves = _leaves(qp, kp, vp), _leaves(qp, kp, vp)
+    out = fa3i.flash_attn_varlen_func(*leaves, cu, cu, max(lengths), max(lengths), None, None, scale, True,
+                                      deterministic=True)
+    ref = flashback.attention_varlen(*ref_leaves, cu, cu, max(lengths), max(lengths), causal=True,
+                                     softmax_scale=scale, deterministic=True)
+    _check_same(out, ref, leaves, ref_leaves, dp)
