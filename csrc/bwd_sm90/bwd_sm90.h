@@ -109,12 +109,13 @@ struct BwdSm90Config {
   // dQ stores overlapping dK; ours issue 8 global reductions per thread with the tensor cores
   // idle, and ncu put 11% of the stall samples on the next step's wait for them).
   bool dq_before_dk = false;
-  // By keys: (5) dV issued after (4) dS^T is computed, instead of between (2) and (4). dV reads
-  // every P^T fragment, so where it sits between them the 64 exponentials of (2) must all issue
-  // before it and the subtractions and multiplies of (4) after it: MUFU alone, then FMA-pipe
-  // work alone. With dV after (4), ptxas may interleave the two (FA3's d = 64 step in its SASS:
-  // the exponentials mixed with the dS arithmetic, the dP wait among them, dV after).
-  bool dv_after_ds = false;
+  // (2) P, the wait for dP and (4) dS in one basic block per mask case (the step's branch on
+  // whether it tests the mask), instead of (2) in the branch and (4) after its join, which ptxas
+  // does not schedule across: the exponentials (MUFU) and the dS arithmetic (FMA pipe) then run
+  // one after the other. In one block ptxas may interleave them (FA3's d = 64 step in its SASS:
+  // the exponentials mixed with the dS arithmetic, the dP wait among them). By keys this also
+  // issues (5) dV after (4), since dV reads every P^T fragment.
+  bool ds_in_branch = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -204,7 +205,7 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // 3.4-7.9% slower than kBwdSm90Hdim192 (docs/perf-log.md). Compiled by the candidates target
 // because it is the one config with unequal shares, whose second consumer instance
 // (bwd_sm90_launch.cuh) no table row instantiates now.
-// Candidate, written, NOT yet run: the d = 64 row with dV issued after dS^T (dv_after_ds;
+// Candidate, written, NOT yet run: the d = 64 row with dV issued after dS^T (ds_in_branch;
 // docs/perf-log.md, "The d = 64 backward: dV after dS").
 constexpr BwdSm90Config kBwdSm90Hdim64DvLate = {64, 128, 128, 2, 2, 24, 240, true, 2, true, false, false,
                                                false, false, false, false, false, true, true};
@@ -215,6 +216,14 @@ constexpr BwdSm90Config kBwdSm90Hdim256N64Q2 = {256, 64, 64, 2, 1, 24, 240, fals
                                                false, true, false, true, true};
 // Its single-CTA companion (a head dim's configs share block_n): swapped in with it.
 constexpr BwdSm90Config kBwdSm90Hdim256SingleN64 = {256, 64, 64, 2, 1, 24, 240, false, 2};
+// Candidates, written, NOT yet run: the d = 128 / 192 / 256 rows with ds_in_branch (docs/perf-log.md,
+// "The exponentials and the dS arithmetic in one block, split by head dim").
+constexpr BwdSm90Config kBwdSm90Hdim128DsB = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, false, false,
+                                             true, false, false, false, false, true};
+constexpr BwdSm90Config kBwdSm90Hdim192DsB = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
+                                             false, true, false, false, true, false, true};
+constexpr BwdSm90Config kBwdSm90Hdim256DsB = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true,
+                                             false, true, true, false, false, true};
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.

@@ -120,8 +120,7 @@ struct BwdSm90Traits {
   static constexpr bool kSingleHand = kCfg.single_hand;
   static constexpr bool kDqBeforeDk = kCfg.dq_before_dk;
   static_assert(!kDqBeforeDk || kByKeys, "dq_before_dk: for the split by keys");
-  static constexpr bool kDvAfterDs = kCfg.dv_after_ds;
-  static_assert(!kDvAfterDs || kByKeys, "dv_after_ds: for the split by keys");
+  static constexpr bool kDsInBranch = kCfg.ds_in_branch;
   static constexpr uint32_t kHandBufs = kSingleHand ? 1 : 2;
   static constexpr uint32_t kOffDs = kOffP + (kByKeys ? 0 : kHandBufs * kHandBytes);
   // dQ through shared memory (kCfg.dq_smem, default mode): one 64 x 64 fp32 buffer per consumer
@@ -598,6 +597,32 @@ __device__ __forceinline__ void copy_out_dkv(const BwdSm90Params& p, const BwdSm
       seqlen_k, tid);
 }
 
+// ds_in_branch, split by head dim: (2) P, the wait for dP and (4) dS = P * (dP - D) of one step in
+// one function body per mask case, so that the exponentials and the dS arithmetic are one basic
+// block. Registers as bwd_sm90_consumer's: element r of s / dp is key key0 + 8 (r >> 2) + (r & 1)
+// and query q0 + 8 ((r >> 1) & 1), whose LSE / D are lse1 / dsum1 when r & 2.
+template <class T, bool kMasked, int kN>
+__device__ __forceinline__ void p_and_ds(const BwdSm90Params& p, float (&s)[kN], float (&dp)[kN], float lse0,
+                                         float lse1, float dsum0, float dsum1, int key0, int q0, int seqlen_k,
+                                         int diag) {
+#pragma unroll
+  for (int r = 0; r < kN; ++r) {
+    const float l = (r & 2) ? lse1 : lse0;
+    if constexpr (kMasked) {
+      const int key = key0 + 8 * (r >> 2) + (r & 1);
+      const int query = q0 + 8 * ((r >> 1) & 1);
+      const bool masked = key >= seqlen_k || (p.causal && key > query + diag);
+      s[r] = masked ? 0.f : fh::exp2_approx(s[r] * p.scale_log2 - l);
+    } else {
+      s[r] = fh::exp2_approx(s[r] * p.scale_log2 - l);
+    }
+  }
+  fh::wgmma_wait<0>();  // dP
+  fh::wgmma_fence_operand(dp);
+#pragma unroll
+  for (int r = 0; r < kN; ++r) dp[r] = s[r] * (dp[r] - ((r & 2) ? dsum1 : dsum0));
+}
+
 // ---------------------------------------------------------------- consumer warpgroups ---
 // wg: which consumer warpgroup (0 .. W - 1), a run-time value; kOwn: the head-dim atom-columns of
 // (5)-(7) this instance holds accumulators for, a compile-time value (the arrays' size). Where
@@ -736,7 +761,13 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     fh::wgmma_fence_operand(s);
     const bool need_mask =
         n0 + T::kBlockN > seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag);
-    if (need_mask) {
+    if constexpr (T::kDsInBranch) {
+      if (need_mask) {
+        p_and_ds<T, true>(p, s, dp, lse0, lse1, dsum0, dsum1, key0, m0 + q_row, seqlen_k, diag);
+      } else {
+        p_and_ds<T, false>(p, s, dp, lse0, lse1, dsum0, dsum1, key0, m0 + q_row, seqlen_k, diag);
+      }
+    } else if (need_mask) {
 #pragma unroll
       for (int r = 0; r < T::kWgKeys / 2; ++r) {
         const int key = key0 + 8 * (r >> 2) + (r & 1);
@@ -758,11 +789,13 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     }
     store_hand_t<T>(p_t, s, wg, t);
 
-    // (4) dS = P * (dP - D)
-    fh::wgmma_wait<0>();
-    fh::wgmma_fence_operand(dp);
+    // (4) dS = P * (dP - D) (ds_in_branch: done above)
+    if constexpr (!T::kDsInBranch) {
+      fh::wgmma_wait<0>();
+      fh::wgmma_fence_operand(dp);
 #pragma unroll
-    for (int r = 0; r < T::kWgKeys / 2; ++r) dp[r] = s[r] * (dp[r] - ((r & 2) ? dsum1 : dsum0));
+      for (int r = 0; r < T::kWgKeys / 2; ++r) dp[r] = s[r] * (dp[r] - ((r & 2) ? dsum1 : dsum0));
+    }
     if constexpr (kPairOn) {
       // ds_t was sent to the partner at step it - 2; rewrite it once the partner has read what
       // it received then (its free arrivals), which also means the copy has read ds_t. The

@@ -160,7 +160,7 @@ __device__ __forceinline__ void ds_t_values(const float (&s)[kS], float (&dp)[kS
   }
 }
 
-// dv_after_ds: (2), the wait for dP^T and (4) in one function body per mask case (the step's
+// ds_in_branch: (2), the wait for dP^T and (4) in one function body per mask case (the step's
 // branch), so that the exponentials and the dS arithmetic are one basic block, which ptxas may
 // interleave (it moves no instruction across the branch's join).
 template <class T, bool kMasked, int kS>
@@ -245,7 +245,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
     fh::wgmma_fence_operand(s);
     const bool need_mask =
         n0 + T::kBlockN > seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag);
-    if constexpr (T::kDvAfterDs) {
+    if constexpr (T::kDsInBranch) {
       if (need_mask) {
         p_t_and_ds_t<T, true>(p, s, dp, lse2, dsum2, key_lo, m0 + col0, seqlen_k, diag);
       } else {
@@ -256,11 +256,11 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
     } else {
       p_t_exps<T, false>(p, s, lse2, key_lo, m0 + col0, seqlen_k, diag);
     }
-    // (5) dV_w += P^T dO_i at once: it runs while dS^T is computed (dv_after_ds: after it).
+    // (5) dV_w += P^T dO_i at once: it runs while dS^T is computed (ds_in_branch: after it).
     uint32_t pa[kK][4];
 #pragma unroll
     for (int c = 0; c < kK; ++c) fh::acc_to_a_frag<T::kElem>(s, c, pa[c]);
-    if constexpr (!T::kDvAfterDs) {
+    if constexpr (!T::kDsInBranch) {
       fh::wgmma_fence();
       gemm_rs_dkv<T>(acc_dv, pa, do_s);
       fh::wgmma_commit();
@@ -273,7 +273,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
     uint32_t da[kK][4];
 #pragma unroll
     for (int c = 0; c < kK; ++c) fh::acc_to_a_frag<T::kElem>(dp, c, da[c]);
-    if constexpr (T::kDvAfterDs) {  // the same group order as above: dV first
+    if constexpr (T::kDsInBranch) {  // the same group order as above: dV first
       fh::wgmma_fence();
       gemm_rs_dkv<T>(acc_dv, pa, do_s);
       fh::wgmma_commit();
