@@ -598,15 +598,19 @@ __device__ __forceinline__ void copy_out_dkv(const BwdSm90Params& p, const BwdSm
 }
 
 // ds_in_branch, split by head dim: (2) P, the wait for dP and (4) dS = P * (dP - D) of one step in
-// one function body per mask case, so that the exponentials and the dS arithmetic are one basic
-// block. Registers as bwd_sm90_consumer's: element r of s / dp is key key0 + 8 (r >> 2) + (r & 1)
-// and query q0 + 8 ((r >> 1) & 1), whose LSE / D are lse1 / dsum1 when r & 2.
+// one function body per mask case, so that the second half of the exponentials and the dS
+// arithmetic are one basic block. In one block ptxas puts the wait for dP first (it has no
+// operands), so the first half of the exponentials is kept above it (keep_waits_below ends a
+// block) to overlap the dP wgmma, as FA3's step does with about a third of them. Registers as
+// bwd_sm90_consumer's: element r of s / dp is key key0 + 8 (r >> 2) + (r & 1) and query
+// q0 + 8 ((r >> 1) & 1), whose LSE / D are lse1 / dsum1 when r & 2.
 template <class T, bool kMasked, int kN>
 __device__ __forceinline__ void p_and_ds(const BwdSm90Params& p, float (&s)[kN], float (&dp)[kN], float lse0,
                                          float lse1, float dsum0, float dsum1, int key0, int q0, int seqlen_k,
                                          int diag) {
 #pragma unroll
   for (int r = 0; r < kN; ++r) {
+    if (r == kN / 2) fh::keep_waits_below(seqlen_k);
     const float l = (r & 2) ? lse1 : lse0;
     if constexpr (kMasked) {
       const int key = key0 + 8 * (r >> 2) + (r & 1);

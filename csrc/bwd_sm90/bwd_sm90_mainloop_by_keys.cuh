@@ -125,12 +125,14 @@ __device__ __forceinline__ void dq_tile_out(const BwdSm90Params& p, const BwdSm9
 
 // (2) P^T of one step (rows are keys key_lo, key_lo + 8; columns queries q0 + 8 j + {0, 1}):
 // keys past seqlen_k and (causal) after a query's diagonal give 0 (kMasked); query columns past
-// seqlen_q have LSE = +inf (workspace padding).
-template <class T, bool kMasked, int kS>
+// seqlen_q have LSE = +inf (workspace padding). kSplit: a basic block ends before column group
+// kSplit (keep_waits_below: a wait after the call stays below the groups before it).
+template <class T, bool kMasked, int kS, int kSplit = 0>
 __device__ __forceinline__ void p_t_exps(const BwdSm90Params& p, float (&s)[kS], const float2* lse2,
                                          int key_lo, int q0, int seqlen_k, int diag) {
 #pragma unroll
   for (int j = 0; j < T::kBlockM / 8; ++j) {
+    if (kSplit > 0 && j == kSplit) fh::keep_waits_below(seqlen_k);
     const float2 l = lse2[4 * j];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -161,13 +163,15 @@ __device__ __forceinline__ void ds_t_values(const float (&s)[kS], float (&dp)[kS
 }
 
 // ds_in_branch: (2), the wait for dP^T and (4) in one function body per mask case (the step's
-// branch), so that the exponentials and the dS arithmetic are one basic block, which ptxas may
-// interleave (it moves no instruction across the branch's join).
+// branch), so that the second half of the exponentials and the dS arithmetic are one basic
+// block, which ptxas may interleave (it moves no instruction across the branch's join); the
+// first half stays above the wait for dP^T, which ptxas would otherwise put first, so that it
+// overlaps the dP^T wgmma.
 template <class T, bool kMasked, int kS>
 __device__ __forceinline__ void p_t_and_ds_t(const BwdSm90Params& p, float (&s)[kS], float (&dp)[kS],
                                              const float2* lse2, const float2* dsum2, int key_lo,
                                              int q0, int seqlen_k, int diag) {
-  p_t_exps<T, kMasked>(p, s, lse2, key_lo, q0, seqlen_k, diag);
+  p_t_exps<T, kMasked, kS, T::kBlockM / 16>(p, s, lse2, key_lo, q0, seqlen_k, diag);
   fh::wgmma_wait<0>();  // dP^T
   fh::wgmma_fence_operand(dp);
   ds_t_values<T>(s, dp, dsum2);
