@@ -598,19 +598,18 @@ __device__ __forceinline__ void copy_out_dkv(const BwdSm90Params& p, const BwdSm
 }
 
 // ds_in_branch, split by head dim: (2) P, the wait for dP and (4) dS = P * (dP - D) of one step in
-// one function body per mask case, so that the second half of the exponentials and the dS
-// arithmetic are one basic block. In one block ptxas puts the wait for dP first (it has no
-// operands), so the first half of the exponentials is kept above it (keep_waits_below ends a
-// block) to overlap the dP wgmma, as FA3's step does with about a third of them. Registers as
-// bwd_sm90_consumer's: element r of s / dp is key key0 + 8 (r >> 2) + (r & 1) and query
-// q0 + 8 ((r >> 1) & 1), whose LSE / D are lse1 / dsum1 when r & 2.
-template <class T, bool kMasked, int kN>
-__device__ __forceinline__ void p_and_ds(const BwdSm90Params& p, float (&s)[kN], float (&dp)[kN], float lse0,
-                                         float lse1, float dsum0, float dsum1, int key0, int q0, int seqlen_k,
-                                         int diag) {
+// one function body per mask case. The first half of the exponentials stays above the wait for
+// dP (their results fenced before it, and a basic block ended there: ptxas would put the wait,
+// which has no operands, first), so that they overlap the dP wgmma; the second half (their
+// inputs fenced after the wait) shares a block with the dS arithmetic, which ptxas interleaves
+// with them (FA3's step has the wait among its exponentials, the dS arithmetic mixed with the
+// rest). Registers as bwd_sm90_consumer's: element r of s / dp is key key0 + 8 (r >> 2) + (r & 1)
+// and query q0 + 8 ((r >> 1) & 1), whose LSE / D are lse1 / dsum1 when r & 2.
+template <class T, bool kMasked, int kLo, int kHi, int kN>
+__device__ __forceinline__ void p_values(const BwdSm90Params& p, float (&s)[kN], float lse0, float lse1, int key0,
+                                         int q0, int seqlen_k, int diag) {
 #pragma unroll
-  for (int r = 0; r < kN; ++r) {
-    if (r == kN / 2) fh::keep_waits_below(seqlen_k);
+  for (int r = kLo; r < kHi; ++r) {
     const float l = (r & 2) ? lse1 : lse0;
     if constexpr (kMasked) {
       const int key = key0 + 8 * (r >> 2) + (r & 1);
@@ -621,8 +620,19 @@ __device__ __forceinline__ void p_and_ds(const BwdSm90Params& p, float (&s)[kN],
       s[r] = fh::exp2_approx(s[r] * p.scale_log2 - l);
     }
   }
+}
+template <class T, bool kMasked, int kN>
+__device__ __forceinline__ void p_and_ds(const BwdSm90Params& p, float (&s)[kN], float (&dp)[kN], float lse0,
+                                         float lse1, float dsum0, float dsum1, int key0, int q0, int seqlen_k,
+                                         int diag) {
+  constexpr int kHalf = kN / 2;
+  p_values<T, kMasked, 0, kHalf>(p, s, lse0, lse1, key0, q0, seqlen_k, diag);
+  fh::wgmma_fence_operand<0, kHalf>(s);
+  fh::keep_waits_below(seqlen_k);
   fh::wgmma_wait<0>();  // dP
   fh::wgmma_fence_operand(dp);
+  fh::wgmma_fence_operand<kHalf, kN>(s);
+  p_values<T, kMasked, kHalf, kN>(p, s, lse0, lse1, key0, q0, seqlen_k, diag);
 #pragma unroll
   for (int r = 0; r < kN; ++r) dp[r] = s[r] * (dp[r] - ((r & 2) ? dsum1 : dsum0));
 }

@@ -125,14 +125,12 @@ __device__ __forceinline__ void dq_tile_out(const BwdSm90Params& p, const BwdSm9
 
 // (2) P^T of one step (rows are keys key_lo, key_lo + 8; columns queries q0 + 8 j + {0, 1}):
 // keys past seqlen_k and (causal) after a query's diagonal give 0 (kMasked); query columns past
-// seqlen_q have LSE = +inf (workspace padding). kSplit: a basic block ends before column group
-// kSplit (keep_waits_below: a wait after the call stays below the groups before it).
-template <class T, bool kMasked, int kS, int kSplit = 0>
+// seqlen_q have LSE = +inf (workspace padding). Column groups [kJLo, kJHi) (all by default).
+template <class T, bool kMasked, int kS, int kJLo = 0, int kJHi = T::kBlockM / 8>
 __device__ __forceinline__ void p_t_exps(const BwdSm90Params& p, float (&s)[kS], const float2* lse2,
                                          int key_lo, int q0, int seqlen_k, int diag) {
 #pragma unroll
-  for (int j = 0; j < T::kBlockM / 8; ++j) {
-    if (kSplit > 0 && j == kSplit) fh::keep_waits_below(seqlen_k);
+  for (int j = kJLo; j < kJHi; ++j) {
     const float2 l = lse2[4 * j];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -163,17 +161,22 @@ __device__ __forceinline__ void ds_t_values(const float (&s)[kS], float (&dp)[kS
 }
 
 // ds_in_branch: (2), the wait for dP^T and (4) in one function body per mask case (the step's
-// branch), so that the second half of the exponentials and the dS arithmetic are one basic
-// block, which ptxas may interleave (it moves no instruction across the branch's join); the
-// first half stays above the wait for dP^T, which ptxas would otherwise put first, so that it
-// overlaps the dP^T wgmma.
+// branch; ptxas moves no instruction across its join). The first half of the exponentials
+// stays above the wait for dP^T (results fenced, a basic block ended: ptxas would put the wait
+// first), overlapping the dP^T wgmma; the second half (inputs fenced after the wait) shares a
+// block with the dS arithmetic, which ptxas interleaves with them, as in FA3's step.
 template <class T, bool kMasked, int kS>
 __device__ __forceinline__ void p_t_and_ds_t(const BwdSm90Params& p, float (&s)[kS], float (&dp)[kS],
                                              const float2* lse2, const float2* dsum2, int key_lo,
                                              int q0, int seqlen_k, int diag) {
-  p_t_exps<T, kMasked, kS, T::kBlockM / 16>(p, s, lse2, key_lo, q0, seqlen_k, diag);
+  constexpr int kJHalf = T::kBlockM / 16;  // column groups of 4 registers
+  p_t_exps<T, kMasked, kS, 0, kJHalf>(p, s, lse2, key_lo, q0, seqlen_k, diag);
+  fh::wgmma_fence_operand<0, 4 * kJHalf>(s);
+  fh::keep_waits_below(seqlen_k);
   fh::wgmma_wait<0>();  // dP^T
   fh::wgmma_fence_operand(dp);
+  fh::wgmma_fence_operand<4 * kJHalf, kS>(s);
+  p_t_exps<T, kMasked, kS, kJHalf>(p, s, lse2, key_lo, q0, seqlen_k, diag);
   ds_t_values<T>(s, dp, dsum2);
 }
 

@@ -115,6 +115,14 @@ FB_DEVICE void wgmma_fence_operand(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+// The same for elements [Lo, Hi) of d: values computed before it stay before it, and uses of
+// them after it stay after it (to keep part of a computation on one side of a wgmma_wait).
+template <int Lo, int Hi, int R>
+FB_DEVICE void wgmma_fence_operand(float (&d)[R]) {
+  static_assert(0 <= Lo && Lo <= Hi && Hi <= R, "a range of the array");
+#pragma unroll
+  for (int i = Lo; i < Hi; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
 template <int R>
 FB_DEVICE void wgmma_fence_operand(uint32_t (&a)[R]) {
 #pragma unroll
