@@ -600,10 +600,11 @@ __device__ __forceinline__ void copy_out_dkv(const BwdSm90Params& p, const BwdSm
 // ds_in_branch, split by head dim: (2) P, the wait for dP and (4) dS = P * (dP - D) of one step in
 // one function body per mask case. The first half of the exponentials stays above the wait for
 // dP (their results fenced before it, and a basic block ended there: ptxas would put the wait,
-// which has no operands, first), so that they overlap the dP wgmma; the second half (their
-// inputs fenced after the wait) shares a block with the dS arithmetic, which ptxas interleaves
-// with them (FA3's step has the wait among its exponentials, the dS arithmetic mixed with the
-// rest). Registers as bwd_sm90_consumer's: element r of s / dp is key key0 + 8 (r >> 2) + (r & 1)
+// which has no operands, first), so that they overlap the dP wgmma; the second half shares a
+// block with the dS arithmetic, which ptxas interleaves with them (FA3's step has the wait among
+// its exponentials, the dS arithmetic mixed with the rest). ptxas hoists arithmetic across the
+// block boundary unless it reads a register the wait makes ready, so the second half takes its
+// LSE through dP: lse + 0 * dP[0], exact for a finite dP (a non-finite one poisons P visibly). Registers as bwd_sm90_consumer's: element r of s / dp is key key0 + 8 (r >> 2) + (r & 1)
 // and query q0 + 8 ((r >> 1) & 1), whose LSE / D are lse1 / dsum1 when r & 2.
 template <class T, bool kMasked, int kLo, int kHi, int kN>
 __device__ __forceinline__ void p_values(const BwdSm90Params& p, float (&s)[kN], float lse0, float lse1, int key0,
@@ -632,7 +633,8 @@ __device__ __forceinline__ void p_and_ds(const BwdSm90Params& p, float (&s)[kN],
   fh::wgmma_wait<0>();  // dP
   fh::wgmma_fence_operand(dp);
   fh::wgmma_fence_operand<kHalf, kN>(s);
-  p_values<T, kMasked, kHalf, kN>(p, s, lse0, lse1, key0, q0, seqlen_k, diag);
+  p_values<T, kMasked, kHalf, kN>(p, s, fmaf(dp[0], 0.f, lse0), fmaf(dp[0], 0.f, lse1), key0, q0, seqlen_k,
+                                  diag);
 #pragma unroll
   for (int r = 0; r < kN; ++r) dp[r] = s[r] * (dp[r] - ((r & 2) ? dsum1 : dsum0));
 }
