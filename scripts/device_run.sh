@@ -22,6 +22,8 @@
 #   PAIR_TEST_TIMEOUT  seconds for their d = 256 part with the 2-CTA pair forced (default 120)
 #   TIME_BUDGET        seconds for the whole script (default 570). The benchmark gets what the
 #                      tests left; cut short, it keeps the shapes it finished (written per shape).
+#   BREAKDOWN=1        before the benchmark, scripts/call_breakdown.py at d = 256 (causal 4k,
+#                      non-causal 512; ours and FA3's)     -> $OUT/breakdown.log
 # Exit status: 0 when the tests passed and the benchmark finished, else 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -58,6 +60,19 @@ timeout -k 10 "$PAIR_TEST_TIMEOUT" env FLASHBACK_BWD_PAIR=1 $PY -m pytest tests 
   -p no:cacheprovider -k d256 > "$OUT_DIR/tests-pair.log" 2>&1
 pair_rc=$?
 tail -n 1 "$OUT_DIR/tests-pair.log"
+
+if [ "${BREAKDOWN:-0}" = 1 ]; then
+  # One backward call's kernels by GPU time (main kernel against memset / pre- / postprocess),
+  # d = 256 at a long and a short point, ours and FA3's when importable.
+  echo
+  echo "== call breakdown (log: $OUT_DIR/breakdown.log)"
+  for args in "--seqlen 4096 --causal" "--seqlen 512"; do
+    for impl in flashback fa3; do
+      # shellcheck disable=SC2086  # args is a list of flags
+      timeout -k 5 60 $PY scripts/call_breakdown.py --headdim 256 $args --impl $impl 2>&1 | tail -n 12
+    done
+  done | tee "$OUT_DIR/breakdown.log"
+fi
 
 echo
 echo "== benchmark (log: $OUT_DIR/bench.log)"
