@@ -3,13 +3,13 @@ without a GPU: the signatures are FlashAttention 3's (hopper/flash_attn_interfac
 onto flashback.attention / attention_varlen (replaced by recorders) with FA3's results, the
 scheduling-only options are accepted, and what flashback does not implement raises
 NotImplementedError naming the option before anything runs."""
-import inspect
-
 import pytest
 import torch
 
 from flashback import flash_attn3_interface as fa3i
-from flashback import interface, varlen
+# The recorders standing in for flashback.attention / attention_varlen (fixtures dense, packed),
+# the inputs and the check of what reached them: the FlashAttention 2 functions' tests' own.
+from test_flash_attn_interface import _mapped, _packed_inputs, _params, _qkv, dense, packed  # noqa: F401
 
 # FlashAttention 3's hopper/flash_attn_interface.py: names, order and defaults.
 FA3_OPTIONS = [("softmax_scale", None), ("causal", False), ("qv", None), ("q_descale", None), ("k_descale", None),
@@ -22,50 +22,9 @@ FA3_VARLEN = ([("q", None), ("k", None), ("v", None), ("cu_seqlens_q", None), ("
               + FA3_OPTIONS)
 
 
-def _params(fn):
-    empty = inspect.Parameter.empty
-    return [(p.name, None if p.default is empty else p.default) for p in inspect.signature(fn).parameters.values()]
-
-
 def test_signatures_are_flash_attention_3s():
     assert _params(fa3i.flash_attn_func) == FA3_FUNC
     assert _params(fa3i.flash_attn_varlen_func) == FA3_VARLEN
-
-
-class _Recorder:
-    def __init__(self):
-        self.calls = []
-
-    def __call__(self, *args, **kwargs):
-        self.calls.append((args, kwargs))
-        return "out", "lse"
-
-
-@pytest.fixture
-def dense(monkeypatch):
-    rec = _Recorder()
-    monkeypatch.setattr(interface, "attention", rec)
-    return rec
-
-
-@pytest.fixture
-def packed(monkeypatch):
-    rec = _Recorder()
-    monkeypatch.setattr(varlen, "attention_varlen", rec)
-    return rec
-
-
-def _qkv(b=2, sq=64, sk=64, h=4, hk=2, d=128):
-    return (torch.randn(b, sq, h, d, dtype=torch.bfloat16), torch.randn(b, sk, hk, d, dtype=torch.bfloat16),
-            torch.randn(b, sk, hk, d, dtype=torch.bfloat16))
-
-
-def _mapped(rec, causal=False, softmax_scale=None, deterministic=False):
-    assert len(rec.calls) == 1
-    args, kwargs = rec.calls[0]
-    assert kwargs == dict(causal=causal, softmax_scale=softmax_scale, deterministic=deterministic,
-                          return_lse=True)
-    return args
 
 
 def test_positional_call_returns_out(dense):
@@ -107,13 +66,6 @@ def test_sliding_window_raises(dense):
     with pytest.raises(NotImplementedError, match="window_size"):
         fa3i.flash_attn_func(*_qkv(), window_size=(8, 0))
     assert dense.calls == []
-
-
-def _packed_inputs(lengths=(5, 0, 40), h=4, hk=2, d=128):
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    total = int(cu[-1])
-    return (torch.randn(total, h, d, dtype=torch.bfloat16), torch.randn(total, hk, d, dtype=torch.bfloat16),
-            torch.randn(total, hk, d, dtype=torch.bfloat16), cu)
 
 
 def test_varlen_positional_call(packed):
