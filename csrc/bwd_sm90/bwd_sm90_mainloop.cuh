@@ -604,8 +604,11 @@ __device__ __forceinline__ void copy_out_dkv(const BwdSm90Params& p, const BwdSm
 // block with the dS arithmetic, which ptxas interleaves with them (FA3's step has the wait among
 // its exponentials, the dS arithmetic mixed with the rest). ptxas hoists arithmetic across the
 // block boundary unless it reads a register the wait makes ready, so the second half takes its
-// LSE through dP: lse + 0 * dP[0], exact for a finite dP (a non-finite one poisons P visibly). Registers as bwd_sm90_consumer's: element r of s / dp is key key0 + 8 (r >> 2) + (r & 1)
-// and query q0 + 8 ((r >> 1) & 1), whose LSE / D are lse1 / dsum1 when r & 2.
+// LSE through dP: lse + 0 * dP[0], exact for a finite dP (a non-finite one poisons P visibly).
+// Registers as bwd_sm90_consumer's: element r of s / dp is key key0 + 8 (r >> 2) + (r & 1) and
+// query q0 + 8 ((r >> 1) & 1), whose LSE / D are lse1 / dsum1 when r & 2.
+// (2) P of elements [kLo, kHi): keys past seqlen_k and (causal) after the query's diagonal give 0
+// (kMasked); query rows past seqlen_q have LSE = +inf.
 template <class T, bool kMasked, int kLo, int kHi, int kN>
 __device__ __forceinline__ void p_values(const BwdSm90Params& p, float (&s)[kN], float lse0, float lse1, int key0,
                                          int q0, int seqlen_k, int diag) {
@@ -622,6 +625,12 @@ __device__ __forceinline__ void p_values(const BwdSm90Params& p, float (&s)[kN],
     }
   }
 }
+// (4) dS = P * (dP - D), into dp.
+template <int kN>
+__device__ __forceinline__ void ds_values(const float (&s)[kN], float (&dp)[kN], float dsum0, float dsum1) {
+#pragma unroll
+  for (int r = 0; r < kN; ++r) dp[r] = s[r] * (dp[r] - ((r & 2) ? dsum1 : dsum0));
+}
 template <class T, bool kMasked, int kN>
 __device__ __forceinline__ void p_and_ds(const BwdSm90Params& p, float (&s)[kN], float (&dp)[kN], float lse0,
                                          float lse1, float dsum0, float dsum1, int key0, int q0, int seqlen_k,
@@ -635,8 +644,7 @@ __device__ __forceinline__ void p_and_ds(const BwdSm90Params& p, float (&s)[kN],
   fh::wgmma_fence_operand<kHalf, kN>(s);
   p_values<T, kMasked, kHalf, kN>(p, s, fmaf(dp[0], 0.f, lse0), fmaf(dp[0], 0.f, lse1), key0, q0, seqlen_k,
                                   diag);
-#pragma unroll
-  for (int r = 0; r < kN; ++r) dp[r] = s[r] * (dp[r] - ((r & 2) ? dsum1 : dsum0));
+  ds_values(s, dp, dsum0, dsum1);
 }
 
 // ---------------------------------------------------------------- consumer warpgroups ---
@@ -784,19 +792,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         p_and_ds<T, false>(p, s, dp, lse0, lse1, dsum0, dsum1, key0, m0 + q_row, seqlen_k, diag);
       }
     } else if (need_mask) {
-#pragma unroll
-      for (int r = 0; r < T::kWgKeys / 2; ++r) {
-        const int key = key0 + 8 * (r >> 2) + (r & 1);
-        const int query = m0 + q_row + 8 * ((r >> 1) & 1);
-        const float l = (r & 2) ? lse1 : lse0;
-        const bool masked = key >= seqlen_k || (p.causal && key > query + diag);
-        s[r] = masked ? 0.f : fh::exp2_approx(s[r] * p.scale_log2 - l);
-      }
+      p_values<T, true, 0, T::kWgKeys / 2>(p, s, lse0, lse1, key0, m0 + q_row, seqlen_k, diag);
     } else {
-#pragma unroll
-      for (int r = 0; r < T::kWgKeys / 2; ++r) {
-        s[r] = fh::exp2_approx(s[r] * p.scale_log2 - ((r & 2) ? lse1 : lse0));
-      }
+      p_values<T, false, 0, T::kWgKeys / 2>(p, s, lse0, lse1, key0, m0 + q_row, seqlen_k, diag);
     }
     // single_hand: the last step's (5)-(7) wgmmas of every warpgroup were waited for before it
     // gets here (wait<0> at the step's end), so the one buffer may be rewritten.
@@ -809,8 +807,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     if constexpr (!T::kDsInBranch) {
       fh::wgmma_wait<0>();
       fh::wgmma_fence_operand(dp);
-#pragma unroll
-      for (int r = 0; r < T::kWgKeys / 2; ++r) dp[r] = s[r] * (dp[r] - ((r & 2) ? dsum1 : dsum0));
+      ds_values(s, dp, dsum0, dsum1);
     }
     if constexpr (kPairOn) {
       // ds_t was sent to the partner at step it - 2; rewrite it once the partner has read what
