@@ -122,58 +122,55 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
                                                   fh::TmaPipeline<T::kStages>* pipe_v,
                                                   fh::PipelineState<T::kStages>& st) {
   const int kv_head = w.head / p.group;
-  auto load_kv = [&](int j) {
-    const int n0 = j * T::kBlockN;
+  // K_j and V_j into stage st (load_kv: both, then the next stage).
+  auto load_k = [&](int j) {
     pipe_k->producer_acquire(st);
     pipe_k->producer_expect(st, T::kKvTileBytes);
     tma_tile<T::kAtomCols>(smem + T::kOffK + st.stage * T::kKvTileBytes, T::kKvAtomBytes, m.k,
-                           pipe_k->full_barrier(st), p.head_inner & 2, w.row_k + n0, kv_head,
+                           pipe_k->full_barrier(st), p.head_inner & 2, w.row_k + j * T::kBlockN, kv_head,
                            w.map_batch);
+  };
+  auto load_v = [&](int j) {
     pipe_v->producer_acquire(st);
     pipe_v->producer_expect(st, T::kKvTileBytes);
     tma_tile<T::kAtomCols>(smem + T::kOffV + st.stage * T::kKvTileBytes, T::kKvAtomBytes, m.v,
-                           pipe_v->full_barrier(st), p.head_inner & 4, w.row_k + n0, kv_head,
+                           pipe_v->full_barrier(st), p.head_inner & 4, w.row_k + j * T::kBlockN, kv_head,
                            w.map_batch);
+  };
+  auto load_kv = [&](int j) {
+    load_k(j);
+    load_v(j);
     st.advance();
   };
+  // o_over_v: K_0 and Q stream in while the previous tile finishes; V_0 waits until its O has
+  // left the V stages. (Every tile, n_count = 0 too, passes the O-free barrier once: its
+  // consumers stage an O as well.) A tile without keys needs only its Q before its consumers
+  // free the O barrier: waiting after its Q would let them complete this tile's phase and the
+  // next before the wait polls (a parity wait cannot tell phase k + 1 from k - 1), so there the
+  // wait comes first.
+  auto* pipe_o = reinterpret_cast<fh::TmaPipeline<1>*>(smem + T::kOffPipeO);
   if constexpr (T::kOOverV) {
-    // K_0 and Q stream in while the previous tile finishes; V_0 waits until its O has left the
-    // V stages. (Every tile, n_count = 0 too, passes the O-free barrier once: its consumers
-    // stage an O as well.)
-    auto* pipe_o = reinterpret_cast<fh::TmaPipeline<1>*>(smem + T::kOffPipeO);
-    if (w.n_count > 0) {
-      pipe_k->producer_acquire(st);
-      pipe_k->producer_expect(st, T::kKvTileBytes);
-      tma_tile<T::kAtomCols>(smem + T::kOffK + st.stage * T::kKvTileBytes, T::kKvAtomBytes, m.k,
-                             pipe_k->full_barrier(st), p.head_inner & 2, w.row_k, kv_head, w.map_batch);
-    }
-    // A tile without keys needs only its Q before its consumers free the O barrier: waiting
-    // after its Q would let them complete this tile's phase and the next before the wait polls
-    // (a parity wait cannot tell phase k + 1 from k - 1), so there the wait comes first.
+    if (w.n_count > 0) load_k(0);
     if (w.n_count == 0) pipe_o->producer_acquire(sq);
-    pipe_q->producer_acquire(sq);
-    pipe_q->producer_expect(sq, T::kQBytes);
-    tma_tile<T::kAtomCols>(smem + T::kOffQ + sq.stage * T::kQBytes, T::kQAtomBytes, m.q,
-                           pipe_q->full_barrier(sq), p.head_inner & 1, w.row_q + w.m_block * T::kBlockM,
-                           w.head, w.map_batch);
-    if (w.n_count > 0) pipe_o->producer_acquire(sq);
-    sq.advance();
-    if (w.n_count > 0) {
-      pipe_v->producer_acquire(st);
-      pipe_v->producer_expect(st, T::kKvTileBytes);
-      tma_tile<T::kAtomCols>(smem + T::kOffV + st.stage * T::kKvTileBytes, T::kKvAtomBytes, m.v,
-                             pipe_v->full_barrier(st), p.head_inner & 4, w.row_k, kv_head, w.map_batch);
-      st.advance();
-    }
   } else {
     if (w.n_count > 0) load_kv(0);
-    // Q even when no key is seen (n_count = 0): the consumers stage that tile's O over it too.
-    pipe_q->producer_acquire(sq);
-    pipe_q->producer_expect(sq, T::kQBytes);
-    tma_tile<T::kAtomCols>(smem + T::kOffQ + sq.stage * T::kQBytes, T::kQAtomBytes, m.q,
-                           pipe_q->full_barrier(sq), p.head_inner & 1, w.row_q + w.m_block * T::kBlockM,
-                           w.head, w.map_batch);
-    sq.advance();
+  }
+  // Q even when no key is seen (n_count = 0): the consumers stage that tile's O too. (Inline:
+  // a lambda here reorders the d = 128 kernel's SASS.)
+  pipe_q->producer_acquire(sq);
+  pipe_q->producer_expect(sq, T::kQBytes);
+  tma_tile<T::kAtomCols>(smem + T::kOffQ + sq.stage * T::kQBytes, T::kQAtomBytes, m.q,
+                         pipe_q->full_barrier(sq), p.head_inner & 1, w.row_q + w.m_block * T::kBlockM,
+                         w.head, w.map_batch);
+  if constexpr (T::kOOverV) {
+    if (w.n_count > 0) pipe_o->producer_acquire(sq);
+  }
+  sq.advance();
+  if constexpr (T::kOOverV) {
+    if (w.n_count > 0) {
+      load_v(0);
+      st.advance();
+    }
   }
   for (int j = 1; j < w.n_count; ++j) load_kv(j);
 }
