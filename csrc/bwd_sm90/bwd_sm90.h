@@ -113,8 +113,9 @@ struct BwdSm90Config {
   // whether it tests the mask), instead of (2) in the branch and (4) after its join, which ptxas
   // does not schedule across: the exponentials (MUFU) and the dS arithmetic (FMA pipe) then run
   // one after the other. In one block ptxas may interleave them (FA3's d = 64 step in its SASS:
-  // the exponentials mixed with the dS arithmetic, the dP wait among them). By keys this also
-  // issues (5) dV after (4), since dV reads every P^T fragment.
+  // the exponentials mixed with the dS arithmetic, the dP wait among them). This also issues
+  // (5) dV after (4), since dV reads every P^T fragment. By keys only: split by head dim the same
+  // block (half the exponentials above the dP wait) measured -1.2..+3.9% at d = 128-256, noise.
   bool ds_in_branch = false;
 };
 
@@ -152,8 +153,11 @@ struct BwdSm90Config {
 // +2.0% non-causal; dQ before dK with the adds from registers +0.3..+2.7%; dq_smem alone
 // (after dK) -1.3..-3.5% (docs/perf-log.md, "The d = 64 backward: dQ before dK, measured").
 // The deterministic mode keeps its ordered adds from registers.
+// ds_in_branch on top (dV issued after dS^T, the exponentials and the dS arithmetic in one
+// block): +3.2 / +2.1 / +1.4% causal, +3.0 / +2.8 / +3.3% non-causal; the deterministic mode
+// unchanged (-0.4..+0.2%) (docs/perf-log.md, "dV after dS at d = 64, measured").
 constexpr BwdSm90Config kBwdSm90Hdim64 = {64, 128, 128, 2, 2, 24, 240, true, 2, true, false, false,
-                                         false, false, false, false, false, true};
+                                         false, false, false, false, false, true, true};
 constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, false, false, true};
 // d = 192: three consumer warpgroups of one atom-column each (64 x 96), dQ^T through shared
 // memory, one P^T / dS^T buffer (single_hand) for the room of a second Q stage: K, V 2 x 36 KB,
@@ -196,6 +200,8 @@ constexpr BwdSm90Config kBwdSm90Hdim256Single = {256, 64, 80, 2, 1, 24, 240, fal
 // at d = 256: the single CTA faster by 1.7-12% at 512-2048 rows, the pair faster from 4096
 // (docs/perf-log.md); between, the midpoint.
 constexpr int kBwdSm90PairMinRows = 3072;
+// Measured slower and removed: the d = 256 pair on 64-key blocks with two Q stages (and its
+// single-CTA companion), -8..-14% (docs/perf-log.md, "dV after dS at d = 64, measured").
 // d = 192 with three consumer warpgroups of one atom-column each (64 x 96, FA3's public d = 192
 // shape; registers 128 of 160, 216 KB): passed the d = 192 GPU tests and measured no faster
 // than two warpgroups at 64 x 80 (-2.7..+3.1%, docs/perf-log.md); its kernels are compiled by the
@@ -205,25 +211,6 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // 3.4-7.9% slower than kBwdSm90Hdim192 (docs/perf-log.md). Compiled by the candidates target
 // because it is the one config with unequal shares, whose second consumer instance
 // (bwd_sm90_launch.cuh) no table row instantiates now.
-// Candidate, written, NOT yet run: the d = 64 row with dV issued after dS^T (ds_in_branch;
-// docs/perf-log.md, "The d = 64 backward: dV after dS").
-constexpr BwdSm90Config kBwdSm90Hdim64DvLate = {64, 128, 128, 2, 2, 24, 240, true, 2, true, false, false,
-                                               false, false, false, false, false, true, true};
-// Candidate, written, NOT yet run: the d = 256 pair on 64-key blocks with two Q stages (the room
-// of the smaller K / V, hand-off and partner tiles); docs/perf-log.md, "The d = 256 pair with two
-// Q stages".
-constexpr BwdSm90Config kBwdSm90Hdim256N64Q2 = {256, 64, 64, 2, 1, 24, 240, false, 2, false, true,
-                                               false, true, false, true, true};
-// Its single-CTA companion (a head dim's configs share block_n): swapped in with it.
-constexpr BwdSm90Config kBwdSm90Hdim256SingleN64 = {256, 64, 64, 2, 1, 24, 240, false, 2};
-// Candidates, written, NOT yet run: the d = 128 / 192 / 256 rows with ds_in_branch (docs/perf-log.md,
-// "The exponentials and the dS arithmetic in one block, split by head dim").
-constexpr BwdSm90Config kBwdSm90Hdim128DsB = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, false, false,
-                                             true, false, false, false, false, true};
-constexpr BwdSm90Config kBwdSm90Hdim192DsB = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
-                                             false, true, false, false, true, false, true};
-constexpr BwdSm90Config kBwdSm90Hdim256DsB = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true,
-                                             false, true, true, false, false, true};
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.

@@ -121,6 +121,7 @@ struct BwdSm90Traits {
   static constexpr bool kDqBeforeDk = kCfg.dq_before_dk;
   static_assert(!kDqBeforeDk || kByKeys, "dq_before_dk: for the split by keys");
   static constexpr bool kDsInBranch = kCfg.ds_in_branch;
+  static_assert(!kDsInBranch || kByKeys, "ds_in_branch: by keys only (bwd_sm90.h)");
   static constexpr uint32_t kHandBufs = kSingleHand ? 1 : 2;
   static constexpr uint32_t kOffDs = kOffP + (kByKeys ? 0 : kHandBufs * kHandBytes);
   // dQ through shared memory (kCfg.dq_smem, default mode): one 64 x 64 fp32 buffer per consumer
@@ -597,14 +598,6 @@ __device__ __forceinline__ void copy_out_dkv(const BwdSm90Params& p, const BwdSm
       seqlen_k, tid);
 }
 
-// ds_in_branch, split by head dim: (2) P, the wait for dP and (4) dS = P * (dP - D) of one step in
-// one function body per mask case. The first half of the exponentials stays above the wait for
-// dP (their results fenced before it, and a basic block ended there: ptxas would put the wait,
-// which has no operands, first), so that they overlap the dP wgmma; the second half shares a
-// block with the dS arithmetic, which ptxas interleaves with them (FA3's step has the wait among
-// its exponentials, the dS arithmetic mixed with the rest). ptxas hoists arithmetic across the
-// block boundary unless it reads a register the wait makes ready, so the second half takes its
-// LSE through dP: lse + 0 * dP[0], exact for a finite dP (a non-finite one poisons P visibly).
 // Registers as bwd_sm90_consumer's: element r of s / dp is key key0 + 8 (r >> 2) + (r & 1) and
 // query q0 + 8 ((r >> 1) & 1), whose LSE / D are lse1 / dsum1 when r & 2.
 // (2) P of elements [kLo, kHi): keys past seqlen_k and (causal) after the query's diagonal give 0
@@ -631,22 +624,6 @@ __device__ __forceinline__ void ds_values(const float (&s)[kN], float (&dp)[kN],
 #pragma unroll
   for (int r = 0; r < kN; ++r) dp[r] = s[r] * (dp[r] - ((r & 2) ? dsum1 : dsum0));
 }
-template <class T, bool kMasked, int kN>
-__device__ __forceinline__ void p_and_ds(const BwdSm90Params& p, float (&s)[kN], float (&dp)[kN], float lse0,
-                                         float lse1, float dsum0, float dsum1, int key0, int q0, int seqlen_k,
-                                         int diag) {
-  constexpr int kHalf = kN / 2;
-  p_values<T, kMasked, 0, kHalf>(p, s, lse0, lse1, key0, q0, seqlen_k, diag);
-  fh::wgmma_fence_operand<0, kHalf>(s);
-  fh::keep_waits_below(seqlen_k);
-  fh::wgmma_wait<0>();  // dP
-  fh::wgmma_fence_operand(dp);
-  fh::wgmma_fence_operand<kHalf, kN>(s);
-  p_values<T, kMasked, kHalf, kN>(p, s, fmaf(dp[0], 0.f, lse0), fmaf(dp[0], 0.f, lse1), key0, q0, seqlen_k,
-                                  diag);
-  ds_values(s, dp, dsum0, dsum1);
-}
-
 // ---------------------------------------------------------------- consumer warpgroups ---
 // wg: which consumer warpgroup (0 .. W - 1), a run-time value; kOwn: the head-dim atom-columns of
 // (5)-(7) this instance holds accumulators for, a compile-time value (the arrays' size). Where
@@ -785,13 +762,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     fh::wgmma_fence_operand(s);
     const bool need_mask =
         n0 + T::kBlockN > seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag);
-    if constexpr (T::kDsInBranch) {
-      if (need_mask) {
-        p_and_ds<T, true>(p, s, dp, lse0, lse1, dsum0, dsum1, key0, m0 + q_row, seqlen_k, diag);
-      } else {
-        p_and_ds<T, false>(p, s, dp, lse0, lse1, dsum0, dsum1, key0, m0 + q_row, seqlen_k, diag);
-      }
-    } else if (need_mask) {
+    if (need_mask) {
       p_values<T, true, 0, T::kWgKeys / 2>(p, s, lse0, lse1, key0, m0 + q_row, seqlen_k, diag);
     } else {
       p_values<T, false, 0, T::kWgKeys / 2>(p, s, lse0, lse1, key0, m0 + q_row, seqlen_k, diag);
@@ -803,12 +774,10 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     }
     store_hand_t<T>(p_t, s, wg, t);
 
-    // (4) dS = P * (dP - D) (ds_in_branch: done above)
-    if constexpr (!T::kDsInBranch) {
-      fh::wgmma_wait<0>();
-      fh::wgmma_fence_operand(dp);
-      ds_values(s, dp, dsum0, dsum1);
-    }
+    // (4) dS = P * (dP - D)
+    fh::wgmma_wait<0>();
+    fh::wgmma_fence_operand(dp);
+    ds_values(s, dp, dsum0, dsum1);
     if constexpr (kPairOn) {
       // ds_t was sent to the partner at step it - 2; rewrite it once the partner has read what
       // it received then (its free arrivals), which also means the copy has read ds_t. The

@@ -45,9 +45,8 @@ struct FwdSm90Config {
   // freed once the tile's last S has been waited for and the next tile's Q (and K_0) load during
   // this tile's last P V and epilogue; the producer holds the next tile's V_0 until the O has
   // left (an "O free" barrier per tile). A persistent grid (tiles from the counter when causal)
-  // then starts no tile with a bare Q load. Measured on the main sweep (4k-16k) at d = 192 / 256:
-  // -5..-10% causal (the counter-fed grid at long causal rows), within +-2.5% non-causal; back as
-  // a candidate for short sequences, where a tile's ends weigh most (docs/perf-log.md).
+  // then starts no tile with a bare Q load. On at d = 192 / 256 for the calls a persistent grid
+  // serves (the Multi configs below); -5..-10% causal at 4k-16k (on the counter there).
   bool o_over_v = false;
 };
 
@@ -81,15 +80,23 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB; non-causal
 // -1.2..-1.8% against 128 keys (docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
-// Candidates, written, NOT yet run at short sequences: o_over_v at d = 192 / 256
-// (docs/perf-log.md, "The forward's O over the V stages at short sequences").
-constexpr FwdSm90Config kFwdSm90Hdim192Ov = {192, 112, 2, 2, 24, 240, false, true, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim256Ov = {256, 80, 2, 2, 24, 240, false, true, true, true};
+// The config of a head dim's calls whose tiles a persistent grid walks (fwd_sm90_multi_tile:
+// non-causal up to 2048 keys, causal where the counter feeds the tiles), causal or not; where it
+// is the causal config's object, the two configs above serve those calls. d = 192 / 256:
+// o_over_v, so a CTA's next Q loads during its tile's end. Measured (H200, bf16, A B A B, 16384
+// tokens) against the configs above: d = 192 +5.7 / +4.2% causal 512 / 1024, +6.0 / +2.9 / +2.0%
+// non-causal 512 / 1024 / 2048; d = 256 +4.5 / +2.9% causal, +4.9 / +3.3 / +1.9% non-causal. On
+// the counter at causal 2048 (one CTA per tile without it) it read +2.4% at d = 192 but -2.9% at
+// d = 256, and -5..-10% causal at 4k-16k: not there (docs/perf-log.md, "o_over_v at short
+// sequences, measured").
+static constexpr const FwdSm90Config& kFwdSm90Hdim64Multi = kFwdSm90Hdim64;
+static constexpr const FwdSm90Config& kFwdSm90Hdim128Multi = kFwdSm90Hdim128;
+constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, true, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim256Multi = {256, 80, 2, 2, 24, 240, false, true, true, true};
 // Measured slower and removed (docs/perf-log.md): a persistent CTA's tiles as one software
 // pipeline (cross_tile, d = 128: -6..+1% main sweep, -8..-17% short), ping-pong at d = 128 / 192
 // on the counter-fed tiles (-3.9..+0.3% / -3.3..+2.6%), O from registers without staging
-// (-2..-7% at d = 128-256), a tile's O staged over the V stages so that
-// the next Q loads during this tile's end (o_over_v, d = 192 / 256: -5..-10% causal), 1 / l and
+// (-2..-7% at d = 128-256), 1 / l and
 // log2 l by rcp.approx / lg2.approx (mean +0.2%, -3.8..+2.3%), d = 192 with 80-key blocks and two
 // Q stages (-7..-14%), d = 128 on three consumer warpgroups at 192 x 80 (-7.3 / -4.9 / +0.7% causal),
 // d = 128 with ping-pong and pv_wait_below together (-0.0..-3.1%), O rescaled between the GEMM
@@ -132,6 +139,10 @@ bool fwd_sm90_persistent(const flashback_fwd_params& p);
 // Whether a config with dynamic_tiles takes this call's tiles from a counter (a persistent
 // grid; fwd_sm90_launch.cu says when).
 bool fwd_sm90_dynamic(const flashback_fwd_params& p);
+
+// Whether a CTA of this call walks more than one tile (persistent or counter-fed): the head
+// dim's Multi config serves it.
+bool fwd_sm90_multi_tile(const flashback_fwd_params& p);
 
 // Runs the forward on `stream`. Returns cudaErrorNotSupported without launching anything when
 // a tensor map cannot be encoded (the caller then takes the reference path).

@@ -79,6 +79,8 @@ bool fwd_sm90_dynamic(const flashback_fwd_params& p) {
   return p.headdim <= 128 || p.seqlen_k <= 1024;  // varlen: the longest sequence
 }
 
+bool fwd_sm90_multi_tile(const flashback_fwd_params& p) { return fwd_sm90_persistent(p) || fwd_sm90_dynamic(p); }
+
 int fwd_sm90_sm_count() {
   static std::atomic<int> counts[64] = {};  // per device ordinal; 0 = not read yet
   int dev = 0;

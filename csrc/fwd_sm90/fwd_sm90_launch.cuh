@@ -207,9 +207,7 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
     // The counter: 4 bytes from the stream-ordered allocator, zeroed, freed after the kernel
     // (all in stream order, so concurrent streams never share one and graph capture records
     // them as nodes). Without a stream-ordered pool the static stride below runs instead.
-    // o_over_v: the next tile's Q no longer waits for this one's O, so the counter (and the
-    // persistent grid) may pay at every length, as with two Q stages.
-    if (fwd_sm90_dynamic(p) || (T::kOOverV && p.causal)) {
+    if (fwd_sm90_dynamic(p)) {
       if (cudaMallocAsync(reinterpret_cast<void**>(&kp.tile_counter), sizeof(int), stream) ==
           cudaSuccess) {
         err = cudaMemsetAsync(kp.tile_counter, 0, sizeof(int), stream);
@@ -225,23 +223,29 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
       kp.tile_counter = nullptr;
     }
   }
-  const int grid = fwd_sm90_persistent(p) || (T::kOOverV && p.causal)
-                       ? std::min(kp.num_tiles, fwd_sm90_sm_count()) : kp.num_tiles;
+  const int grid = fwd_sm90_persistent(p) ? std::min(kp.num_tiles, fwd_sm90_sm_count()) : kp.num_tiles;
   kernel<<<dim3(grid), T::kThreads, T::kSmemBytes, stream>>>(map_q, map_k, map_v, kp);
   return cudaGetLastError();
 }
 
 // The entry points of head dim D's instances, bf16 and fp16 (in fwd_sm90_hdim<D>.cu; the table in
-// fwd_sm90_launch.cu declares them): the non-causal config for calls without the mask (where it
-// is the causal one's object, both branches are the one instance).
-#define FLASHBACK_FWD_SM90_ENTRY(D, DT, DTYPE)                                                     \
-  cudaError_t run_fwd_sm90_hdim##D##_##DT(const flashback_fwd_params& p, cudaStream_t stream) { \
-    return p.causal ? run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D, DTYPE>>(p, stream)      \
+// fwd_sm90_launch.cu declares them): the Multi config for calls a persistent grid serves, where
+// it is a config of its own; else the non-causal config for calls without the mask (where it is
+// the causal one's object, both branches are the one instance).
+#define FLASHBACK_FWD_SM90_ENTRY(D, DT, DTYPE)                                                       \
+  cudaError_t run_fwd_sm90_hdim##D##_##DT(const flashback_fwd_params& p, cudaStream_t stream) {   \
+    if constexpr (&kFwdSm90Hdim##D##Multi != &kFwdSm90Hdim##D) {                                   \
+      if (fwd_sm90_multi_tile(p)) return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D##Multi, DTYPE>>(p, stream); \
+    }                                                                                              \
+    return p.causal ? run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D, DTYPE>>(p, stream)        \
                     : run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D##Full, DTYPE>>(p, stream); \
   }
 #define FLASHBACK_FWD_SM90_INSTANCES(D)                                                   \
   static_assert(kFwdSm90Hdim##D##Full.consumer_wgs == kFwdSm90Hdim##D.consumer_wgs &&      \
                     kFwdSm90Hdim##D##Full.head_dim == kFwdSm90Hdim##D.head_dim,           \
+                "can_implement reads the causal config's query rows per tile");           \
+  static_assert(kFwdSm90Hdim##D##Multi.consumer_wgs == kFwdSm90Hdim##D.consumer_wgs &&     \
+                    kFwdSm90Hdim##D##Multi.head_dim == kFwdSm90Hdim##D.head_dim,          \
                 "can_implement reads the causal config's query rows per tile");           \
   FLASHBACK_SM90_IF_BF16(FLASHBACK_FWD_SM90_ENTRY(D, bf16, Dtype::kBf16))                 \
   FLASHBACK_SM90_IF_FP16(FLASHBACK_FWD_SM90_ENTRY(D, fp16, Dtype::kF16))
