@@ -4,7 +4,7 @@
 // (0) preprocess, one warp per Q row: D_i = rowsum(dO_i * O_i) and LSE_i * log2(e), written to
 //     workspace rows padded to whole main-kernel steps (padding: D = 0, LSE = +inf, so padded
 //     rows give P = exp2(S * scale_log2 - inf) = 0 and the main kernel needs no row bounds for
-//     them).
+//     them); where asked, also the zeroing of dQaccum (and the turn counters) instead of a memset.
 // postprocess, one CTA per (64-row tile, head, batch): dQ = scale * dQaccum to bf16 / fp16. dQaccum
 //     holds each 64 x d tile in the order the main kernel's dQ^T accumulators add it (see
 //     bwd_sm90_epilogue.cuh), so that its atomics cover whole 128-byte lines; this kernel maps
@@ -59,7 +59,7 @@ __device__ __forceinline__ uint16_t from_float(float x) {
 template <int kHeadDim, Dtype E>
 __global__ void __launch_bounds__(kPreThreads)
     bwd_sm90_preprocess_kernel(const flashback_bwd_params p, int rows_padded, DqTiles tiles,
-                               float* lse_log2, float* dsum) {
+                               float* lse_log2, float* dsum, float* dq_accum, int* dq_turn) {
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
   const int row = blockIdx.x * kRowsPerCta + static_cast<int>(threadIdx.x) / 32;
@@ -89,10 +89,23 @@ __global__ void __launch_bounds__(kPreThreads)
   for (int offset = 16; offset > 0; offset /= 2) {
     acc += __shfl_xor_sync(0xffffffffu, acc, offset);
   }
+  const int64_t tile = dq_tile(tiles, seq, head, row / kDqTileRows);
   if (lane == 0) {
-    const int64_t idx = dq_tile(tiles, seq, head, row / kDqTileRows) * kDqTileRows + row % kDqTileRows;
+    const int64_t idx = tile * kDqTileRows + row % kDqTileRows;
     dsum[idx] = acc;
     lse_log2[idx] = row < seq.seqlen_q ? p.lse[lse_index(p, seq, head, row)] * kLog2e : INFINITY;
+  }
+  if (dq_accum != nullptr) {
+    // The zeroing of the tiles the main kernel adds into (every tile of this sequence's whole
+    // steps, the rows walked here): row r of a tile zeroes the tile's r-th 1/64, as a flat
+    // array (its fragment order does not matter for zeros). Replaces a memset of the region.
+    float2* z = reinterpret_cast<float2*>(dq_accum + tile * dq_tile_floats(kHeadDim) +
+                                          int64_t{row % kDqTileRows} * kHeadDim);
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 64; ++i) z[lane + 32 * i] = make_float2(0.f, 0.f);
+    if (dq_turn != nullptr && row % kDqTileRows == 0 && lane < kDqTurnsPerTile) {
+      dq_turn[tile * kDqTurnsPerTile + lane] = 0;
+    }
   }
 }
 
@@ -186,19 +199,20 @@ template <int D, Dtype E>
 struct PickPost {
   static constexpr auto kernel = bwd_sm90_postprocess_kernel<D, E>;
 };
-using PreKernel = void (*)(const flashback_bwd_params, int, DqTiles, float*, float*);
+using PreKernel = void (*)(const flashback_bwd_params, int, DqTiles, float*, float*, float*, int*);
 using PostKernel = void (*)(const flashback_bwd_params, DqTiles, const float*);
 
 }  // namespace
 
 cudaError_t launch_bwd_sm90_preprocess(const flashback_bwd_params& p, int m_blocks, int step_tiles,
-                                       float* lse_log2, float* dsum, cudaStream_t stream) {
+                                       float* lse_log2, float* dsum, float* dq_accum, int* dq_turn,
+                                       cudaStream_t stream) {
   const PreKernel kernel = pick_kernel<PickPre, PreKernel>(p);
   if (kernel == nullptr) return cudaErrorNotSupported;
   const int rows_padded = m_blocks * kDqTileRows;
   const dim3 grid((rows_padded + kRowsPerCta - 1) / kRowsPerCta, p.nheads, p.batch);
   return launch(kernel, grid, kPreThreads, stream, p, rows_padded,
-                dq_tiles_of(p, m_blocks, step_tiles), lse_log2, dsum);
+                dq_tiles_of(p, m_blocks, step_tiles), lse_log2, dsum, dq_accum, dq_turn);
 }
 
 cudaError_t launch_bwd_sm90_postprocess(const flashback_bwd_params& p, int m_blocks, int step_tiles,

@@ -215,8 +215,21 @@ def _assert_same_storage(ctx, name, returned, given):
     assert returned.data_ptr() == given.data_ptr(), f"{ctx}: {name}= was given but another tensor was returned"
 
 
+def _poison_free_memory(case):
+    """NaN-fill a block of the caching allocator at least the size of the backward's workspace
+    and give it back, so that the workspace (torch.empty inside attention_backward) starts as
+    NaN or as an earlier call's leftovers, not as fresh zeros: a dQaccum tile that the backward
+    adds into without zeroing it first then shows in dq. Best effort (the allocator may pick
+    another cached block, which holds leftovers too)."""
+    rows = -(-case.seqlen_q // 128) * 128 * case.nheads * case.batch
+    nbytes = rows * (case.headdim * 4 + 16) + (1 << 21)
+    junk = torch.full((nbytes // 4,), float("nan"), device=DEVICE, dtype=torch.float32)
+    del junk
+
+
 def _call_poisoned(case, x, deterministic):
-    """attention_forward then attention_backward, every output preallocated and NaN-filled."""
+    """attention_forward then attention_backward, every output preallocated and NaN-filled (and
+    the memory the backward's workspace comes from, _poison_free_memory)."""
     ctx = f"{case} deterministic={deterministic} seed={x.seed}"
     b, sq, h = case.batch, case.seqlen_q, case.nheads
     out, lse = _poisoned(x.q.shape, case.dtype), _poisoned((b, h, sq), torch.float32)
@@ -225,6 +238,7 @@ def _call_poisoned(case, x, deterministic):
     _assert_same_storage(ctx, "out", out_r, out)
     _assert_same_storage(ctx, "lse", lse_r, lse)
     dq, dk, dv = (_poisoned(t.shape, case.dtype) for t in (x.q, x.k, x.v))
+    _poison_free_memory(case)
     grads = flashback.attention_backward(x.dout, x.q, x.k, x.v, out, lse, causal=case.causal,
                                          softmax_scale=case.softmax_scale, deterministic=deterministic,
                                          dq=dq, dk=dk, dv=dv)
