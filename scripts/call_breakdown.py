@@ -19,12 +19,22 @@ from collections import OrderedDict
 
 
 def short_name(name):
-    """A kernel's name without its template arguments and namespaces, for a table."""
+    """A kernel's name without its template arguments and namespaces, for a table. A generic
+    launcher template (CUTLASS's `device_kernel<Op>`, which names all of FA3's kernels) is
+    named by its first template argument instead."""
     if name.startswith("Memset") or name.startswith("Memcpy"):
         return name
-    base = name.replace("(anonymous namespace)::", "").split("<", 1)[0].split("(", 1)[0]
-    base = base.replace("void ", "").strip()
-    return base.rsplit("::", 1)[-1] or name
+    clean = name.replace("(anonymous namespace)::", "")
+    base = clean.split("<", 1)[0].split("(", 1)[0]
+    base = base.replace("void ", "").strip().rsplit("::", 1)[-1]
+    if base == "device_kernel" and "<" in clean:
+        arg = clean.split("<", 1)[1]
+        for stop in "<,>(":
+            arg = arg.split(stop, 1)[0]
+        arg = arg.strip().rsplit("::", 1)[-1]
+        if arg:
+            return arg
+    return base or name
 
 
 def breakdown(events, calls):

@@ -12,6 +12,12 @@ def test_short_names():
     assert cb.short_name("void flashback::sm90::(anonymous namespace)::bwd_sm90_preprocess_kernel<256, "
                          "(flashback::hopper::Dtype)0>(flashback_bwd_params, int)") == "bwd_sm90_preprocess_kernel"
     assert cb.short_name("Memset (Device)") == "Memset (Device)"
+    # CUTLASS's launcher (all of FA3's kernels): named by the operator it runs
+    assert cb.short_name("void cutlass::device_kernel<flash::FlashAttnBwdSm90<flash::CollectiveMainloopBwdSm90<2, "
+                         "cute::tuple<cute::C<64> > >, int> >(flash::FlashAttnBwdSm90<int>::Params)") == "FlashAttnBwdSm90"
+    assert cb.short_name("void cutlass::device_kernel<flash::FlashAttnBwdPreprocess<cute::tuple<cute::C<64>>, "
+                         "cutlass::bfloat16_t> >(int)") == "FlashAttnBwdPreprocess"
+    assert cb.short_name("void cutlass::device_kernel(int)") == "device_kernel"
 
 
 def test_breakdown_per_call_and_span():
