@@ -48,6 +48,12 @@ struct FwdSm90Config {
   // then starts no tile with a bare Q load. On at d = 192 / 256 for the calls a persistent grid
   // serves (the Multi configs below); -5..-10% causal at 4k-16k (on the counter there).
   bool o_over_v = false;
+  // The wait for P_j V_j amid the softmax of block j + 1: after the row max and the first half
+  // of the exponentials (their results fenced above it), the second half after it, interleaved
+  // with the O rescale (its offset taken through O so that ptxas cannot hoist it above the
+  // wait). FA3's d = 128 step keeps about a third of its exponentials above that wait; ours
+  // has none above it (pv_wait_below off) or all (on, measured slower at d = 128).
+  bool pv_wait_split = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -80,6 +86,9 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB; non-causal
 // -1.2..-1.8% against 128 keys (docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
+// Candidate, written, NOT yet run: d = 128 with the P V wait amid the softmax (pv_wait_split;
+// docs/perf-log.md, "The d = 128 forward's P V wait amid the softmax").
+constexpr FwdSm90Config kFwdSm90Hdim128PvSplit = {128, 128, 2, 2, 24, 240, false, true, false, false, true};
 // The config of a head dim's calls whose tiles a persistent grid walks (fwd_sm90_multi_tile:
 // non-causal up to 2048 keys, causal where the counter feeds the tiles), causal or not; where it
 // is the causal config's object, the two configs above serve those calls. d = 192 / 256:

@@ -66,6 +66,8 @@ struct FwdSm90Traits {
   // dynamic_tiles: the producer hands each tile id to the consumers through a 2-slot ring.
   static constexpr bool kDynamic = kCfg.dynamic_tiles;
   static constexpr bool kPvWaitBelow = kCfg.pv_wait_below;
+  static constexpr bool kPvWaitSplit = kCfg.pv_wait_split;
+  static_assert(!(kPvWaitBelow && kPvWaitSplit), "one place for the P V wait");
   // o_over_v: the O-free barrier (one arrival per consumer warp after its O rows left the V
   // stages; the producer waits for it before the next tile's V_0). It runs in step with the one
   // Q stage, so it shares the Q ring's state.
@@ -280,7 +282,9 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   };
   // Mask, then the online softmax of block j in place (acc becomes P, unnormalized), the row
   // statistics updated; returns in alpha the factor O must be rescaled by before P_j V_j.
-  auto softmax = [&](float (&acc)[kS], int j, float (&alpha)[2]) {
+  // wait_pv (pv_wait_split): the wait for the P V group in flight after the first half of the
+  // exponentials, the second half's offsets tied to it through O.
+  auto softmax = [&](float (&acc)[kS], int j, float (&alpha)[2], bool wait_pv) {
     const int n0 = j * T::kBlockN;
     // Keys past seqlen_k and (causal) after a row's diagonal get -inf; only blocks that reach
     // past seqlen_k or cross the diagonal test each element.
@@ -312,9 +316,27 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     }
     float rowsum[2] = {0.f, 0.f};
 #pragma unroll
-    for (int r = 0; r < kS; ++r) {
+    for (int r = 0; r < kS / 2; ++r) {
       const int h = (r >> 1) & 1;
       acc[r] = fh::exp2_approx(acc[r] * p.scale_log2 - offset[h]);
+      rowsum[h] += acc[r];
+    }
+    float off2[2] = {offset[0], offset[1]};
+    if constexpr (T::kPvWaitSplit) {
+      if (wait_pv) {
+        fh::wgmma_fence_operand<0, kS / 2>(acc);
+        fh::keep_waits_below(w.seqlen_k);
+        fh::wgmma_wait<0>();  // P_{j-1} V_{j-1}
+        fh::wgmma_fence_operand(o);
+        const float zero = 0.f * o[0];  // exact 0 for a finite O; ties the second half to the wait
+        off2[0] += zero;
+        off2[1] += zero;
+      }
+    }
+#pragma unroll
+    for (int r = kS / 2; r < kS; ++r) {
+      const int h = (r >> 1) & 1;
+      acc[r] = fh::exp2_approx(acc[r] * p.scale_log2 - off2[h]);
       rowsum[h] += acc[r];
     }
 #pragma unroll
@@ -350,7 +372,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     fh::wgmma_fence_operand(s);
     if (warp_leader) pipe_k->consumer_release(st);
     release_q_after_last_s(w.n_count == 1);
-    softmax(s, 0, alpha);
+    softmax(s, 0, alpha, false);
     to_frags(s, a);  // O is 0: no rescale
     for (int j = 0; j + 1 < w.n_count; ++j) {
       fh::PipelineState<T::kStages> next = st;
@@ -363,10 +385,12 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       fh::wgmma_fence_operand(s);
       if (warp_leader) pipe_k->consumer_release(next);
       release_q_after_last_s(j + 2 == w.n_count);
-      softmax(s, j + 1, alpha);
-      if constexpr (T::kPvWaitBelow) fh::keep_waits_below(w.seqlen_k);  // (wgmma.h)
-      fh::wgmma_wait<0>();  // P_j V_j
-      fh::wgmma_fence_operand(o);
+      softmax(s, j + 1, alpha, true);  // pv_wait_split: waits for P_j V_j inside
+      if constexpr (!T::kPvWaitSplit) {
+        if constexpr (T::kPvWaitBelow) fh::keep_waits_below(w.seqlen_k);  // (wgmma.h)
+        fh::wgmma_wait<0>();  // P_j V_j
+        fh::wgmma_fence_operand(o);
+      }
       fence_frags(a);
       if (warp_leader) pipe_v->consumer_release(st);
       rescale_o(alpha);
