@@ -54,6 +54,10 @@ struct FwdSm90Config {
   // wait). FA3's d = 128 step keeps about a third of its exponentials above that wait; ours
   // has none above it (pv_wait_below off) or all (on, measured slower at d = 128).
   bool pv_wait_split = false;
+  // The mask of a block that crosses seqlen_k or the diagonal as one compare per element against
+  // a per-row key limit (min(seqlen_k, query + diag + 1), computed once per row and block), with
+  // the element's column offset an immediate, instead of two compares on its key and query.
+  bool mask_by_limit = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -89,6 +93,12 @@ constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, t
 // Candidate, written, NOT yet run: d = 128 with the P V wait amid the softmax (pv_wait_split;
 // docs/perf-log.md, "The d = 128 forward's P V wait amid the softmax").
 constexpr FwdSm90Config kFwdSm90Hdim128PvSplit = {128, 128, 2, 2, 24, 240, false, true, false, false, true};
+// Candidates, written, NOT yet run: the rows with mask_by_limit (docs/perf-log.md, "The
+// forward's mask as one compare per element").
+constexpr FwdSm90Config kFwdSm90Hdim64Lim = {64, 128, 3, 2, 24, 160, true, true, false, false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim128Lim = {128, 128, 2, 2, 24, 240, false, true, false, false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim192Lim = {192, 112, 2, 2, 24, 240, false, true, true, false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim256Lim = {256, 80, 2, 2, 24, 240, false, true, true, false, false, true};
 // The config of a head dim's calls whose tiles a persistent grid walks (fwd_sm90_multi_tile:
 // non-causal up to 2048 keys, causal where the counter feeds the tiles), causal or not; where it
 // is the causal config's object, the two configs above serve those calls. d = 192 / 256:

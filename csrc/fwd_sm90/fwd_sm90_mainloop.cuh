@@ -68,6 +68,7 @@ struct FwdSm90Traits {
   static constexpr bool kPvWaitBelow = kCfg.pv_wait_below;
   static constexpr bool kPvWaitSplit = kCfg.pv_wait_split;
   static_assert(!(kPvWaitBelow && kPvWaitSplit), "one place for the P V wait");
+  static constexpr bool kMaskByLimit = kCfg.mask_by_limit;
   // o_over_v: the O-free barrier (one arrival per consumer warp after its O rows left the V
   // stages; the producer waits for it before the next tile's V_0). It runs in step with the one
   // Q stage, so it shares the Q ring's state.
@@ -289,11 +290,26 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     // Keys past seqlen_k and (causal) after a row's diagonal get -inf; only blocks that reach
     // past seqlen_k or cross the diagonal test each element.
     if (n0 + T::kBlockN > w.seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag)) {
+      if constexpr (T::kMaskByLimit) {
+        // Element r's key is n0 + acc_col(0, t) + acc_col(r, 0); it is kept below the row's
+        // limit. The same test as below: key >= seqlen_k or key > query + diag.
+        int lim[2];
 #pragma unroll
-      for (int r = 0; r < kS; ++r) {
-        const int key = n0 + fh::acc_col(r, t);
-        const int query = m0 + fh::acc_row(r, t);
-        if (key >= w.seqlen_k || (p.causal && key > query + diag)) acc[r] = -INFINITY;
+        for (int h = 0; h < 2; ++h) {
+          const int query = m0 + fh::acc_row(2 * h, t);
+          lim[h] = (p.causal ? min(w.seqlen_k, query + diag + 1) : w.seqlen_k) - (n0 + fh::acc_col(0, t));
+        }
+#pragma unroll
+        for (int r = 0; r < kS; ++r) {
+          if (fh::acc_col(r, 0) >= lim[(r >> 1) & 1]) acc[r] = -INFINITY;
+        }
+      } else {
+#pragma unroll
+        for (int r = 0; r < kS; ++r) {
+          const int key = n0 + fh::acc_col(r, t);
+          const int query = m0 + fh::acc_row(r, t);
+          if (key >= w.seqlen_k || (p.causal && key > query + diag)) acc[r] = -INFINITY;
+        }
       }
     }
     // Base 2: p = exp2(S * scale_log2 - m * scale_log2). A row that has seen only masked keys
