@@ -99,6 +99,8 @@ constexpr FwdSm90Config kFwdSm90Hdim64Lim = {64, 128, 3, 2, 24, 160, true, true,
 constexpr FwdSm90Config kFwdSm90Hdim128Lim = {128, 128, 2, 2, 24, 240, false, true, false, false, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim192Lim = {192, 112, 2, 2, 24, 240, false, true, true, false, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim256Lim = {256, 80, 2, 2, 24, 240, false, true, true, false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim192MultiLim = {192, 112, 2, 2, 24, 240, false, true, true, true, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim256MultiLim = {256, 80, 2, 2, 24, 240, false, true, true, true, false, true};
 // The config of a head dim's calls whose tiles a persistent grid walks (fwd_sm90_multi_tile:
 // non-causal up to 2048 keys, causal where the counter feeds the tiles), causal or not; where it
 // is the causal config's object, the two configs above serve those calls. d = 192 / 256:
