@@ -19,6 +19,8 @@
 // registers).
 #pragma once
 
+#include <climits>
+
 #include "bwd_sm90/bwd_sm90_mainloop.cuh"
 
 namespace flashback {
@@ -129,6 +131,16 @@ __device__ __forceinline__ void dq_tile_out(const BwdSm90Params& p, const BwdSm9
 template <class T, bool kMasked, int kS, int kJLo = 0, int kJHi = T::kBlockM / 8>
 __device__ __forceinline__ void p_t_exps(const BwdSm90Params& p, float (&s)[kS], const float2* lse2,
                                          int key_lo, int q0, int seqlen_k, int diag) {
+  // mask_by_limit: element (j, e) is masked when its query offset 8 j + (e & 1) is below its key
+  // row's limit: all of a row past seqlen_k, else (causal) the queries before key - diag.
+  int qlim[2] = {0, 0};
+  if constexpr (kMasked && T::kMaskByLimit) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int key = key_lo + 8 * h;
+      qlim[h] = key >= seqlen_k ? INT_MAX : (p.causal ? key - diag - q0 : INT_MIN);
+    }
+  }
 #pragma unroll
   for (int j = kJLo; j < kJHi; ++j) {
     const float2 l = lse2[4 * j];
@@ -138,7 +150,8 @@ __device__ __forceinline__ void p_t_exps(const BwdSm90Params& p, float (&s)[kS],
       if constexpr (kMasked) {
         const int key = key_lo + 8 * (e >> 1);
         const int query = q0 + 8 * j + (e & 1);
-        const bool masked = key >= seqlen_k || (p.causal && key > query + diag);
+        const bool masked = T::kMaskByLimit ? 8 * j + (e & 1) < qlim[e >> 1]
+                                            : key >= seqlen_k || (p.causal && key > query + diag);
         s[r] = masked ? 0.f : fh::exp2_approx(s[r] * p.scale_log2 - ((e & 1) ? l.y : l.x));
       } else {
         s[r] = fh::exp2_approx(s[r] * p.scale_log2 - ((e & 1) ? l.y : l.x));
