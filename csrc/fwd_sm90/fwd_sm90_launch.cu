@@ -74,12 +74,26 @@ bool fwd_sm90_persistent(const flashback_fwd_params& p) {
 // and +7.0 / +0.3% at 512 / 1024, but -1.1 / -3.1% at 2048 and 2-11% slower at 4k-16k (where one
 // CTA per tile stays). Non-causal tiles are all alike: the static stride (or one CTA per tile)
 // measured 0.3-4.4% faster than the counter there.
+namespace {
+bool counter_by_length(const flashback_fwd_params& p) {
+  return p.causal && (p.headdim <= 128 || p.seqlen_k <= 1024);  // varlen: the longest sequence
+}
+// FLASHBACK_FWD_COUNTER=1 (experimental, read once per process): every causal call takes its
+// tiles from the counter, with the config the length rule picks (fwd_sm90_multi_tile is not
+// moved), so that the counter can be measured against one CTA per tile on long d = 192 / 256
+// rows, where it read 2-11% slower than a balance model says it should be
+// (scripts/fwd_balance_model.py: 3.5% faster at d = 192 causal 4k).
+bool counter_forced() {
+  static const bool on = env_switch("FLASHBACK_FWD_COUNTER");
+  return on;
+}
+}  // namespace
+
 bool fwd_sm90_dynamic(const flashback_fwd_params& p) {
-  if (!p.causal) return false;
-  return p.headdim <= 128 || p.seqlen_k <= 1024;  // varlen: the longest sequence
+  return counter_by_length(p) || (p.causal && counter_forced());
 }
 
-bool fwd_sm90_multi_tile(const flashback_fwd_params& p) { return fwd_sm90_persistent(p) || fwd_sm90_dynamic(p); }
+bool fwd_sm90_multi_tile(const flashback_fwd_params& p) { return fwd_sm90_persistent(p) || counter_by_length(p); }
 
 int fwd_sm90_sm_count() {
   static std::atomic<int> counts[64] = {};  // per device ordinal; 0 = not read yet
