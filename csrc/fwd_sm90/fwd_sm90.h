@@ -58,6 +58,12 @@ struct FwdSm90Config {
   // a per-row key limit (min(seqlen_k, query + diag + 1), computed once per row and block), with
   // the element's column offset an immediate, instead of two compares on its key and query.
   bool mask_by_limit = false;
+  // dynamic_tiles: the producer takes the next tile's id from the counter after it has issued
+  // this tile's last K/V loads (about kv_stages key blocks before the tile ends) instead of as
+  // the tile starts, so a busy CTA does not hold a reserved tile that a freed CTA could run.
+  // scripts/fwd_balance_model.py: the reservation a tile ahead costs 2-10% against one CTA per
+  // tile on long causal d = 192 / 256 rows, the late one gains 1-3.5% there.
+  bool late_tile_fetch = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -101,6 +107,13 @@ constexpr FwdSm90Config kFwdSm90Hdim192Lim = {192, 112, 2, 2, 24, 240, false, tr
 constexpr FwdSm90Config kFwdSm90Hdim256Lim = {256, 80, 2, 2, 24, 240, false, true, true, false, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim192MultiLim = {192, 112, 2, 2, 24, 240, false, true, true, true, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim256MultiLim = {256, 80, 2, 2, 24, 240, false, true, true, true, false, true};
+// Candidates, written, NOT yet run: the rows with late_tile_fetch (docs/perf-log.md, "The
+// forward's counter: the next tile fetched late"); measured with FLASHBACK_FWD_COUNTER=1 too.
+constexpr FwdSm90Config kFwdSm90Hdim128Late = {128, 128, 2, 2, 24, 240, false, true, false, false, false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim192Late = {192, 112, 2, 2, 24, 240, false, true, true, false, false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim256Late = {256, 80, 2, 2, 24, 240, false, true, true, false, false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim192MultiLate = {192, 112, 2, 2, 24, 240, false, true, true, true, false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim256MultiLate = {256, 80, 2, 2, 24, 240, false, true, true, true, false, false, true};
 // The config of a head dim's calls whose tiles a persistent grid walks (fwd_sm90_multi_tile:
 // non-causal up to 2048 keys, causal where the counter feeds the tiles), causal or not; where it
 // is the causal config's object, the two configs above serve those calls. d = 192 / 256:

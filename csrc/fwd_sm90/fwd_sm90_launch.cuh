@@ -45,9 +45,10 @@ __device__ __forceinline__ void fwd_sm90_consumer_tiles(const FwdSm90Params& p, 
 
 // dynamic_tiles: the persistent grid's tile loop with the ids from p.tile_counter. CTA c starts
 // with tile c; its producer thread fetches the next id (one atomicAdd, issued before the tile's
-// loads so that its latency hides under them) and hands every id to the consumer warps through
-// a 2-slot ring (an id written, then the slot's full barrier; freed by one arrival per consumer
-// warp). An id past the last tile ends the loop of everyone.
+// loads so that its latency hides under them; late_tile_fetch: after them, hidden by the tile's
+// last kv_stages key blocks, which the consumers still have to run) and hands every id to the
+// consumer warps through a 2-slot ring (an id written, then the slot's full barrier; freed by
+// one arrival per consumer warp). An id past the last tile ends the loop of everyone.
 template <class T>
 __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
                                                        const CUtensorMap& map_q,
@@ -78,9 +79,11 @@ __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
       fh::mbar_arrive(pipe_tile->full_barrier(sr));  // releases the id's store
       sr.advance();
       if (id >= p.num_tiles) break;
-      const int next = static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1);
+      int next = 0;
+      if constexpr (!T::kLateTileFetch) next = static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1);
       const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
       if (w.active) fwd_sm90_producer<T>(p, maps, w, smem, pipe_q, sq, pipe_k, pipe_v, st);
+      if constexpr (T::kLateTileFetch) next = static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1);
       id = next;
     }
   } else {

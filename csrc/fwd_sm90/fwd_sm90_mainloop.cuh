@@ -69,6 +69,7 @@ struct FwdSm90Traits {
   static constexpr bool kPvWaitSplit = kCfg.pv_wait_split;
   static_assert(!(kPvWaitBelow && kPvWaitSplit), "one place for the P V wait");
   static constexpr bool kMaskByLimit = kCfg.mask_by_limit;
+  static constexpr bool kLateTileFetch = kCfg.late_tile_fetch;
   // o_over_v: the O-free barrier (one arrival per consumer warp after its O rows left the V
   // stages; the producer waits for it before the next tile's V_0). It runs in step with the one
   // Q stage, so it shares the Q ring's state.
