@@ -62,7 +62,15 @@ bool fwd_sm90_can_implement(const flashback_fwd_params& p, const char** why) {
 // causal tiles then vary in length, and the longest-first order that a one-CTA-per-tile grid
 // keeps (the hardware hands a free SM the next tile) is lost, -4 to -32% at 4096-16384 and
 // already -7 to -23% at 1024-2048 for the causal d = 192 / 256 rows (few, long tiles).
+// FLASHBACK_FWD_PERSISTENT_LONG=1 (experimental, read once per process): non-causal calls run
+// the persistent grid at every length. The first A/B (66ac1ab, every tile persistent, a run
+// whose unchanged rows moved by up to 10%) read +3.6 / +3.4% at d = 128 / 192 non-causal 4k,
+// and the balance model (scripts/fwd_balance_model.py --noncausal) puts the static stride
+// 1.3-2.1% ahead of one CTA per tile at 4k (the last wave's idle SMs): worth a cleaner A/B at
+// d = 128 non-causal 4k, 0.879 of FA3.
 bool fwd_sm90_persistent(const flashback_fwd_params& p) {
+  static const bool long_noncausal = env_switch("FLASHBACK_FWD_PERSISTENT_LONG");
+  if (long_noncausal && !p.causal) return true;
   if (p.seqlen_k > 2048) return false;  // varlen: the longest sequence
   return !p.causal || p.headdim <= 128;
 }
