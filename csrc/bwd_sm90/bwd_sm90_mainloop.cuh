@@ -601,9 +601,9 @@ __device__ __forceinline__ void copy_out_dkv(const BwdSm90Params& p, const BwdSm
 
 // Registers as bwd_sm90_consumer's: element r of s / dp is key key0 + 8 (r >> 2) + (r & 1) and
 // query q0 + 8 ((r >> 1) & 1), whose LSE / D are lse1 / dsum1 when r & 2.
-// (2) P of elements [kLo, kHi): keys past seqlen_k and (causal) after the query's diagonal give 0
-// (kMasked); query rows past seqlen_q have LSE = +inf.
-template <class T, bool kMasked, int kLo, int kHi, int kN>
+// (2) P: keys past seqlen_k and (causal) after the query's diagonal give 0 (kMasked); query rows
+// past seqlen_q have LSE = +inf.
+template <class T, bool kMasked, int kN>
 __device__ __forceinline__ void p_values(const BwdSm90Params& p, float (&s)[kN], float lse0, float lse1, int key0,
                                          int q0, int seqlen_k, int diag) {
   // mask_by_limit: element r is masked when its key offset 8 (r >> 2) + (r & 1) reaches its
@@ -616,7 +616,7 @@ __device__ __forceinline__ void p_values(const BwdSm90Params& p, float (&s)[kN],
     }
   }
 #pragma unroll
-  for (int r = kLo; r < kHi; ++r) {
+  for (int r = 0; r < kN; ++r) {
     const float l = (r & 2) ? lse1 : lse0;
     if constexpr (kMasked) {
       const int key = key0 + 8 * (r >> 2) + (r & 1);
@@ -774,9 +774,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     const bool need_mask =
         n0 + T::kBlockN > seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag);
     if (need_mask) {
-      p_values<T, true, 0, T::kWgKeys / 2>(p, s, lse0, lse1, key0, m0 + q_row, seqlen_k, diag);
+      p_values<T, true>(p, s, lse0, lse1, key0, m0 + q_row, seqlen_k, diag);
     } else {
-      p_values<T, false, 0, T::kWgKeys / 2>(p, s, lse0, lse1, key0, m0 + q_row, seqlen_k, diag);
+      p_values<T, false>(p, s, lse0, lse1, key0, m0 + q_row, seqlen_k, diag);
     }
     // single_hand: the last step's (5)-(7) wgmmas of every warpgroup were waited for before it
     // gets here (wait<0> at the step's end), so the one buffer may be rewritten.
