@@ -117,10 +117,6 @@ struct BwdSm90Config {
   // (5) dV after (4), since dV reads every P^T fragment. By keys only: split by head dim the same
   // block (half the exponentials above the dP wait) measured -1.2..+3.9% at d = 128-256, noise.
   bool ds_in_branch = false;
-  // The mask of a step that crosses seqlen_k or the diagonal as one compare per element against
-  // a per-row limit (computed once per row and step), the element's offset an immediate,
-  // instead of two compares on its key and query (the forward's mask_by_limit).
-  bool mask_by_limit = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -216,18 +212,6 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // because it is the one config with unequal shares, whose second consumer instance
 // (bwd_sm90_launch.cuh) no table row instantiates now.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
-// Candidates, written, NOT yet run: the rows (and d = 256's single-CTA config, which serves the
-// short walks) with mask_by_limit (docs/perf-log.md, "The backward's mask as one compare per element").
-constexpr BwdSm90Config kBwdSm90Hdim64Lim = {64, 128, 128, 2, 2, 24, 240, true, 2, true, false, false,
-                                            false, false, false, false, false, true, true, true};
-constexpr BwdSm90Config kBwdSm90Hdim128Lim = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, false, false, true,
-                                             false, false, false, false, false, true};
-constexpr BwdSm90Config kBwdSm90Hdim192Lim = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
-                                             false, true, false, false, true, false, false, true};
-constexpr BwdSm90Config kBwdSm90Hdim256Lim = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
-                                             true, true, false, false, false, true};
-constexpr BwdSm90Config kBwdSm90Hdim256SingleLim = {256, 64, 80, 2, 1, 24, 240, false, 2, false, false, false,
-                                                   false, false, false, false, false, false, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {

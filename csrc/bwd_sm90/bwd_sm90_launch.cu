@@ -51,11 +51,6 @@ bool bwd_sm90_det_cooperative() {
   return on;
 }
 
-bool bwd_sm90_zero_in_pre() {
-  static const bool on = env_switch("FLASHBACK_BWD_ZERO_IN_PRE");
-  return on;
-}
-
 // FLASHBACK_BWD_PAIR: "0" never, "1" always (where a cluster fits), anything else automatic.
 int bwd_sm90_pair_switch() {
   static const int value = [] {

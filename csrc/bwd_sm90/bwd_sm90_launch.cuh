@@ -2,7 +2,7 @@
 // template: the instances live in bwd_sm90_hdim*.cu, the table that picks one, the workspace
 // plan and can_implement in bwd_sm90_launch.cu.
 //
-// Order on the stream: zero dQaccum (a memset, or inside the preprocess), (0) preprocess, main kernel, postprocess.
+// Order on the stream: (0) preprocess (which also zeroes dQaccum), main kernel, postprocess.
 // Kernel structure: 1 + consumer_wgs warpgroups of 128 threads, __launch_bounds__(kThreads, 1)
 // (168 registers each at entry with two consumer warpgroups, 128 with three; setmaxnreg needs
 // the count known at entry):
@@ -45,9 +45,6 @@ struct WorkspaceParts {
 WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p);
 // FLASHBACK_DET_COOPERATIVE, read once per process.
 bool bwd_sm90_det_cooperative();
-// FLASHBACK_BWD_ZERO_IN_PRE, read once per process: the preprocess zeroes dQaccum instead of a
-// memset before it (one pass over the region fewer; candidate, docs/perf-log.md).
-bool bwd_sm90_zero_in_pre();
 // Does a 2-CTA pair config pay for these params (run_bwd_sm90_mode): enough query rows per CTA
 // (kBwdSm90PairMinRows). FLASHBACK_BWD_PAIR (for A/B runs and tests, read once per process)
 // overrides it: 0 never, 1 always (where a cluster fits), anything else by the rows. Never
@@ -169,16 +166,10 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   const int m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;  // steps
   const int tiles_m = m_blocks * T::kStepTiles;  // 64-row workspace tiles (bwd_sm90_prepost.h)
 
-  // (0) D = rowsum(dO * O), LSE * log2(e); dQaccum (and the turn counters) zeroed by a memset
-  // before it or, FLASHBACK_BWD_ZERO_IN_PRE (experimental), by the preprocess itself.
-  const bool zero_in_pre = bwd_sm90_zero_in_pre();
-  if (!zero_in_pre) {
-    err = cudaMemsetAsync(dq_accum, 0, parts.lse - parts.dq_accum, stream);
-    if (err != cudaSuccess) return err;
-  }
-  err = launch_bwd_sm90_preprocess(p, tiles_m, T::kStepTiles, lse_log2, dsum, zero_in_pre ? dq_accum : nullptr,
-                                   zero_in_pre && kDet ? reinterpret_cast<int*>(ws + parts.dq_turn) : nullptr,
-                                   stream);
+  // (0) D = rowsum(dO * O), LSE * log2(e); dQaccum (and the deterministic mode's turn
+  // counters) zeroed by the same kernel, no memset before it.
+  err = launch_bwd_sm90_preprocess(p, tiles_m, T::kStepTiles, lse_log2, dsum, dq_accum,
+                                   kDet ? reinterpret_cast<int*>(ws + parts.dq_turn) : nullptr, stream);
   if (err != cudaSuccess) return err;
 
   BwdSm90Params kp;

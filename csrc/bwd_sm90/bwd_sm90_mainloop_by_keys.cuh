@@ -131,10 +131,11 @@ __device__ __forceinline__ void dq_tile_out(const BwdSm90Params& p, const BwdSm9
 template <class T, bool kMasked, int kS, int kJLo = 0, int kJHi = T::kBlockM / 8>
 __device__ __forceinline__ void p_t_exps(const BwdSm90Params& p, float (&s)[kS], const float2* lse2,
                                          int key_lo, int q0, int seqlen_k, int diag) {
-  // mask_by_limit: element (j, e) is masked when its query offset 8 j + (e & 1) is below its key
-  // row's limit: all of a row past seqlen_k, else (causal) the queries before key - diag.
+  // The mask as one compare per element (p_values in bwd_sm90_mainloop.cuh): element (j, e) is
+  // masked when its query offset 8 j + (e & 1) is below its key row's limit: all of a row past
+  // seqlen_k, else (causal) the queries before key - diag.
   int qlim[2] = {0, 0};
-  if constexpr (kMasked && T::kMaskByLimit) {
+  if constexpr (kMasked) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int key = key_lo + 8 * h;
@@ -147,15 +148,8 @@ __device__ __forceinline__ void p_t_exps(const BwdSm90Params& p, float (&s)[kS],
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = 4 * j + e;
-      if constexpr (kMasked) {
-        const int key = key_lo + 8 * (e >> 1);
-        const int query = q0 + 8 * j + (e & 1);
-        const bool masked = T::kMaskByLimit ? 8 * j + (e & 1) < qlim[e >> 1]
-                                            : key >= seqlen_k || (p.causal && key > query + diag);
-        s[r] = masked ? 0.f : fh::exp2_approx(s[r] * p.scale_log2 - ((e & 1) ? l.y : l.x));
-      } else {
-        s[r] = fh::exp2_approx(s[r] * p.scale_log2 - ((e & 1) ? l.y : l.x));
-      }
+      const bool masked = kMasked && 8 * j + (e & 1) < qlim[e >> 1];
+      s[r] = masked ? 0.f : fh::exp2_approx(s[r] * p.scale_log2 - ((e & 1) ? l.y : l.x));
     }
   }
 }

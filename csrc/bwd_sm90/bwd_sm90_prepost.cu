@@ -4,7 +4,7 @@
 // (0) preprocess, one warp per Q row: D_i = rowsum(dO_i * O_i) and LSE_i * log2(e), written to
 //     workspace rows padded to whole main-kernel steps (padding: D = 0, LSE = +inf, so padded
 //     rows give P = exp2(S * scale_log2 - inf) = 0 and the main kernel needs no row bounds for
-//     them); where asked, also the zeroing of dQaccum (and the turn counters) instead of a memset.
+//     them), and the zeroing of the dQaccum tiles (and turn counters) the main kernel adds into.
 // postprocess, one CTA per (64-row tile, head, batch): dQ = scale * dQaccum to bf16 / fp16. dQaccum
 //     holds each 64 x d tile in the order the main kernel's dQ^T accumulators add it (see
 //     bwd_sm90_epilogue.cuh), so that its atomics cover whole 128-byte lines; this kernel maps
@@ -30,7 +30,7 @@ namespace {
 using hopper::Dtype;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kPreThreads = 256;
-constexpr int kRowsPerCta = kPreThreads / 32;  // one row per warp at a time
+constexpr int kRowsPerCta = kPreThreads / 32;  // one row per warp
 
 // Two 16-bit elements (one 32-bit word) to floats.
 template <Dtype E>
@@ -57,10 +57,12 @@ __device__ __forceinline__ uint16_t from_float(float x) {
 
 // Lane l of a row's warp reads elements 2 (l + 32 i), +1 for i < d / 64: coalesced 128-byte
 // words for every head dim (192 included, which 16-byte lanes would not divide). A warp takes
-// kRows rows (the CTA's warps rows w, w + 8, ..), issuing every load of them, LSE included,
-// before any arithmetic: the kernel is a few memory latencies per CTA, and more rows per warp
-// keep more bytes in flight per CTA (candidate kRows = 4, FLASHBACK_BWD_PRE_ROWS4=1).
-template <int kHeadDim, Dtype E, int kRows>
+// one row and issues every load of it, LSE included, before any arithmetic: the kernel is a
+// few memory latencies per CTA. (Four rows per warp, for more bytes in flight, measured
+// -0.5..+0.4% at d = 256: docs/perf-log.md, "The runbook measured".) It also zeroes dQaccum and
+// the deterministic mode's turn counters, which a memset did before it (+0.5..+1.0% at
+// seqlen 512-2048).
+template <int kHeadDim, Dtype E>
 __global__ void __launch_bounds__(kPreThreads)
     bwd_sm90_preprocess_kernel(const flashback_bwd_params p, int rows_padded, DqTiles tiles,
                                float* lse_log2, float* dsum, float* dq_accum, int* dq_turn) {
@@ -69,68 +71,57 @@ __global__ void __launch_bounds__(kPreThreads)
   const int batch = blockIdx.z;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int row0 = blockIdx.x * kRowsPerCta * kRows + warp;
+  const int row = blockIdx.x * kRowsPerCta + warp;
   const SeqRows seq = seq_rows(p, batch);
   // Only this sequence's own tiles, whole steps of them (varlen: the next tiles are the next
   // sequence's); rows_padded bounds the grid's last CTA.
   const int step_rows = tiles.step_tiles * kDqTileRows;
   const int rows_end = min(rows_padded, (seq.seqlen_q + step_rows - 1) / step_rows * step_rows);
-  uint32_t o_w[kRows][kWords], do_w[kRows][kWords];
-  float lse[kRows];
+  uint32_t o_w[kWords], do_w[kWords];
+  float lse = INFINITY;  // rows past seqlen_q: P = 0 in the main kernel
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const int row = row0 + r * kRowsPerCta;
-    lse[r] = INFINITY;  // rows past seqlen_q: P = 0 in the main kernel
-#pragma unroll
-    for (int i = 0; i < kWords; ++i) o_w[r][i] = do_w[r][i] = 0;
-    if (row < seq.seqlen_q) {  // (row < rows_end: seqlen_q <= rows_end unless rows_padded cuts it)
-      const uint32_t* o = reinterpret_cast<const uint32_t*>(
-          static_cast<const uint16_t*>(p.out) + seq.q_offset(p.out_strides) +
-          head * p.out_strides.head + row * p.out_strides.row);
-      const uint32_t* dout = reinterpret_cast<const uint32_t*>(
-          static_cast<const uint16_t*>(p.dout) + seq.q_offset(p.dout_strides) +
-          head * p.dout_strides.head + row * p.dout_strides.row);
-#pragma unroll
-      for (int i = 0; i < kWords; ++i) {
-        o_w[r][i] = o[lane + 32 * i];
-        do_w[r][i] = dout[lane + 32 * i];
-      }
-      if (lane == 0) lse[r] = p.lse[lse_index(p, seq, head, row)] * kLog2e;
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const int row = row0 + r * kRowsPerCta;
-    if (row >= rows_end) break;  // whole rows leave together: a row is one warp
-    float acc = 0.f;
+  for (int i = 0; i < kWords; ++i) o_w[i] = do_w[i] = 0;
+  if (row < seq.seqlen_q) {  // (row < rows_end: seqlen_q <= rows_end unless rows_padded cuts it)
+    const uint32_t* o = reinterpret_cast<const uint32_t*>(
+        static_cast<const uint16_t*>(p.out) + seq.q_offset(p.out_strides) +
+        head * p.out_strides.head + row * p.out_strides.row);
+    const uint32_t* dout = reinterpret_cast<const uint32_t*>(
+        static_cast<const uint16_t*>(p.dout) + seq.q_offset(p.dout_strides) +
+        head * p.dout_strides.head + row * p.dout_strides.row);
 #pragma unroll
     for (int i = 0; i < kWords; ++i) {
-      const float2 a = to_float2<E>(o_w[r][i]);
-      const float2 b = to_float2<E>(do_w[r][i]);
-      acc += a.x * b.x + a.y * b.y;
+      o_w[i] = o[lane + 32 * i];
+      do_w[i] = dout[lane + 32 * i];
     }
+    if (lane == 0) lse = p.lse[lse_index(p, seq, head, row)] * kLog2e;
+  }
+  if (row >= rows_end) return;  // whole rows leave together: a row is one warp
+  float acc = 0.f;
 #pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) {
-      acc += __shfl_xor_sync(0xffffffffu, acc, offset);
-    }
-    const int64_t tile = dq_tile(tiles, seq, head, row / kDqTileRows);
-    if (lane == 0) {
-      const int64_t idx = tile * kDqTileRows + row % kDqTileRows;
-      dsum[idx] = acc;
-      lse_log2[idx] = lse[r];
-    }
-    if (dq_accum != nullptr) {
-      // The zeroing of the tiles the main kernel adds into (every tile of this sequence's whole
-      // steps, the rows walked here): row r of a tile zeroes the tile's r-th 1/64, as a flat
-      // array (its fragment order does not matter for zeros). Replaces a memset of the region.
-      float2* z = reinterpret_cast<float2*>(dq_accum + tile * dq_tile_floats(kHeadDim) +
-                                            int64_t{row % kDqTileRows} * kHeadDim);
+  for (int i = 0; i < kWords; ++i) {
+    const float2 a = to_float2<E>(o_w[i]);
+    const float2 b = to_float2<E>(do_w[i]);
+    acc += a.x * b.x + a.y * b.y;
+  }
 #pragma unroll
-      for (int i = 0; i < kWords; ++i) z[lane + 32 * i] = make_float2(0.f, 0.f);
-      if (dq_turn != nullptr && row % kDqTileRows == 0 && lane < kDqTurnsPerTile) {
-        dq_turn[tile * kDqTurnsPerTile + lane] = 0;
-      }
-    }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+  }
+  const int64_t tile = dq_tile(tiles, seq, head, row / kDqTileRows);
+  if (lane == 0) {
+    const int64_t idx = tile * kDqTileRows + row % kDqTileRows;
+    dsum[idx] = acc;
+    lse_log2[idx] = lse;
+  }
+  // The zeroing of the tiles the main kernel adds into (every tile of this sequence's whole
+  // steps, the rows walked here): row r of a tile zeroes the tile's r-th 1/64, as a flat
+  // array (its fragment order does not matter for zeros).
+  float2* z = reinterpret_cast<float2*>(dq_accum + tile * dq_tile_floats(kHeadDim) +
+                                        int64_t{row % kDqTileRows} * kHeadDim);
+ragma unroll
+  for (int i = 0; i < kWords; ++i) z[lane + 32 * i] = make_float2(0.f, 0.f);
+  if (dq_turn != nullptr && row % kDqTileRows == 0 && lane < kDqTurnsPerTile) {
+    dq_turn[tile * kDqTurnsPerTile + lane] = 0;
   }
 }
 
@@ -218,11 +209,7 @@ Fn pick_kernel(const flashback_bwd_params& p) {
 }
 template <int D, Dtype E>
 struct PickPre {
-  static constexpr auto kernel = bwd_sm90_preprocess_kernel<D, E, 1>;
-};
-template <int D, Dtype E>
-struct PickPre4 {
-  static constexpr auto kernel = bwd_sm90_preprocess_kernel<D, E, 4>;
+  static constexpr auto kernel = bwd_sm90_preprocess_kernel<D, E>;
 };
 template <int D, Dtype E>
 struct PickPost {
@@ -231,22 +218,15 @@ struct PickPost {
 using PreKernel = void (*)(const flashback_bwd_params, int, DqTiles, float*, float*, float*, int*);
 using PostKernel = void (*)(const flashback_bwd_params, DqTiles, const float*);
 
-// FLASHBACK_BWD_PRE_ROWS4, read once per process: four rows per preprocess warp (candidate).
-bool bwd_sm90_pre_rows4() {
-  static const bool on = env_switch("FLASHBACK_BWD_PRE_ROWS4");
-  return on;
-}
-
 }  // namespace
 
 cudaError_t launch_bwd_sm90_preprocess(const flashback_bwd_params& p, int m_blocks, int step_tiles,
                                        float* lse_log2, float* dsum, float* dq_accum, int* dq_turn,
                                        cudaStream_t stream) {
-  const int rows = bwd_sm90_pre_rows4() ? 4 : 1;  // rows per warp
-  const PreKernel kernel = rows == 4 ? pick_kernel<PickPre4, PreKernel>(p) : pick_kernel<PickPre, PreKernel>(p);
+  const PreKernel kernel = pick_kernel<PickPre, PreKernel>(p);
   if (kernel == nullptr) return cudaErrorNotSupported;
   const int rows_padded = m_blocks * kDqTileRows;
-  const dim3 grid((rows_padded + kRowsPerCta * rows - 1) / (kRowsPerCta * rows), p.nheads, p.batch);
+  const dim3 grid((rows_padded + kRowsPerCta - 1) / kRowsPerCta, p.nheads, p.batch);
   return launch(kernel, grid, kPreThreads, stream, p, rows_padded,
                 dq_tiles_of(p, m_blocks, step_tiles), lse_log2, dsum, dq_accum, dq_turn);
 }

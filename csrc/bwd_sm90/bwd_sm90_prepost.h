@@ -57,9 +57,9 @@ inline int64_t dq_tiles_total(const flashback_bwd_params& p, int m_blocks, int s
                                    : int64_t{p.batch} * p.nheads * m_blocks;
 }
 
-// m_blocks, step_tiles: as dq_tiles_of. dq_accum (and dq_turn, deterministic mode) non-null:
-// the preprocess also zeroes the dQaccum tiles (and turn counters) of every sequence's steps,
-// which are all the main kernel adds into; null: the caller zeroed them.
+// m_blocks, step_tiles: as dq_tiles_of. The preprocess also zeroes the dQaccum tiles (and, with
+// dq_turn non-null, the deterministic mode's turn counters) of every sequence's steps, which
+// are all the main kernel adds into.
 cudaError_t launch_bwd_sm90_preprocess(const flashback_bwd_params& p, int m_blocks, int step_tiles,
                                        float* lse_log2, float* dsum, float* dq_accum, int* dq_turn,
                                        cudaStream_t stream);

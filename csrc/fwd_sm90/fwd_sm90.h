@@ -48,21 +48,14 @@ struct FwdSm90Config {
   // then starts no tile with a bare Q load. On at d = 192 / 256 for the calls a persistent grid
   // serves (the Multi configs below); -5..-10% causal at 4k-16k (on the counter there).
   bool o_over_v = false;
-  // The wait for P_j V_j amid the softmax of block j + 1: after the row max and the first half
-  // of the exponentials (their results fenced above it), the second half after it, interleaved
-  // with the O rescale (its offset taken through O so that ptxas cannot hoist it above the
-  // wait). FA3's d = 128 step keeps about a third of its exponentials above that wait; ours
-  // has none above it (pv_wait_below off) or all (on, measured slower at d = 128).
-  bool pv_wait_split = false;
-  // The mask of a block that crosses seqlen_k or the diagonal as one compare per element against
-  // a per-row key limit (min(seqlen_k, query + diag + 1), computed once per row and block), with
-  // the element's column offset an immediate, instead of two compares on its key and query.
-  bool mask_by_limit = false;
   // dynamic_tiles: the producer takes the next tile's id from the counter after it has issued
   // this tile's last K/V loads (about kv_stages key blocks before the tile ends) instead of as
   // the tile starts, so a busy CTA does not hold a reserved tile that a freed CTA could run.
   // scripts/fwd_balance_model.py: the reservation a tile ahead costs 2-10% against one CTA per
-  // tile on long causal d = 192 / 256 rows, the late one gains 1-3.5% there.
+  // tile on long causal d = 192 / 256 rows, the late one gains 1-3.5% there. Measured (H200,
+  // bf16): +1.1..+2.4% on the counter-fed d = 192 / 256 calls at 512-1024, and it turned the
+  // counter's loss on long causal d = 192 rows into a gain (docs/perf-log.md, "The runbook
+  // measured"): on at d = 192 / 256; d = 128 was not measured.
   bool late_tile_fetch = false;
 };
 
@@ -82,8 +75,8 @@ struct FwdSm90Config {
 // (docs/perf-log.md, "Forward ping-pong"): on at d = 64 only.
 constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false, true, true, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false, true, true, false, true};
 // The config of a head dim's non-causal calls: the tile shape may differ with the mask (FA3's
 // public choices do at d = 128: 176 keys per block without the mask, 128 with it). Where one
 // config serves both, the same object (and the same instance). Both of a head dim share
@@ -96,24 +89,6 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB; non-causal
 // -1.2..-1.8% against 128 keys (docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
-// Candidate, written, NOT yet run: d = 128 with the P V wait amid the softmax (pv_wait_split;
-// docs/perf-log.md, "The d = 128 forward's P V wait amid the softmax").
-constexpr FwdSm90Config kFwdSm90Hdim128PvSplit = {128, 128, 2, 2, 24, 240, false, true, false, false, true};
-// Candidates, written, NOT yet run: the rows with mask_by_limit (docs/perf-log.md, "The
-// forward's mask as one compare per element").
-constexpr FwdSm90Config kFwdSm90Hdim64Lim = {64, 128, 3, 2, 24, 160, true, true, false, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim128Lim = {128, 128, 2, 2, 24, 240, false, true, false, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim192Lim = {192, 112, 2, 2, 24, 240, false, true, true, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim256Lim = {256, 80, 2, 2, 24, 240, false, true, true, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim192MultiLim = {192, 112, 2, 2, 24, 240, false, true, true, true, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim256MultiLim = {256, 80, 2, 2, 24, 240, false, true, true, true, false, true};
-// Candidates, written, NOT yet run: the rows with late_tile_fetch (docs/perf-log.md, "The
-// forward's counter: the next tile fetched late"); measured with FLASHBACK_FWD_COUNTER=1 too.
-constexpr FwdSm90Config kFwdSm90Hdim128Late = {128, 128, 2, 2, 24, 240, false, true, false, false, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim192Late = {192, 112, 2, 2, 24, 240, false, true, true, false, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim256Late = {256, 80, 2, 2, 24, 240, false, true, true, false, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim192MultiLate = {192, 112, 2, 2, 24, 240, false, true, true, true, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim256MultiLate = {256, 80, 2, 2, 24, 240, false, true, true, true, false, false, true};
 // The config of a head dim's calls whose tiles a persistent grid walks (fwd_sm90_multi_tile:
 // non-causal up to 2048 keys, causal where the counter feeds the tiles), causal or not; where it
 // is the causal config's object, the two configs above serve those calls. d = 192 / 256:
@@ -125,8 +100,8 @@ constexpr FwdSm90Config kFwdSm90Hdim256MultiLate = {256, 80, 2, 2, 24, 240, fals
 // sequences, measured").
 static constexpr const FwdSm90Config& kFwdSm90Hdim64Multi = kFwdSm90Hdim64;
 static constexpr const FwdSm90Config& kFwdSm90Hdim128Multi = kFwdSm90Hdim128;
-constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, true, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim256Multi = {256, 80, 2, 2, 24, 240, false, true, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, true, true, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim256Multi = {256, 80, 2, 2, 24, 240, false, true, true, true, true};
 // Measured slower and removed (docs/perf-log.md): a persistent CTA's tiles as one software
 // pipeline (cross_tile, d = 128: -6..+1% main sweep, -8..-17% short), ping-pong at d = 128 / 192
 // on the counter-fed tiles (-3.9..+0.3% / -3.3..+2.6%), O from registers without staging
@@ -134,7 +109,9 @@ constexpr FwdSm90Config kFwdSm90Hdim256Multi = {256, 80, 2, 2, 24, 240, false, t
 // log2 l by rcp.approx / lg2.approx (mean +0.2%, -3.8..+2.3%), d = 192 with 80-key blocks and two
 // Q stages (-7..-14%), d = 128 on three consumer warpgroups at 192 x 80 (-7.3 / -4.9 / +0.7% causal),
 // d = 128 with ping-pong and pv_wait_below together (-0.0..-3.1%), O rescaled between the GEMM
-// issues (rescale_between, d = 64 / 128 mean -0.5%, d = 192 / 256 -1.4..+2.6%, noise).
+// issues (rescale_between, d = 64 / 128 mean -0.5%, d = 192 / 256 -1.4..+2.6%, noise), the
+// d = 128 P V wait after half the exponentials (pv_wait_split, -2.3..+1.5%), the mask as one
+// compare per element against a per-row limit (-1.1..+1.0%; kept in the backward).
 
 struct FwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k

@@ -62,16 +62,15 @@ bool fwd_sm90_can_implement(const flashback_fwd_params& p, const char** why) {
 // causal tiles then vary in length, and the longest-first order that a one-CTA-per-tile grid
 // keeps (the hardware hands a free SM the next tile) is lost, -4 to -32% at 4096-16384 and
 // already -7 to -23% at 1024-2048 for the causal d = 192 / 256 rows (few, long tiles).
-// FLASHBACK_FWD_PERSISTENT_LONG=1 (experimental, read once per process): non-causal calls run
-// the persistent grid at every length. The first A/B (66ac1ab, every tile persistent, a run
-// whose unchanged rows moved by up to 10%) read +3.6 / +3.4% at d = 128 / 192 non-causal 4k,
-// and the balance model (scripts/fwd_balance_model.py --noncausal) puts the static stride
-// 1.3-2.1% ahead of one CTA per tile at 4k (the last wave's idle SMs): worth a cleaner A/B at
-// d = 128 non-causal 4k, 0.879 of FA3.
+// Non-causal tiles are all alike, so the static stride keeps its edge at longer rows where it was
+// measured: at d = 192 every length (+2.4 / +2.3 / +1.3% at 4k / 8k / 16k), at d = 128 up to 4096
+// keys (+3.3% at 4k; 8k read -1.9% in a noisy run). d = 64 / 256 were not measured past 2048
+// (docs/perf-log.md, "The runbook measured").
 bool fwd_sm90_persistent(const flashback_fwd_params& p) {
-  static const bool long_noncausal = env_switch("FLASHBACK_FWD_PERSISTENT_LONG");
-  if (long_noncausal && !p.causal) return true;
-  if (p.seqlen_k > 2048) return false;  // varlen: the longest sequence
+  // varlen: seqlen_k is the longest sequence
+  if (!p.causal && p.headdim == 192) return true;
+  if (!p.causal && p.headdim == 128) return p.seqlen_k <= 4096;
+  if (p.seqlen_k > 2048) return false;
   return !p.causal || p.headdim <= 128;
 }
 
@@ -79,26 +78,21 @@ bool fwd_sm90_persistent(const flashback_fwd_params& p) {
 // from a counter". Causal only: the counter keeps the longest-first order that the static stride
 // loses. Measured against the persistent static stride (d <= 128) or one CTA per tile: at
 // d <= 128 +2..+12% at 1k-2k, +0..+4% at 4k-16k, at 512 within 2%; at d = 192 / 256 +8.8 / +5.1%
-// and +7.0 / +0.3% at 512 / 1024, but -1.1 / -3.1% at 2048 and 2-11% slower at 4k-16k (where one
-// CTA per tile stays). Non-causal tiles are all alike: the static stride (or one CTA per tile)
-// measured 0.3-4.4% faster than the counter there.
+// and +7.0 / +0.3% at 512 / 1024, but -1.1 / -3.1% at 2048 and 2-11% slower at 4k-16k. The
+// next tile's id was then taken as a tile starts, a reservation that a freed CTA could not run;
+// taken after the tile's last K/V loads (late_tile_fetch) the counter gains +0.9..+3.7% over one
+// CTA per tile at d = 192 causal 2048-16384 (the main config, as measured), while d = 256 still
+// trails from 4096 (-0.4 / -1.5%) and keeps one CTA per tile past 1024 keys. Non-causal tiles
+// are all alike: the static stride (or one CTA per tile) measured 0.3-4.4% faster than the
+// counter there.
 namespace {
 bool counter_by_length(const flashback_fwd_params& p) {
   return p.causal && (p.headdim <= 128 || p.seqlen_k <= 1024);  // varlen: the longest sequence
 }
-// FLASHBACK_FWD_COUNTER=1 (experimental, read once per process): every causal call takes its
-// tiles from the counter, with the config the length rule picks (fwd_sm90_multi_tile is not
-// moved), so that the counter can be measured against one CTA per tile on long d = 192 / 256
-// rows, where it read 2-11% slower than a balance model says it should be
-// (scripts/fwd_balance_model.py: 3.5% faster at d = 192 causal 4k).
-bool counter_forced() {
-  static const bool on = env_switch("FLASHBACK_FWD_COUNTER");
-  return on;
-}
 }  // namespace
 
 bool fwd_sm90_dynamic(const flashback_fwd_params& p) {
-  return counter_by_length(p) || (p.causal && counter_forced());
+  return counter_by_length(p) || (p.causal && p.headdim == 192);
 }
 
 bool fwd_sm90_multi_tile(const flashback_fwd_params& p) { return fwd_sm90_persistent(p) || counter_by_length(p); }

@@ -66,9 +66,6 @@ struct FwdSm90Traits {
   // dynamic_tiles: the producer hands each tile id to the consumers through a 2-slot ring.
   static constexpr bool kDynamic = kCfg.dynamic_tiles;
   static constexpr bool kPvWaitBelow = kCfg.pv_wait_below;
-  static constexpr bool kPvWaitSplit = kCfg.pv_wait_split;
-  static_assert(!(kPvWaitBelow && kPvWaitSplit), "one place for the P V wait");
-  static constexpr bool kMaskByLimit = kCfg.mask_by_limit;
   static constexpr bool kLateTileFetch = kCfg.late_tile_fetch;
   // o_over_v: the O-free barrier (one arrival per consumer warp after its O rows left the V
   // stages; the producer waits for it before the next tile's V_0). It runs in step with the one
@@ -284,33 +281,18 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   };
   // Mask, then the online softmax of block j in place (acc becomes P, unnormalized), the row
   // statistics updated; returns in alpha the factor O must be rescaled by before P_j V_j.
-  // wait_pv (pv_wait_split): the wait for the P V group in flight after the first half of the
-  // exponentials, the second half's offsets tied to it through O.
-  auto softmax = [&](float (&acc)[kS], int j, float (&alpha)[2], bool wait_pv) {
+  auto softmax = [&](float (&acc)[kS], int j, float (&alpha)[2]) {
     const int n0 = j * T::kBlockN;
     // Keys past seqlen_k and (causal) after a row's diagonal get -inf; only blocks that reach
-    // past seqlen_k or cross the diagonal test each element.
+    // past seqlen_k or cross the diagonal test each element. (One compare per element against
+    // a per-row limit, as the backward masks, measured no faster here: docs/perf-log.md, "The
+    // runbook measured".)
     if (n0 + T::kBlockN > w.seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag)) {
-      if constexpr (T::kMaskByLimit) {
-        // Element r's key is n0 + acc_col(0, t) + acc_col(r, 0); it is kept below the row's
-        // limit. The same test as below: key >= seqlen_k or key > query + diag.
-        int lim[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int query = m0 + fh::acc_row(2 * h, t);
-          lim[h] = (p.causal ? min(w.seqlen_k, query + diag + 1) : w.seqlen_k) - (n0 + fh::acc_col(0, t));
-        }
-#pragma unroll
-        for (int r = 0; r < kS; ++r) {
-          if (fh::acc_col(r, 0) >= lim[(r >> 1) & 1]) acc[r] = -INFINITY;
-        }
-      } else {
-#pragma unroll
-        for (int r = 0; r < kS; ++r) {
-          const int key = n0 + fh::acc_col(r, t);
-          const int query = m0 + fh::acc_row(r, t);
-          if (key >= w.seqlen_k || (p.causal && key > query + diag)) acc[r] = -INFINITY;
-        }
+      for (int r = 0; r < kS; ++r) {
+        const int key = n0 + fh::acc_col(r, t);
+        const int query = m0 + fh::acc_row(r, t);
+        if (key >= w.seqlen_k || (p.causal && key > query + diag)) acc[r] = -INFINITY;
       }
     }
     // Base 2: p = exp2(S * scale_log2 - m * scale_log2). A row that has seen only masked keys
@@ -333,27 +315,9 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     }
     float rowsum[2] = {0.f, 0.f};
 #pragma unroll
-    for (int r = 0; r < kS / 2; ++r) {
+    for (int r = 0; r < kS; ++r) {
       const int h = (r >> 1) & 1;
       acc[r] = fh::exp2_approx(acc[r] * p.scale_log2 - offset[h]);
-      rowsum[h] += acc[r];
-    }
-    float off2[2] = {offset[0], offset[1]};
-    if constexpr (T::kPvWaitSplit) {
-      if (wait_pv) {
-        fh::wgmma_fence_operand<0, kS / 2>(acc);
-        fh::keep_waits_below(w.seqlen_k);
-        fh::wgmma_wait<0>();  // P_{j-1} V_{j-1}
-        fh::wgmma_fence_operand(o);
-        const float zero = 0.f * o[0];  // exact 0 for a finite O; ties the second half to the wait
-        off2[0] += zero;
-        off2[1] += zero;
-      }
-    }
-#pragma unroll
-    for (int r = kS / 2; r < kS; ++r) {
-      const int h = (r >> 1) & 1;
-      acc[r] = fh::exp2_approx(acc[r] * p.scale_log2 - off2[h]);
       rowsum[h] += acc[r];
     }
 #pragma unroll
@@ -389,7 +353,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     fh::wgmma_fence_operand(s);
     if (warp_leader) pipe_k->consumer_release(st);
     release_q_after_last_s(w.n_count == 1);
-    softmax(s, 0, alpha, false);
+    softmax(s, 0, alpha);
     to_frags(s, a);  // O is 0: no rescale
     for (int j = 0; j + 1 < w.n_count; ++j) {
       fh::PipelineState<T::kStages> next = st;
@@ -402,12 +366,10 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       fh::wgmma_fence_operand(s);
       if (warp_leader) pipe_k->consumer_release(next);
       release_q_after_last_s(j + 2 == w.n_count);
-      softmax(s, j + 1, alpha, true);  // pv_wait_split: waits for P_j V_j inside
-      if constexpr (!T::kPvWaitSplit) {
-        if constexpr (T::kPvWaitBelow) fh::keep_waits_below(w.seqlen_k);  // (wgmma.h)
-        fh::wgmma_wait<0>();  // P_j V_j
-        fh::wgmma_fence_operand(o);
-      }
+      softmax(s, j + 1, alpha);
+      if constexpr (T::kPvWaitBelow) fh::keep_waits_below(w.seqlen_k);  // (wgmma.h)
+      fh::wgmma_wait<0>();  // P_j V_j
+      fh::wgmma_fence_operand(o);
       fence_frags(a);
       if (warp_leader) pipe_v->consumer_release(st);
       rescale_o(alpha);

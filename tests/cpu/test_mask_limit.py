@@ -1,5 +1,5 @@
-"""mask_by_limit (csrc/fwd_sm90/fwd_sm90_mainloop.cuh, csrc/bwd_sm90/bwd_sm90_mainloop.cuh
-p_values, csrc/bwd_sm90/bwd_sm90_mainloop_by_keys.cuh p_t_exps), modelled on the CPU: the
+"""The backward's mask (csrc/bwd_sm90/bwd_sm90_mainloop.cuh p_values,
+csrc/bwd_sm90/bwd_sm90_mainloop_by_keys.cuh p_t_exps), modelled on the CPU: the
 per-row limit with the element's offset as an immediate masks exactly the elements the direct
 test `key >= seqlen_k or (causal and key > query + diag)` masks, for every accumulator element
 of every thread, over blocks that cross the diagonal or seqlen_k from either side. Python
@@ -31,9 +31,9 @@ def shapes():
         yield seqlen_q, seqlen_k, rng.random() < 0.7
 
 
-def test_rows_by_queries_forward_and_split_by_head_dim():
-    """Rows are queries (m0 + acc_row), columns keys (n0 + acc_col): the forward's mask and the
-    backward's p_values, kS = block_n / 2 registers per thread."""
+def test_rows_by_queries_split_by_head_dim():
+    """Rows are queries (m0 + acc_row), columns keys (n0 + acc_col): the backward's p_values,
+    kS = block_n / 2 registers per thread."""
     checked = 0
     for (seqlen_q, seqlen_k, causal), block_n in itertools.product(shapes(), (64, 80, 112, 128)):
         diag = seqlen_k - seqlen_q
