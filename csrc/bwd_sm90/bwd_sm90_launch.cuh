@@ -40,7 +40,7 @@ namespace sm90 {
 // The workspace plan (bwd_sm90_launch.cu): per workspace tile (dq_tile, bwd_sm90_prepost.h) a
 // dQaccum tile, the turn counters (deterministic), 64 rows of LSE * log2(e) and of D.
 struct WorkspaceParts {
-  size_t dq_accum, dq_turn, lse, dsum, total;  // dq_accum and dq_turn are zeroed together
+  size_t dq_accum, dq_turn, lse, dsum, total;  // dq_accum and dq_turn: zeroed by the preprocess
 };
 WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p);
 // FLASHBACK_DET_COOPERATIVE, read once per process.

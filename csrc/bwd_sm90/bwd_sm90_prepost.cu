@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kPreThreads)
   // array (its fragment order does not matter for zeros).
   float2* z = reinterpret_cast<float2*>(dq_accum + tile * dq_tile_floats(kHeadDim) +
                                         int64_t{row % kDqTileRows} * kHeadDim);
-ragma unroll
+#pragma unroll
   for (int i = 0; i < kWords; ++i) z[lane + 32 * i] = make_float2(0.f, 0.f);
   if (dq_turn != nullptr && row % kDqTileRows == 0 && lane < kDqTurnsPerTile) {
     dq_turn[tile * kDqTurnsPerTile + lane] = 0;

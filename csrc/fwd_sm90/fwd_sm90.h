@@ -89,8 +89,12 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB; non-causal
 // -1.2..-1.8% against 128 keys (docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
+// Candidate, not yet measured: d = 128 with late_tile_fetch (on at d = 192 / 256, measured there;
+// docs/perf-log.md, "The runbook measured"). d = 128 takes the counter at every causal length.
+constexpr FwdSm90Config kFwdSm90Hdim128Late = {128, 128, 2, 2, 24, 240, false, true, false, false, true};
 // The config of a head dim's calls whose tiles a persistent grid walks (fwd_sm90_multi_tile:
-// non-causal up to 2048 keys, causal where the counter feeds the tiles), causal or not; where it
+// non-causal up to 2048 keys, 4096 at d = 128, every length at d = 192; causal up to 1024 keys,
+// where the counter feeds the tiles), causal or not; where it
 // is the causal config's object, the two configs above serve those calls. d = 192 / 256:
 // o_over_v, so a CTA's next Q loads during its tile's end. Measured (H200, bf16, A B A B, 16384
 // tokens) against the configs above: d = 192 +5.7 / +4.2% causal 512 / 1024, +6.0 / +2.9 / +2.0%
