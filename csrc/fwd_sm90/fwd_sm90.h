@@ -106,6 +106,43 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim64Multi = kFwdSm90Hdim64;
 static constexpr const FwdSm90Config& kFwdSm90Hdim128Multi = kFwdSm90Hdim128;
 constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, true, true, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim256Multi = {256, 80, 2, 2, 24, 240, false, true, true, true, true};
+
+// Which grid serves a head dim's calls, by seqlen_k (varlen: the longest sequence). Tiles are
+// (Q block, head, batch); a persistent grid (one CTA per SM) hides each tile's fixed costs (the
+// first Q and K loads, the epilogue) under the previous tile, +8..+21% at seqlen 512-1024 and
+// up to +9% at 2048 (docs/perf-log.md, "Persistent forward"). Its static stride (tiles
+// blockIdx.x, + gridDim.x, ...) loses the longest-first order of causal tiles, which one CTA per
+// tile keeps (the hardware hands a freed SM the next tile): -4..-32% causal at 4k-16k. Tiles
+// from a counter keep that order on a persistent grid.
+struct FwdSm90Grid {
+  // Non-causal: a persistent grid (static stride) up to this seqlen_k, else one CTA per tile.
+  int full_persistent_keys;
+  // Causal: tiles from the counter (fwd_sm90_dynamic) up to this seqlen_k, else one CTA per tile.
+  int causal_counter_keys;
+  // Causal: the head dim's Multi config (where it has one of its own) up to this seqlen_k.
+  int causal_multi_keys;
+  // Causal without a counter (no stream-ordered memory pool): the static stride up to this
+  // seqlen_k, else one CTA per tile.
+  int causal_static_keys;
+};
+constexpr int kAllKeys = 0x7fffffff;
+// Measured (H200, bf16; docs/perf-log.md "Forward tiles from a counter at every head dim" and
+// "The runbook measured"):
+// - The counter against the static stride (d <= 128) or one CTA per tile: at d <= 128 +2..+12%
+//   at 1k-2k, +0..+4% at 4k-16k, within 2% at 512; at d = 192 / 256 +8.8 / +5.1% and +7.0 /
+//   +0.3% at 512 / 1024. At longer d = 192 / 256 rows it lost 2-11% while it fetched the next
+//   tile as a tile started (a reservation a freed CTA could not run); with late_tile_fetch
+//   d = 192 gains +0.9..+3.7% at 2048-16384, d = 256 still trails from 4096 (-0.4 / -1.5%).
+// - Non-causal tiles are all alike: the static stride beats the counter by 0.3-4.4%, and one
+//   CTA per tile past 2048 keys at d = 192 (+2.4 / +2.3 / +1.3% at 4k / 8k / 16k) and at d = 128
+//   4096 (+3.3%; 8k read -1.9% in a noisy run). d = 64 / 256 were not measured past 2048.
+// - The Multi configs (o_over_v, d = 192 / 256) on the counter: -5..-10% causal at 4k-16k, while
+//   the counter still fetched early; +2.4% at d = 192 2048, -2.9% at d = 256.
+constexpr FwdSm90Grid kFwdSm90Hdim64Grid = {2048, kAllKeys, kAllKeys, 2048};
+constexpr FwdSm90Grid kFwdSm90Hdim128Grid = {4096, kAllKeys, kAllKeys, 2048};
+constexpr FwdSm90Grid kFwdSm90Hdim192Grid = {kAllKeys, kAllKeys, 1024, 0};
+constexpr FwdSm90Grid kFwdSm90Hdim256Grid = {2048, 1024, 1024, 0};
+
 // Measured slower and removed (docs/perf-log.md): a persistent CTA's tiles as one software
 // pipeline (cross_tile, d = 128: -6..+1% main sweep, -8..-17% short), ping-pong at d = 128 / 192
 // on the counter-fed tiles (-3.9..+0.3% / -3.3..+2.6%), O from registers without staging
@@ -147,12 +184,12 @@ bool fwd_sm90_can_implement(const flashback_fwd_params& p, const char** why);
 // SMs of the current device, read once per process and device (the persistent grid).
 int fwd_sm90_sm_count();
 
-// Whether the call runs a persistent grid (one CTA per SM walking tiles) rather than one CTA
-// per tile (fwd_sm90_launch.cu says when and why).
+// Whether the call runs a persistent grid with the static stride (one CTA per SM walking
+// tiles) rather than one CTA per tile, where no counter feeds it (the head dim's FwdSm90Grid).
 bool fwd_sm90_persistent(const flashback_fwd_params& p);
 
 // Whether a config with dynamic_tiles takes this call's tiles from a counter (a persistent
-// grid; fwd_sm90_launch.cu says when).
+// grid; the head dim's FwdSm90Grid).
 bool fwd_sm90_dynamic(const flashback_fwd_params& p);
 
 // Whether a CTA of this call walks more than one tile (persistent or counter-fed): the head

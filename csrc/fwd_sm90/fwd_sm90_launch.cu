@@ -55,47 +55,35 @@ bool fwd_sm90_can_implement(const flashback_fwd_params& p, const char** why) {
   return reason == nullptr;
 }
 
-// A tile's fixed costs (its Q load and the wait for the first K/V, the epilogue) are hidden by
-// a persistent CTA under its previous tile, which pays when tiles are short: measured (H200,
-// docs/perf-log.md "Persistent forward") +8 to +21% at seqlen 512-1024 and up to +9% at 2048.
-// With long rows the fixed costs are small and the static tile stride costs more than they do:
-// causal tiles then vary in length, and the longest-first order that a one-CTA-per-tile grid
-// keeps (the hardware hands a free SM the next tile) is lost, -4 to -32% at 4096-16384 and
-// already -7 to -23% at 1024-2048 for the causal d = 192 / 256 rows (few, long tiles).
-// Non-causal tiles are all alike, so the static stride keeps its edge at longer rows where it was
-// measured: at d = 192 every length (+2.4 / +2.3 / +1.3% at 4k / 8k / 16k), at d = 128 up to 4096
-// keys (+3.3% at 4k; 8k read -1.9% in a noisy run). d = 64 / 256 were not measured past 2048
-// (docs/perf-log.md, "The runbook measured").
-bool fwd_sm90_persistent(const flashback_fwd_params& p) {
-  // varlen: seqlen_k is the longest sequence
-  if (!p.causal && p.headdim == 192) return true;
-  if (!p.causal && p.headdim == 128) return p.seqlen_k <= 4096;
-  if (p.seqlen_k > 2048) return false;
-  return !p.causal || p.headdim <= 128;
-}
-
-// Tiles from a counter (configs with dynamic_tiles: every row), docs/perf-log.md "Forward tiles
-// from a counter". Causal only: the counter keeps the longest-first order that the static stride
-// loses. Measured against the persistent static stride (d <= 128) or one CTA per tile: at
-// d <= 128 +2..+12% at 1k-2k, +0..+4% at 4k-16k, at 512 within 2%; at d = 192 / 256 +8.8 / +5.1%
-// and +7.0 / +0.3% at 512 / 1024, but -1.1 / -3.1% at 2048 and 2-11% slower at 4k-16k. The
-// next tile's id was then taken as a tile starts, a reservation that a freed CTA could not run;
-// taken after the tile's last K/V loads (late_tile_fetch) the counter gains +0.9..+3.7% over one
-// CTA per tile at d = 192 causal 2048-16384 (the main config, as measured), while d = 256 still
-// trails from 4096 (-0.4 / -1.5%) and keeps one CTA per tile past 1024 keys. Non-causal tiles
-// are all alike: the static stride (or one CTA per tile) measured 0.3-4.4% faster than the
-// counter there.
 namespace {
-bool counter_by_length(const flashback_fwd_params& p) {
-  return p.causal && (p.headdim <= 128 || p.seqlen_k <= 1024);  // varlen: the longest sequence
+// The head dim's row of grid bounds (fwd_sm90.h says why each is what it is).
+const FwdSm90Grid& grid_of(int headdim) {
+  static constexpr FwdSm90Grid kNone = {0, 0, 0, 0};  // not a head dim of this build
+  switch (headdim) {
+#define FLASHBACK_FWD_GRID_CASE(D) \
+  case D:                          \
+    return kFwdSm90Hdim##D##Grid;
+    FLASHBACK_SM90_FOR_EACH_HEADDIM(FLASHBACK_FWD_GRID_CASE)
+#undef FLASHBACK_FWD_GRID_CASE
+    default:
+      return kNone;
+  }
 }
 }  // namespace
 
-bool fwd_sm90_dynamic(const flashback_fwd_params& p) {
-  return counter_by_length(p) || (p.causal && p.headdim == 192);
+// varlen: seqlen_k is the longest sequence.
+bool fwd_sm90_persistent(const flashback_fwd_params& p) {
+  const FwdSm90Grid& g = grid_of(p.headdim);
+  return p.seqlen_k <= (p.causal ? g.causal_static_keys : g.full_persistent_keys);
 }
 
-bool fwd_sm90_multi_tile(const flashback_fwd_params& p) { return fwd_sm90_persistent(p) || counter_by_length(p); }
+bool fwd_sm90_dynamic(const flashback_fwd_params& p) {
+  return p.causal && p.seqlen_k <= grid_of(p.headdim).causal_counter_keys;
+}
+
+bool fwd_sm90_multi_tile(const flashback_fwd_params& p) {
+  return fwd_sm90_persistent(p) || (p.causal && p.seqlen_k <= grid_of(p.headdim).causal_multi_keys);
+}
 
 int fwd_sm90_sm_count() {
   static std::atomic<int> counts[64] = {};  // per device ordinal; 0 = not read yet
