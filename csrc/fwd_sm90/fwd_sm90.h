@@ -57,6 +57,14 @@ struct FwdSm90Config {
   // counter's loss on long causal d = 192 rows into a gain (docs/perf-log.md, "The runbook
   // measured"): on at d = 192 / 256; d = 128 was not measured.
   bool late_tile_fetch = false;
+  // O leaves by TMA: each warp writes its 16 rows of O / l with stmatrix into the staging tile
+  // (the same swizzled layout TMA loads Q in), and one thread per warpgroup stores the d / 64
+  // boxes of 64 rows with bulk tensor copies, instead of 32-bit stores, a barrier, 16-byte loads
+  // and 16-byte global stores by every thread (at d = 192: 12 stmatrix against 48 + 12 + 12 per
+  // thread). The consumers are free for the next tile once the copy has read the tile. A
+  // warpgroup whose 64 rows run past seqlen_q (a varlen map would write into the next sequence)
+  // or an out whose layout TMA cannot take keeps the per-thread copy.
+  bool tma_store_o = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -161,7 +169,8 @@ struct FwdSm90Params {
   int l2_group;  // (batch, head) pairs scheduled together (fwd_sm90_scheduler.cuh)
   int num_tiles;  // m_blocks * nheads * batch: the grid
   int causal;
-  int head_inner;       // bit 0 Q, 1 K, 2 V: that map's dims are {d, head, seq, batch}
+  int head_inner;       // bit 0 Q, 1 K, 2 V, 3 out: that map's dims are {d, head, seq, batch}
+  int out_tma;          // tma_store_o: the out map was made (out's layout suits TMA)
   float scale_log2;     // softmax_scale * log2(e)
   float softmax_scale;
   void* out;

@@ -5,12 +5,16 @@
 // staged in the warpgroup's own part of the Q tile (d/64 atom-columns of 64 rows x 128 B, 16-byte
 // chunks XOR-swizzled by row so the stores of a warp hit 8 different bank groups), then copied
 // out as whole 2d-byte rows. Rows past seqlen_q are not written.
+// With a map for out (tma_store_o, fwd_sm90.h): the same staging, written by stmatrix, and one
+// thread's bulk tensor stores instead of the copy-out, for warpgroups whose 64 rows all lie
+// within seqlen_q.
 // LSE: one fp32 per row (natural log), written by the first lane of the row's quad.
 #pragma once
 
 #include "fwd_sm90/fwd_sm90.h"
 #include "fwd_sm90/fwd_sm90_scheduler.cuh"
 #include "hopper/hopper.h"
+#include "sm90/sm90_common.h"
 
 namespace flashback {
 namespace sm90 {
@@ -26,13 +30,56 @@ __device__ __forceinline__ void store_lse(const FwdSm90Params& p, const FwdSm90W
   }
 }
 
+// O / l of this warpgroup's 64 rows through `stage` to out by TMA: warp v's 16 rows with
+// stmatrix (an x4 takes the 8 x 8 blocks (rows +0 / +8) x (columns 8 j, 8 j + 8); lane L names
+// row L % 8 of block L / 8), then thread 0 stores the d / 64 boxes of 64 rows and waits until
+// they have been read, so that every warp may free `stage` after this returns.
+template <int kHeadDim, hopper::Dtype kElem>
+__device__ __forceinline__ void store_out_tma(const FwdSm90Params& p, const FwdSm90Work& w,
+                                              const CUtensorMap* map_o, uint8_t* stage,
+                                              uint32_t atom_bytes, int m0, int t, uint32_t bar,
+                                              const float (&o)[kHeadDim / 2], const float (&inv)[2]) {
+  const int lane = t % 32;
+  const int row = 16 * (t / 32) + 8 * ((lane / 8) % 2) + lane % 8;
+  const uint32_t base = hopper::smem_u32(stage) + row * 128;
+#pragma unroll
+  for (int j = 0; j < kHeadDim / 8; j += 2) {
+    uint32_t r[4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int jj = j + m / 2, h = m % 2;
+      r[m] = hopper::pack2<kElem>(o[4 * jj + 2 * h] * inv[h], o[4 * jj + 2 * h + 1] * inv[h]);
+    }
+    const int jl = j + lane / 16;  // the column block of the matrix this lane addresses
+    hopper::stmatrix_x4(base + (jl / 8) * atom_bytes + (((jl % 8) ^ (lane % 8)) << 4), r[0], r[1],
+                        r[2], r[3]);
+  }
+  hopper::fence_proxy_async_shared();  // the stmatrix writes, before the async proxy reads them
+  hopper::named_bar_sync(bar, 128);
+  if (t == 0) {
+#pragma unroll
+    for (int a = 0; a < kHeadDim / 64; ++a) {
+      tma_rows_store(stage + a * atom_bytes, map_o, p.head_inner & 8, 64 * a, w.row_q + m0, w.head,
+                     w.map_batch);
+    }
+    hopper::bulk_commit_group();
+    hopper::bulk_wait_group_read<0>();
+  }
+}
+
+// `map_o` null: the per-thread copy-out (also for a warpgroup whose rows run past seqlen_q).
 template <int kHeadDim, hopper::Dtype kElem>
 __device__ __forceinline__ void store_out_and_lse(const FwdSm90Params& p, const FwdSm90Work& w,
-                                                  uint8_t* stage, uint32_t atom_bytes, int m0,
-                                                  int t, uint32_t bar, const float (&o)[kHeadDim / 2],
+                                                  const CUtensorMap* map_o, uint8_t* stage,
+                                                  uint32_t atom_bytes, int m0, int t, uint32_t bar,
+                                                  const float (&o)[kHeadDim / 2],
                                                   const float (&inv)[2], const float (&lse)[2]) {
   const int row0 = hopper::acc_row(0, t);
   store_lse(p, w, m0 + row0, t, lse);
+  if (map_o != nullptr && m0 + 64 <= w.seqlen_q) {
+    store_out_tma<kHeadDim, kElem>(p, w, map_o, stage, atom_bytes, m0, t, bar, o, inv);
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < kHeadDim / 8; ++j) {
 #pragma unroll

@@ -32,14 +32,15 @@ __device__ __forceinline__ void fwd_sm90_consumer_tiles(const FwdSm90Params& p, 
                                                         fh::TmaPipeline<T::kQStages>* pipe_q,
                                                         fh::TmaPipeline<T::kStages>* pipe_k,
                                                         fh::TmaPipeline<T::kStages>* pipe_v,
-                                                        int wg, NextId next_id) {
+                                                        int wg, const CUtensorMap* map_o,
+                                                        NextId next_id) {
   fh::PipelineState<T::kQStages> sq;
   fh::PipelineState<T::kStages> st;
   for (;;) {
     const int id = next_id();
     if (id >= p.num_tiles) break;
     const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
-    if (w.active) fwd_sm90_consumer<T>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg);
+    if (w.active) fwd_sm90_consumer<T>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg, map_o);
   }
 }
 
@@ -53,7 +54,8 @@ template <class T>
 __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
                                                        const CUtensorMap& map_q,
                                                        const CUtensorMap& map_k,
-                                                       const CUtensorMap& map_v, uint8_t* smem,
+                                                       const CUtensorMap& map_v,
+                                                       const CUtensorMap& map_o, uint8_t* smem,
                                                        fh::TmaPipeline<T::kQStages>* pipe_q,
                                                        fh::TmaPipeline<T::kStages>* pipe_k,
                                                        fh::TmaPipeline<T::kStages>* pipe_v,
@@ -100,7 +102,7 @@ __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
       sr.advance();
       return id;
     };
-    fwd_sm90_consumer_tiles<T>(p, smem, pipe_q, pipe_k, pipe_v, wg - 1, next_id);
+    fwd_sm90_consumer_tiles<T>(p, smem, pipe_q, pipe_k, pipe_v, wg - 1, &map_o, next_id);
   }
 }
 
@@ -108,7 +110,8 @@ template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q,
                     const __grid_constant__ CUtensorMap map_k,
-                    const __grid_constant__ CUtensorMap map_v, const FwdSm90Params p) {
+                    const __grid_constant__ CUtensorMap map_v,
+                    const __grid_constant__ CUtensorMap map_o, const FwdSm90Params p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = fh::align_smem(smem_raw);
   auto* pipe_q = reinterpret_cast<fh::TmaPipeline<T::kQStages>*>(smem + T::kOffPipeQ);
@@ -120,6 +123,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     fh::tma_prefetch_map(&map_q);
     fh::tma_prefetch_map(&map_k);
     fh::tma_prefetch_map(&map_v);
+    if constexpr (T::kTmaStoreO) {
+      if (p.out_tma) fh::tma_prefetch_map(&map_o);
+    }
     pipe_q->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp after its O left
     pipe_k->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp
     pipe_v->init(T::kConsumerWarps);
@@ -135,7 +141,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   __syncthreads();
   if constexpr (T::kDynamic) {
     if (p.tile_counter != nullptr) {
-      fwd_sm90_dynamic_tiles<T>(p, map_q, map_k, map_v, smem, pipe_q, pipe_k, pipe_v, wg);
+      fwd_sm90_dynamic_tiles<T>(p, map_q, map_k, map_v, map_o, smem, pipe_q, pipe_k, pipe_v, wg);
       return;
     }
   }
@@ -157,7 +163,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     fh::setmaxnreg_inc<T::kConsumerRegs>();
     int id = static_cast<int>(blockIdx.x) - static_cast<int>(gridDim.x);
     auto next_id = [&] { return id += static_cast<int>(gridDim.x); };
-    fwd_sm90_consumer_tiles<T>(p, smem, pipe_q, pipe_k, pipe_v, wg - 1, next_id);
+    fwd_sm90_consumer_tiles<T>(p, smem, pipe_q, pipe_k, pipe_v, wg - 1, &map_o, next_id);
   }
 }
 
@@ -189,7 +195,22 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
   kp.l2_group = p.causal ? static_cast<int>(std::max<int64_t>(
       1, std::min<int64_t>(pairs, (int64_t{32} << 20) * kp.group / kv_bytes_per_pair))) : 1;
   kp.causal = p.causal ? 1 : 0;
-  kp.head_inner = (hi[0] ? 1 : 0) | (hi[1] ? 2 : 0) | (hi[2] ? 4 : 0);
+  // tma_store_o: a map for out with boxes of one warpgroup's 64 rows, where out's layout suits
+  // TMA (the API asks only for 16-byte alignment); else every thread copies O out.
+  CUtensorMap map_o;
+  bool hi_o = false;
+  kp.out_tma = 0;
+  if constexpr (T::kTmaStoreO) {
+    const flashback_strides out_st = map_strides(p.out_strides, p, true);
+    const char* why = nullptr;
+    const void* out_ptr = p.out;
+    if (tma_layout_ok(&out_ptr, &out_st, 1, &why) &&
+        make_call_map(&map_o, &hi_o, p.out, p.out_strides, p, true, 64) == cudaSuccess) {
+      kp.out_tma = 1;
+    }
+  }
+  if (!kp.out_tma) map_o = map_q;  // not read (a defined value for the kernel argument)
+  kp.head_inner = (hi[0] ? 1 : 0) | (hi[1] ? 2 : 0) | (hi[2] ? 4 : 0) | (hi_o ? 8 : 0);
   kp.scale_log2 = p.softmax_scale * 1.4426950408889634f;
   kp.softmax_scale = p.softmax_scale;
   kp.out = p.out;
@@ -216,7 +237,7 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
         err = cudaMemsetAsync(kp.tile_counter, 0, sizeof(int), stream);
         if (err == cudaSuccess) {
           const int grid = std::min(kp.num_tiles, fwd_sm90_sm_count());
-          kernel<<<dim3(grid), T::kThreads, T::kSmemBytes, stream>>>(map_q, map_k, map_v, kp);
+          kernel<<<dim3(grid), T::kThreads, T::kSmemBytes, stream>>>(map_q, map_k, map_v, map_o, kp);
           err = cudaGetLastError();
         }
         const cudaError_t freed = cudaFreeAsync(kp.tile_counter, stream);
@@ -227,7 +248,7 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
     }
   }
   const int grid = fwd_sm90_persistent(p) ? std::min(kp.num_tiles, fwd_sm90_sm_count()) : kp.num_tiles;
-  kernel<<<dim3(grid), T::kThreads, T::kSmemBytes, stream>>>(map_q, map_k, map_v, kp);
+  kernel<<<dim3(grid), T::kThreads, T::kSmemBytes, stream>>>(map_q, map_k, map_v, map_o, kp);
   return cudaGetLastError();
 }
 

@@ -67,6 +67,7 @@ struct FwdSm90Traits {
   static constexpr bool kDynamic = kCfg.dynamic_tiles;
   static constexpr bool kPvWaitBelow = kCfg.pv_wait_below;
   static constexpr bool kLateTileFetch = kCfg.late_tile_fetch;
+  static constexpr bool kTmaStoreO = kCfg.tma_store_o;
   // o_over_v: the O-free barrier (one arrival per consumer warp after its O rows left the V
   // stages; the producer waits for it before the next tile's V_0). It runs in step with the one
   // Q stage, so it shares the Q ring's state.
@@ -195,7 +196,8 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
                                                   fh::PipelineState<T::kQStages>& sq,
                                                   fh::TmaPipeline<T::kStages>* pipe_k,
                                                   fh::TmaPipeline<T::kStages>* pipe_v,
-                                                  fh::PipelineState<T::kStages>& st, int wg) {
+                                                  fh::PipelineState<T::kStages>& st, int wg,
+                                                  const CUtensorMap* map_o) {
   constexpr int kS = T::kBlockN / 2;  // S accumulator registers (64 x block_n)
   const int t = threadIdx.x % 128;
   const bool warp_leader = (threadIdx.x % 32) == 0;
@@ -394,6 +396,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     inv[h] = l > 0.f ? 1.f / l : 0.f;
     lse[h] = l > 0.f ? (m_raw[h] * p.scale_log2 + log2f(l)) * 0.6931471805599453f : INFINITY;
   }
+  const CUtensorMap* out_map = T::kTmaStoreO && p.out_tma ? map_o : nullptr;  // (epilogue)
   // Q of this warpgroup is read by no wgmma any more (its last S was waited for): the O tile
   // is staged over it.
   // With one Q stage (d >= 192) a persistent CTA stages this tile's O where the warpgroup's
@@ -405,14 +408,14 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     // Staged over the V stages (in the Q stage's layout): after every warpgroup's last P V
     // (their wgmmas read all of V), then freed for the next tile's V_0.
     fh::named_bar_sync(T::kBarOStage, 128 * T::kConsumerWgs);
-    store_out_and_lse<T::kHeadDim, T::kElem>(p, w, smem + T::kOffV + 64 * wg * 128, T::kQAtomBytes,
-                                             m0, t, T::kBarEpilogue0 + wg, o, inv, lse);
+    store_out_and_lse<T::kHeadDim, T::kElem>(p, w, out_map, smem + T::kOffV + 64 * wg * 128,
+                                             T::kQAtomBytes, m0, t, T::kBarEpilogue0 + wg, o, inv, lse);
     fh::fence_proxy_async_shared();  // generic accesses before the next TMA write of V
     __syncwarp();
     if (warp_leader) reinterpret_cast<fh::TmaPipeline<1>*>(smem + T::kOffPipeO)->consumer_release(sq);
   } else {
     if constexpr (T::kQStages == 1) fh::named_bar_sync(T::kBarEpilogue0 + wg, 128);
-    store_out_and_lse<T::kHeadDim, T::kElem>(p, w, q_stage + 64 * wg * 128, T::kQAtomBytes,
+    store_out_and_lse<T::kHeadDim, T::kElem>(p, w, out_map, q_stage + 64 * wg * 128, T::kQAtomBytes,
                                              m0, t, T::kBarEpilogue0 + wg, o, inv, lse);
     // This warp's reads of the staged O are done: the stage may take the next Q (a TMA write,
     // async proxy, after generic-proxy writes and reads of the same bytes: fence first).

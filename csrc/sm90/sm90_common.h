@@ -119,6 +119,20 @@ __device__ __forceinline__ void tma_rows(void* dst, const CUtensorMap* map, uint
   }
 }
 
+// One box (64 d x the map's rows) from `src` to (d0, row) of (head, batch); box rows past the
+// tensor's end are not written. A bulk async-group of the calling thread tracks it
+// (hopper::bulk_commit_group, then bulk_wait_group_read before `src` is reused).
+__device__ __forceinline__ void tma_rows_store(const void* src, const CUtensorMap* map, bool head_inner,
+                                               int d0, int row, int head, int batch) {
+  if (head_inner) {
+    const int c[4] = {d0, head, row, batch};
+    hopper::tma_store<4>(map, src, c);
+  } else {
+    const int c[4] = {d0, row, head, batch};
+    hopper::tma_store<4>(map, src, c);
+  }
+}
+
 // A whole tile of rows [row, row + the map's box rows) x d = 64 kAtoms: its kAtoms boxes of 64 d
 // into the atom-columns of `dst`, `atom_bytes` apart, all completing on `bar` (expect kAtoms
 // boxes of bytes).
