@@ -55,7 +55,8 @@ struct FwdSm90Config {
   // tile on long causal d = 192 / 256 rows, the late one gains 1-3.5% there. Measured (H200,
   // bf16): +1.1..+2.4% on the counter-fed d = 192 / 256 calls at 512-1024, and it turned the
   // counter's loss on long causal d = 192 rows into a gain (docs/perf-log.md, "The runbook
-  // measured"): on at d = 192 / 256; d = 128 was not measured.
+  // measured"): on at d = 192 / 256; at d = 128 +0.5..+1.1% causal 512-8192 (docs/perf-log.md,
+  // "O by TMA"): on there too.
   bool late_tile_fetch = false;
   // O leaves by TMA: each warp writes its 16 rows of O / l with stmatrix into the staging tile
   // (the same swizzled layout TMA loads Q in), and one thread per warpgroup stores the d / 64
@@ -63,7 +64,10 @@ struct FwdSm90Config {
   // and 16-byte global stores by every thread (at d = 192: 12 stmatrix against 48 + 12 + 12 per
   // thread). The consumers are free for the next tile once the copy has read the tile. A
   // warpgroup whose 64 rows run past seqlen_q (a varlen map would write into the next sequence)
-  // or an out whose layout TMA cannot take keeps the per-thread copy.
+  // or an out whose layout TMA cannot take keeps the per-thread copy. Measured (H200, bf16,
+  // docs/perf-log.md "O by TMA"): d = 128 +0.5..+3.1% (every call), d = 256 one CTA per tile
+  // +0.7..+2.0%, d = 192 one CTA per tile +0.3..+1.2%; with o_over_v (the d = 192 / 256 Multi
+  // configs) -0.3..-1.1%, at d = 64 -0.4..-0.6% causal: on where it gained.
   bool tma_store_o = false;
 };
 
@@ -82,9 +86,9 @@ struct FwdSm90Config {
 // warpgroups, softmax as costly as the GEMMs) and -0 to -6% at d = 128 and 256, mixed at 192
 // (docs/perf-log.md, "Forward ping-pong"): on at d = 64 only.
 constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false, true, true, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false, true, true, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false, true, false, false, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false, true, true, false, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false, true, true, false, true, true};
 // The config of a head dim's non-causal calls: the tile shape may differ with the mask (FA3's
 // public choices do at d = 128: 176 keys per block without the mask, 128 with it). Where one
 // config serves both, the same object (and the same instance). Both of a head dim share
@@ -97,19 +101,18 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB; non-causal
 // -1.2..-1.8% against 128 keys (docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
-// Candidate, not yet measured: d = 128 with late_tile_fetch (on at d = 192 / 256, measured there;
-// docs/perf-log.md, "The runbook measured"). d = 128 takes the counter at every causal length.
-constexpr FwdSm90Config kFwdSm90Hdim128Late = {128, 128, 2, 2, 24, 240, false, true, false, false, true};
 // The config of a head dim's calls whose tiles a persistent grid walks (fwd_sm90_multi_tile:
-// non-causal up to 2048 keys, 4096 at d = 128, every length at d = 192; causal up to 1024 keys,
-// where the counter feeds the tiles), causal or not; where it
+// non-causal up to 2048 keys, 4096 at d = 64 / 128, every length at d = 192; causal up to 1024
+// keys at d = 256, every length at d = 192, where the counter feeds the tiles), causal or not; where it
 // is the causal config's object, the two configs above serve those calls. d = 192 / 256:
 // o_over_v, so a CTA's next Q loads during its tile's end. Measured (H200, bf16, A B A B, 16384
 // tokens) against the configs above: d = 192 +5.7 / +4.2% causal 512 / 1024, +6.0 / +2.9 / +2.0%
 // non-causal 512 / 1024 / 2048; d = 256 +4.5 / +2.9% causal, +4.9 / +3.3 / +1.9% non-causal. On
 // the counter at causal 2048 (one CTA per tile without it) it read +2.4% at d = 192 but -2.9% at
-// d = 256, and -5..-10% causal at 4k-16k: not there (docs/perf-log.md, "o_over_v at short
-// sequences, measured").
+// d = 256, and -5..-10% causal at 4k-16k while the counter fetched early; with the late fetch
+// d = 192 +0.2..+2.2% at 2k-16k, so d = 192 takes it at every length (docs/perf-log.md,
+// "o_over_v at short sequences, measured", "O by TMA"). O by TMA: -0.3..-1.1% with o_over_v,
+// so not here.
 static constexpr const FwdSm90Config& kFwdSm90Hdim64Multi = kFwdSm90Hdim64;
 static constexpr const FwdSm90Config& kFwdSm90Hdim128Multi = kFwdSm90Hdim128;
 constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, true, true, true, true};
@@ -134,21 +137,24 @@ struct FwdSm90Grid {
   int causal_static_keys;
 };
 constexpr int kAllKeys = 0x7fffffff;
-// Measured (H200, bf16; docs/perf-log.md "Forward tiles from a counter at every head dim" and
-// "The runbook measured"):
+// Measured (H200, bf16; docs/perf-log.md "Forward tiles from a counter at every head dim", "The
+// runbook measured" and "O by TMA"):
 // - The counter against the static stride (d <= 128) or one CTA per tile: at d <= 128 +2..+12%
 //   at 1k-2k, +0..+4% at 4k-16k, within 2% at 512; at d = 192 / 256 +8.8 / +5.1% and +7.0 /
 //   +0.3% at 512 / 1024. At longer d = 192 / 256 rows it lost 2-11% while it fetched the next
 //   tile as a tile started (a reservation a freed CTA could not run); with late_tile_fetch
 //   d = 192 gains +0.9..+3.7% at 2048-16384, d = 256 still trails from 4096 (-0.4 / -1.5%).
-// - Non-causal tiles are all alike: the static stride beats the counter by 0.3-4.4%, and one
-//   CTA per tile past 2048 keys at d = 192 (+2.4 / +2.3 / +1.3% at 4k / 8k / 16k) and at d = 128
-//   4096 (+3.3%; 8k read -1.9% in a noisy run). d = 64 / 256 were not measured past 2048.
+// - Non-causal tiles are all alike: the static stride beats the counter by 0.3-4.4%, and it beats
+//   one CTA per tile past 2048 keys at d = 192 (+2.4 / +2.3 / +1.3% at 4k / 8k / 16k), at d = 128
+//   4096 (+3.3%; 8k read -1.9% and +2.0% in two noisy runs) and at d = 64 4096 (+2.5%; 8k / 16k
+//   -0.2 / -0.4%). d = 256 at 4k-16k: +1.4 / +1.0 / -0.8% against one CTA per tile without O by
+//   TMA, which one CTA per tile now has (+0.9 / +2.0 / +1.4%): not taken.
 // - The Multi configs (o_over_v, d = 192 / 256) on the counter: -5..-10% causal at 4k-16k, while
-//   the counter still fetched early; +2.4% at d = 192 2048, -2.9% at d = 256.
-constexpr FwdSm90Grid kFwdSm90Hdim64Grid = {2048, kAllKeys, kAllKeys, 2048};
+//   the counter still fetched early; +2.4% at d = 192 2048, -2.9% at d = 256. With the late
+//   fetch, d = 192 +2.2 / +0.9 / +0.4 / +0.2% at 2k / 4k / 8k / 16k against its main config.
+constexpr FwdSm90Grid kFwdSm90Hdim64Grid = {4096, kAllKeys, kAllKeys, 2048};
 constexpr FwdSm90Grid kFwdSm90Hdim128Grid = {4096, kAllKeys, kAllKeys, 2048};
-constexpr FwdSm90Grid kFwdSm90Hdim192Grid = {kAllKeys, kAllKeys, 1024, 0};
+constexpr FwdSm90Grid kFwdSm90Hdim192Grid = {kAllKeys, kAllKeys, kAllKeys, 0};
 constexpr FwdSm90Grid kFwdSm90Hdim256Grid = {2048, 1024, 1024, 0};
 
 // Measured slower and removed (docs/perf-log.md): a persistent CTA's tiles as one software
