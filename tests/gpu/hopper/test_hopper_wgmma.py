@@ -89,9 +89,17 @@ def test_wgmma_ss_to_rs_chain(hlib, n2):
     v = torch.randn(64, n2, device="cuda").bfloat16()  # K x N (N-major)
     o = torch.full((64, n2), float("nan"), device="cuda")
     check(hlib, hlib.fbh_wgmma_chain(ptr(a), ptr(b), ptr(v), ptr(o), n2), "fbh_wgmma_chain")
-    p = (a.float() @ b.float().t()).bfloat16()
+    p32 = a.double() @ b.double().t()
+    p = p32.float().bfloat16()
     ref = p.double() @ v.double()
-    torch.testing.assert_close(o.double(), ref, rtol=1e-2, atol=0.1)
+    # The kernel rounds its own fp32 S to bf16; where S sits next to a rounding boundary, its
+    # accumulation order can round P one bf16 step the other way than the reference does (seen:
+    # one element of 8192 off by 0.13). Each output may take one such step per row of P: the
+    # largest |step x v| in its row and column, on top of the fp32 tolerance.
+    step = torch.where(p32 == 0, torch.zeros_like(p32), 2.0 ** (torch.floor(torch.log2(p32.abs())) - 7))
+    one_flip = (step.unsqueeze(2) * v.double().abs().unsqueeze(0)).amax(dim=1)
+    err = (o.double() - ref).abs()
+    assert bool((err <= 0.02 + 1e-2 * ref.abs() + one_flip).all()), f"max error {err.max().item():.3g}"
     assert ((o.double() - ref).norm() / ref.norm()).item() < 1e-3
 
 
