@@ -67,7 +67,8 @@ struct FwdSm90Config {
   // or an out whose layout TMA cannot take keeps the per-thread copy. Measured (H200, bf16,
   // docs/perf-log.md "O by TMA"): d = 128 +0.5..+3.1% (every call), d = 256 one CTA per tile
   // +0.7..+2.0%, d = 192 one CTA per tile +0.3..+1.2%; with o_over_v (the d = 192 / 256 Multi
-  // configs) -0.3..-1.1%, at d = 64 -0.4..-0.6% causal: on where it gained.
+  // configs) -0.3..-1.1%, at d = 64 -0.4..-0.6% causal: on where it gained, except the d = 128
+  // non-causal calls (kFwdSm90Hdim128Full).
   bool tma_store_o = false;
 };
 
@@ -94,7 +95,11 @@ constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false, true, 
 // config serves both, the same object (and the same instance). Both of a head dim share
 // consumer_wgs: can_implement reads the causal one's.
 static constexpr const FwdSm90Config& kFwdSm90Hdim64Full = kFwdSm90Hdim64;
-static constexpr const FwdSm90Config& kFwdSm90Hdim128Full = kFwdSm90Hdim128;
+// d = 128 without the mask (persistent up to 4096 keys, else one CTA per tile): O by TMA read
+// -2.2..-5.4% at 8k / 16k in three per-call runs at the card's power cap, -2.3 / -0.0% at
+// 2k / 4k (+1.0..+2.2% in GPU time after an idle sleep), so this config copies O out per
+// thread (docs/perf-log.md, "O by TMA").
+constexpr FwdSm90Config kFwdSm90Hdim128Full = {128, 128, 2, 2, 24, 240, false, true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim192Full = kFwdSm90Hdim192;
 static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // Candidate, measured slower: d = 128 with 176-key blocks (FA3's public non-causal d = 128
