@@ -347,6 +347,21 @@ def _forward_fn(impl, causal):
 # so the host has queued every call before the first one runs.
 QUEUE_AHEAD_CYCLES_PER_CALL = 3_000_000
 QUEUE_AHEAD = False
+# Millijoules per call of each run of the last time_ms (NVML's energy counter over the run /
+# calls), empty where the counter cannot be read or the run slept first (QUEUE_AHEAD: the sleep
+# would be counted). At the card's power cap the clock follows energy per call, so two kernels
+# of equal speed at a free clock can differ there.
+LAST_MJ_PER_CALL = []
+
+
+def energy_mj():
+    """The GPU's energy counter (mJ since the driver loaded), or None."""
+    try:
+        import pynvml
+        import torch
+        return pynvml.nvmlDeviceGetTotalEnergyConsumption(torch.cuda._get_pynvml_handler())
+    except Exception:  # noqa: BLE001 - no NVML binding, or a GPU without the counter
+        return None
 
 
 def time_ms(fn, iters, warmup, repeats):
@@ -362,16 +377,21 @@ def time_ms(fn, iters, warmup, repeats):
         fn()
     torch.cuda.synchronize()
     runs = []
+    LAST_MJ_PER_CALL.clear()
     for _ in range(repeats):
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
         if QUEUE_AHEAD:
             torch.cuda._sleep(QUEUE_AHEAD_CYCLES_PER_CALL * iters)
+        e0 = None if QUEUE_AHEAD else energy_mj()
         for s, e in zip(starts, ends):
             s.record()
             fn()
             e.record()
         torch.cuda.synchronize()
+        e1 = energy_mj() if e0 is not None else None
+        if e1 is not None:
+            LAST_MJ_PER_CALL.append(round((e1 - e0) / iters, 3))
         runs.append(statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)))
     return runs
 
@@ -401,7 +421,10 @@ def gpu_state():
     runs at a lower clock, which is one way two dtypes or two builds can differ in speed."""
     try:
         import torch
-        return {"sm_clock_mhz": int(torch.cuda.clock_rate()), "power_w": round(torch.cuda.power_draw() / 1000.0, 1)}
+        state = {"sm_clock_mhz": int(torch.cuda.clock_rate()), "power_w": round(torch.cuda.power_draw() / 1000.0, 1)}
+        if LAST_MJ_PER_CALL:  # the energy of the measurement just taken
+            state["mj_per_call"] = statistics.mean(LAST_MJ_PER_CALL)
+        return state
     except Exception:  # noqa: BLE001 - no GPU, no NVML binding, or an older PyTorch
         return {}
 

@@ -106,6 +106,27 @@ if len(distinct) < len(libs) and len(distinct) > 1:
         print(f"d{key[0]:<4} {key[1]:5} {key[2]:5} {'causal' if key[3] else 'full  '} {key[4]:6}  "
               + "  ".join(f"{mean[lib] / base - 1:+6.1%}" for lib in distinct[1:])
               + "   | " + " ".join(f"{max(v) / min(v) - 1:.1%}" for v in vals.values()))
+# Energy per call where the benchmark read NVML's counter (runs without --queue-ahead): at the
+# card's power cap the clock follows it, so a build can win in GPU time after a sleep and lose
+# per call at the cap. Each distinct build's mean mJ per call, and its change from the first's.
+energy = {}
+for run in merged["runs"]:
+    for r in run["results"]:
+        if r["impl"] != impl:
+            continue
+        mj = [g["mj_per_call"] for g in r.get("gpu") or [] if isinstance(g, dict) and g.get("mj_per_call")]
+        if mj:
+            key = (r["headdim"], r.get("dtype", "bf16"), r["direction"], r["causal"], r["seqlen"])
+            energy.setdefault(key, {}).setdefault(run["library"], []).extend(mj)
+if energy:
+    print(f"{impl} mJ per call (NVML energy over each run / calls), mean per build: "
+          + "  ".join(distinct) + ("  | change from the first" if len(distinct) > 1 else ""))
+    for key in sorted(energy, key=lambda k: (k[0], k[1], order.get(k[2], 3), not k[3], k[4])):
+        means = [statistics.mean(energy[key][lib]) if lib in energy[key] else None for lib in distinct]
+        print(f"d{key[0]:<4} {key[1]:5} {key[2]:5} {'causal' if key[3] else 'full  '} {key[4]:6}  "
+              + "  ".join(f"{m:8.2f}" if m else "       -" for m in means)
+              + ("   | " + "  ".join(f"{m / means[0] - 1:+6.1%}" if m and means[0] else "     -" for m in means[1:])
+                 if len(distinct) > 1 else ""))
 PYEOF
 if [ "${PACK:-0}" = 1 ]; then
   (cd "$OUT_DIR" && items=$(ls -d [0-9]* 2>/dev/null) && [ -n "$items" ] && tar czf runs.tgz $items && rm -rf $items)
