@@ -109,11 +109,20 @@ def gpu_slug(device_name):
 
 
 def git_commit(repo=REPO):
-    """Short commit of the tree; FLASHBACK_COMMIT overrides (for copies of the tree without
-    .git); 'unknown' when neither is there."""
+    """The commit results are named by: FLASHBACK_COMMIT if set, else the one the loaded library
+    was built from (flashback.build_commit(): a copy of the tree whose .git lags behind its
+    files named results by a stale HEAD), else the short commit of the tree; 'unknown' when
+    none is there."""
     env = os.environ.get("FLASHBACK_COMMIT", "").strip()
     if env:
         return env
+    try:
+        import flashback
+        built = flashback.build_commit()
+        if built and built != "unknown":
+            return built
+    except Exception:  # noqa: BLE001 - no library here (CPU-only use of this module)
+        pass
     try:
         res = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True,
                              text=True, timeout=10)

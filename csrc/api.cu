@@ -18,6 +18,7 @@
 #include "fwd_sm90/fwd_sm90.h"
 #include "common/attention.cuh"
 #include "flashback/flashback.h"
+#include "flashback_build_id.h"  // generated: FLASHBACK_BUILD_COMMIT (cmake/build_id.cmake)
 #include "launch.h"
 #include "sm90/sm90_family.h"
 
@@ -357,6 +358,8 @@ const char* flashback_last_backward_path(void) { return copy_path(g_last_bwd_pat
 const char* flashback_last_backward_kernel(void) { return sm90::bwd_sm90_last_kernel(); }
 
 const char* flashback_version(void) { return "0.1.0"; }
+
+const char* flashback_build_commit(void) { return FLASHBACK_BUILD_COMMIT; }
 
 void flashback_params_sizes(size_t* fwd_bytes, size_t* bwd_bytes) {
   if (fwd_bytes) *fwd_bytes = sizeof(flashback_fwd_params);

@@ -125,6 +125,10 @@ FLASHBACK_API const char *flashback_last_error(void);
 
 FLASHBACK_API const char *flashback_version(void);
 
+/* The short git commit the library was built from, "-dirty" appended when tracked files
+ * differed from it, or "unknown" (not built from a git checkout). */
+FLASHBACK_API const char *flashback_build_commit(void);
+
 /* Which kernels the last successful flashback_attention_forward / _backward call of this
  * process (any thread) launched: "sm90" (the Hopper kernel) or "reference: <why the Hopper
  * path declined>"; "" before any. The string stays valid until the next such call on this

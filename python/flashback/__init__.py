@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "attention", "attention_forward", "attention_backward", "attention_varlen", "is_available", "last_forward_path",
-    "last_backward_path", "last_backward_kernel",
+    "last_backward_path", "last_backward_kernel", "build_commit",
     "flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "flash_attn_interface",
     "SUPPORTED_HEADDIMS", "FlashbackError", "LibraryNotFoundError", "__version__",
@@ -38,6 +38,14 @@ def is_available() -> bool:
     if not torch.cuda.is_available() or not _lib.is_loadable():
         return False
     return _checks._device_error(torch.cuda.current_device()) is None
+
+
+def build_commit() -> str:
+    """The short git commit the loaded native library was built from ("-dirty" appended when
+    tracked files differed from it; "unknown" outside a git checkout)."""
+    from . import _lib
+
+    return _lib.load().flashback_build_commit().decode("utf-8", "replace")
 
 
 def last_forward_path() -> str:

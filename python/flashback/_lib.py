@@ -116,6 +116,8 @@ def _bind_symbols(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.flashback_last_error.restype = ctypes.c_char_p
     lib.flashback_version.argtypes = []
     lib.flashback_version.restype = ctypes.c_char_p
+    lib.flashback_build_commit.argtypes = []
+    lib.flashback_build_commit.restype = ctypes.c_char_p
     lib.flashback_last_forward_path.argtypes = []
     lib.flashback_last_forward_path.restype = ctypes.c_char_p
     lib.flashback_last_backward_path.argtypes = []

@@ -3,6 +3,7 @@ what is supported. Runs on CPU tensors (and fake CUDA tensors), so it runs in CI
 import ctypes
 import os
 import pathlib
+import re
 
 import pytest
 import torch
@@ -354,6 +355,10 @@ def test_c_api_null_params_and_headdims(native):
     # Some path serves: the reference kernels add nothing the family lacks.
     assert [native.flashback_supports(d, t) for d in (64, 128, 192, 256) for t in (0, 1)] == [1] * 8
     assert native.flashback_version().decode() == flashback.__version__
+    # The build's commit: hex digits (a "-dirty" suffix when the tree had changes), or "unknown".
+    commit = native.flashback_build_commit().decode()
+    assert re.fullmatch(r"[0-9a-f]{4,40}(-dirty)?|unknown", commit), commit
+    assert flashback.build_commit() == commit
 
 
 def test_c_api_backward_workspace_is_checked(native):
