@@ -128,13 +128,20 @@ def test_table_and_summarize(bench, tmp_path):
 
 
 def test_commit(bench, tmp_path, monkeypatch):
+    import flashback
+
     monkeypatch.setenv("FLASHBACK_COMMIT", "feed123")
     assert bench.git_commit(str(tmp_path)) == "feed123"
     monkeypatch.delenv("FLASHBACK_COMMIT")
-    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
-    assert bench.git_commit(str(tmp_path)) == "unknown"  # not a git checkout
-    if os.path.exists(os.path.join(ROOT, ".git")):
-        assert re.fullmatch(r"[0-9a-f]{4,40}", bench.git_commit(ROOT))
+    # The loaded library's build commit names the results before the tree's HEAD does.
+    monkeypatch.setattr(flashback, "build_commit", lambda: "beef456-dirty")
+    assert bench.git_commit(str(tmp_path)) == "beef456-dirty"
+    for unknown in (lambda: "unknown", lambda: (_ for _ in ()).throw(OSError("no library"))):
+        monkeypatch.setattr(flashback, "build_commit", unknown)
+        monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+        assert bench.git_commit(str(tmp_path)) == "unknown"  # not a git checkout
+        if os.path.exists(os.path.join(ROOT, ".git")):
+            assert re.fullmatch(r"[0-9a-f]{4,40}", bench.git_commit(ROOT))
 
 
 def test_default_impls_leave_out_the_slow_backend(bench):
