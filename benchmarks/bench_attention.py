@@ -186,27 +186,44 @@ def write_results(out_dir, payload):
     return path
 
 
+def row_mj_per_call(r):
+    """Mean NVML energy per call of a result row's runs (mJ), or None where it was not read."""
+    mj = [g["mj_per_call"] for g in r.get("gpu") or [] if isinstance(g, dict) and g.get("mj_per_call")]
+    return statistics.mean(mj) if mj else None
+
+
 def format_table(payload):
-    """Median TFLOP/s per implementation; ours/yardstick = flashback / sdpa_flash."""
+    """Median TFLOP/s per implementation; ours/yardstick = flashback / sdpa_flash; where the rows
+    carry energy per call for flashback and FA3, its ratio (mJ ours / mJ FA3 per call: above 1,
+    ours spends more energy on the same work, which at the power cap costs clock)."""
     rows = payload["results"]
     def point(r):
         return (r["headdim"], r.get("dtype", "bf16"), r["direction"], bool(r["causal"]), r["batch"], r["seqlen"])
 
     med = {(r["impl"],) + point(r): statistics.median(r["tflops"]) for r in rows}
+    energy = {(r["impl"],) + point(r): row_mj_per_call(r) for r in rows}
+    with_energy = any(energy.get(k) for k in energy if k[0] == "flashback") and any(
+        energy.get(k) for k in energy if k[0] == "fa3")
     impls = [c for c in COLUMNS if any(r["impl"] == c for r in rows)]
     impls += sorted({r["impl"] for r in rows} - set(impls))
     order = {"bwd": 0, "fwd": 1, "train": 2}
     keys = sorted({point(r) for r in rows},
                   key=lambda k: (k[0], k[1], order.get(k[2], 3), not k[3], k[5]))
     head = ["dir", "d", "dtype", "causal", "batch", "seqlen"] + impls + ["ours/yardstick"]
+    if with_energy:
+        head.append("mJ ours/fa3")
     lines = [head]
     for d, dtype, direction, causal, batch, seqlen in keys:
         key = (d, dtype, direction, causal, batch, seqlen)
         vals = [med.get((i,) + key) for i in impls]
         ours, yard = med.get(("flashback",) + key), med.get((YARDSTICK,) + key)
         ratio = f"{ours / yard:.3f}" if ours and yard else "-"
-        lines.append([direction, str(d), dtype, "yes" if causal else "no", str(batch), str(seqlen)]
-                     + [f"{v:.1f}" if v is not None else "-" for v in vals] + [ratio])
+        line = ([direction, str(d), dtype, "yes" if causal else "no", str(batch), str(seqlen)]
+                + [f"{v:.1f}" if v is not None else "-" for v in vals] + [ratio])
+        if with_energy:
+            e_ours, e_fa3 = energy.get(("flashback",) + key), energy.get(("fa3",) + key)
+            line.append(f"{e_ours / e_fa3:.3f}" if e_ours and e_fa3 else "-")
+        lines.append(line)
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     text = [f"{payload.get('device', '?')}  commit {payload.get('commit', '?')}  {payload.get('date', '?')}  "
             f"torch {payload.get('torch', '?')}  (TFLOP/s, median of runs; headdim "

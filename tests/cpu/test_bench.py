@@ -127,6 +127,26 @@ def test_table_and_summarize(bench, tmp_path):
     assert res.stdout.strip() == table.strip()
 
 
+def test_table_energy_column(bench):
+    import copy
+
+    payload = _payload(bench)
+    assert "mJ ours/fa3" not in bench.format_table(payload)  # no FA3, no energy: no column
+    fa3 = [dict(copy.deepcopy(r), impl="fa3") for r in payload["results"] if r["impl"] == "flashback"]
+    payload["results"] += fa3
+    assert "mJ ours/fa3" not in bench.format_table(payload)  # FA3 but no energy read
+    for r in payload["results"]:
+        mj = {"flashback": 1.32, "fa3": 1.2}.get(r["impl"])
+        if mj is not None:
+            r["gpu"] = [{"sm_clock_mhz": 1700, "power_w": 690.0, "mj_per_call": mj}] * 3
+    table = bench.format_table(payload)
+    assert "mJ ours/fa3" in table
+    rows = [line for line in table.splitlines() if line.split()[:1] in (["fwd"], ["bwd"], ["train"])]
+    assert len(rows) == 2 * 3 * 3 and all(line.split()[-1] == "1.100" for line in rows)  # 1.32 / 1.2
+    assert bench.row_mj_per_call({"gpu": [{"mj_per_call": 2.0}, {"mj_per_call": 4.0}, {}]}) == 3.0
+    assert bench.row_mj_per_call({"gpu": [{"sm_clock_mhz": 1}]}) is None
+
+
 def test_commit(bench, tmp_path, monkeypatch):
     import flashback
 
