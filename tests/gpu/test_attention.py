@@ -684,6 +684,36 @@ def test_hopper_only_unaligned_input_is_copied(dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("headdim,causal,seqlen", [(128, True, 1000), (256, True, 2000), (256, False, 4095)],
+                         ids=["d128-causal", "d256-causal-long", "d256-full-long"])
+def test_forward_out_layouts_give_the_same_bits(headdim, causal, seqlen):
+    """O leaves the forward by TMA where out's layout suits it (fwd_sm90.h, tma_store_o: these
+    shapes run such configs) and by every thread otherwise. An out at a 16-byte offset (copied
+    per thread) and an out that is the first half of a wider tensor (by TMA, with other strides
+    in its map) must hold the bits of a plain contiguous out, and nothing may land outside."""
+    if _FORCE_REFERENCE:
+        pytest.skip("runs on the Hopper kernels only (FLASHBACK_FORCE_REFERENCE is set)")
+    case = Case(2, seqlen, seqlen, 4, 2, headdim, causal)
+    x = _make_inputs(case)
+    ctx = f"{case} seed={x.seed}"
+    plain, _ = flashback.attention_forward(x.q, x.k, x.v, causal=causal)
+    assert flashback.last_forward_path() == "sm90", ctx
+    assert not torch.isnan(plain).any(), ctx
+    buf = _poisoned((x.q.numel() + 8,), DTYPE)
+    offset = buf[8:].view(x.q.shape)
+    assert offset.data_ptr() % 128 != 0 and offset.data_ptr() % 16 == 0
+    flashback.attention_forward(x.q, x.k, x.v, causal=causal, out=offset)
+    assert flashback.last_forward_path() == "sm90", ctx
+    assert torch.equal(offset, plain), f"{ctx}: out at a 16-byte offset differs"
+    wide = _poisoned(x.q.shape[:-1] + (2 * headdim,), DTYPE)
+    half = wide[..., :headdim]
+    flashback.attention_forward(x.q, x.k, x.v, causal=causal, out=half)
+    assert flashback.last_forward_path() == "sm90", ctx
+    assert torch.equal(half, plain), f"{ctx}: out with a row stride of {half.stride(1)} differs"
+    assert torch.isnan(wide[..., headdim:]).all(), f"{ctx}: written past out's columns"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_transposed_inputs(causal):
     """q, k, v, dout stored as (b, h, s, d) and viewed as (b, s, h, d); low-level API, poisoned outputs."""
