@@ -70,3 +70,29 @@ def test_impl_selects_the_compared_implementation(tmp_path):
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("flashback_det TFLOP/s"), res.stdout
     assert "+10.0%" in res.stdout, res.stdout  # 80 -> 88; the default rows are equal
+
+
+def test_energy_table(tmp_path):
+    """Rows that carry NVML energy per call (runs without --queue-ahead) get a table of it per
+    build: each distinct build's mean mJ per call and its change from the first's."""
+    script = tmp_path / "summary.py"
+    script.write_text(summary_script())
+    for n, mj in enumerate([(2.0, 2.2), (2.5, 2.5), (2.2, 2.0)], 1):  # builds a, b, a
+        os.makedirs(tmp_path / str(n))
+        rows = [{"impl": impl, "direction": "fwd", "causal": True, "batch": 4, "seqlen": 4096, "nheads": 16,
+                 "headdim": 128, "dtype": "bf16", "tflops": [100.0] * 2,
+                 "gpu": [{"sm_clock_mhz": 1700, "power_w": 690.0, "mj_per_call": m} for m in mj]}
+                for impl in ("flashback", "sdpa_flash")]
+        json.dump({"results": rows}, open(tmp_path / str(n) / "r.json", "w"))
+    res = subprocess.run([sys.executable, str(script), str(tmp_path), "a.so", "b.so", "a.so"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "mJ per call" in res.stdout, res.stdout
+    # a: mean of 2.0, 2.2, 2.2, 2.0 = 2.1; b: 2.5, +19.0%.
+    line = [l for l in res.stdout.splitlines() if l.startswith("d128") and "2.10" in l and "2.50" in l]
+    assert line and "+19.0%" in line[0], res.stdout
+
+
+def test_no_energy_no_table(tmp_path):
+    out = run_summary(tmp_path, ["a.so", "b.so"], [(100, 50), (110, 50)])
+    assert "mJ per call" not in out
