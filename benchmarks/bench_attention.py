@@ -523,7 +523,7 @@ def repeat_order(impls, rep):
 
 
 def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRECTIONS, headdims=(HEADDIM,),
-              dtypes=("bf16",), shapes=SHAPES, tag="", warm_seconds=1.0, causals=(True, False)):
+              dtypes=("bf16",), shapes=SHAPES, tag="", warm_seconds=1.0, causals=(True, False), preheat=0.0):
     import torch
     device = torch.cuda.get_device_name()
     payload = make_payload(device, git_commit(), datetime.date.today().isoformat(), torch.__version__, [],
@@ -536,7 +536,9 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
                                              + (f"; {warm_seconds:g} s of matmuls before the first row"
                                                 if warm_seconds > 0 else "")
                                              + ("; queue-ahead: the GPU sleeps until every timed call of a run "
-                                                "is queued (GPU time, no host time)" if QUEUE_AHEAD else "")))
+                                                "is queued (GPU time, no host time)" if QUEUE_AHEAD else "")
+                                             + (f"; {preheat:g} s of matmuls before every implementation's run"
+                                                if preheat > 0 else "")))
     if tag:
         payload["tag"] = tag
     if "fa3" in impls:
@@ -573,6 +575,10 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
                     if rep > 0 and impl not in runs:
                         continue  # skipped at its first repeat
                     paths, states = {}, {}
+                    # --preheat: every run starts after the same load (the card at its power cap
+                    # answers a lighter predecessor with a higher clock for a fraction of a
+                    # second, and the interleaving keeps flashback first in every repeat).
+                    warm_gpu(preheat)
                     try:
                         res = measure(impl, q, k, v, dout, causal, iters, warmup, 1, payload["notes"], paths,
                                       directions, states)
@@ -640,6 +646,9 @@ def main(argv=None):
     p.add_argument("--queue-ahead", action="store_true",
                    help="let the host queue every timed call before the GPU runs the first (GPU time only; "
                         "without it, calls shorter than the host's work per call measure the host too)")
+    p.add_argument("--preheat", type=float, default=0.0, metavar="SECONDS",
+                   help="matmuls for this long before every implementation's run of a point, so that each "
+                        "starts from the same load at the card's power cap (default 0: none)")
     p.add_argument("--summarize", metavar="JSON", help="print the table of a result file (with --plot: its PNG) and exit")
     a = p.parse_args(argv)
 
@@ -676,6 +685,8 @@ def main(argv=None):
             seqlens = ()
         if not seqlens or any(x <= 0 or TOKENS % x for x in seqlens):
             p.error(f"--seqlens takes main, short, all or divisors of {TOKENS}, got {a.seqlens!r}")
+    if not a.preheat >= 0:
+        p.error(f"--preheat takes seconds >= 0, got {a.preheat!r}")
     iters = a.iters if a.iters is not None else (10 if a.quick else 100)
     warmup = a.warmup if a.warmup is not None else (2 if a.quick else 10)
 
@@ -690,7 +701,8 @@ def main(argv=None):
                                 "" if a.masks == "both" else a.masks) if t)
     run_sweep(impls, iters, warmup, a.repeats, a.out, a.plot, directions, headdims, dtypes, shapes_for(seqlens), tag,
               warm_seconds=0.0 if a.quick else 1.0,
-              causals={"both": (True, False), "causal": (True,), "noncausal": (False,)}[a.masks])
+              causals={"both": (True, False), "causal": (True,), "noncausal": (False,)}[a.masks],
+              preheat=a.preheat)
     return 0
 
 

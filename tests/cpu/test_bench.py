@@ -233,3 +233,10 @@ def test_repeat_order_varies_the_predecessor(bench):
         assert all(len(p) >= 2 for p in preds.values()), preds
     assert bench.repeat_order(["a"], 1) == ["a"]
     assert bench.repeat_order([], 0) == []
+
+
+@pytest.mark.parametrize("bad", ["-1", "nan"])
+def test_bad_preheat_is_an_error(bad):
+    res = _run("--preheat", bad)
+    assert res.returncode == 2
+    assert "--preheat takes seconds >= 0" in res.stderr
