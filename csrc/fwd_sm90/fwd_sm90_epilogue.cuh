@@ -33,7 +33,10 @@ __device__ __forceinline__ void store_lse(const FwdSm90Params& p, const FwdSm90W
 // O / l of this warpgroup's 64 rows through `stage` to out by TMA: warp v's 16 rows with
 // stmatrix (an x4 takes the 8 x 8 blocks (rows +0 / +8) x (columns 8 j, 8 j + 8); lane L names
 // row L % 8 of block L / 8), then thread 0 stores the d / 64 boxes of 64 rows and waits until
-// they have been read, so that every warp may free `stage` after this returns.
+// they have been read, so that every warp may free `stage` after this returns. Warps 1-3 free it
+// before the copy has read it; that is safe because the stage's empty barrier counts one arrival
+// per consumer warp and the issuing thread is warp 0's leader, which arrives only after the wait
+// (move the store to another thread, or count arrivals differently, and it becomes a race).
 template <int kHeadDim, hopper::Dtype kElem>
 __device__ __forceinline__ void store_out_tma(const FwdSm90Params& p, const FwdSm90Work& w,
                                               const CUtensorMap* map_o, uint8_t* stage,
