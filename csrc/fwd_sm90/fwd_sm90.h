@@ -85,7 +85,9 @@ struct FwdSm90Config {
 //   d = 256: 128 x 80: O 128 + S 40 + P 20; 64 KB + 2 x 2 x 40 KB = 224 KB (one Q stage).
 // Ping-pong (the warpgroups issue their GEMMs in turn) measured +3 to +8% at d = 64 (three
 // warpgroups, softmax as costly as the GEMMs) and -0 to -6% at d = 128 and 256, mixed at 192
-// (docs/perf-log.md, "Forward ping-pong"): on at d = 64 only.
+// (docs/perf-log.md, "Forward ping-pong"); at d = 128 causal again per call at the power cap, with
+// and without pv_wait_below: -1.5..+1.1% and -3.1..+2.1%, noise (docs/perf-log.md, "Ping-pong
+// at d = 128 per call"): on at d = 64 only.
 constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false, true, false, false, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false, true, true, false, true, true};
@@ -106,14 +108,6 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB; non-causal
 // -1.2..-1.8% against 128 keys (docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
-// Candidates, not yet measured: d = 128 causal with the warpgroups' GEMM issues in turns
-// (ping-pong; FA3's d = 128 causal kernel syncs its two warpgroups around each step's S and P V
-// issue the same way, SASS of its pinned build), alone and with the P V wait kept below the
-// softmax. Ping-pong at d = 128 measured -0..-6% (and -0.0..-3.1% with pv_wait_below) in GPU time
-// after an idle sleep; the per-call protocol at the power cap has not seen it (docs/perf-log.md,
-// "The forward's SASS beside FA3's").
-constexpr FwdSm90Config kFwdSm90Hdim128Pp = {128, 128, 2, 2, 24, 240, true, true, false, false, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim128PpBelow = {128, 128, 2, 2, 24, 240, true, true, true, false, true, true};
 // The config of a head dim's calls whose tiles a persistent grid walks (fwd_sm90_multi_tile:
 // non-causal up to 2048 keys, 4096 at d = 64 / 128, every length at d = 192; causal up to 1024
 // keys at d = 256, every length at d = 192, where the counter feeds the tiles), causal or not; where it
