@@ -51,6 +51,14 @@ bool bwd_sm90_det_cooperative() {
   return on;
 }
 
+bool bwd_sm90_pdl() {
+  static const bool on = [] {
+    const char* v = std::getenv("FLASHBACK_BWD_PDL");
+    return !(v != nullptr && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
 // FLASHBACK_BWD_PAIR: "0" never, "1" always (where a cluster fits), anything else automatic.
 int bwd_sm90_pair_switch() {
   static const int value = [] {

@@ -45,6 +45,9 @@ struct WorkspaceParts {
 WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p);
 // FLASHBACK_DET_COOPERATIVE, read once per process.
 bool bwd_sm90_det_cooperative();
+// FLASHBACK_BWD_PDL, read once per process: "0" launches the backward's three kernels plainly
+// (for A/B runs), anything else with programmatic dependent launch.
+bool bwd_sm90_pdl();
 // Does a 2-CTA pair config pay for these params (run_bwd_sm90_mode): enough query rows per CTA
 // (kBwdSm90PairMinRows). FLASHBACK_BWD_PAIR (for A/B runs and tests, read once per process)
 // overrides it: 0 never, 1 always (where a cluster fits), anything else by the rows. Never
@@ -95,8 +98,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     __syncthreads();
   }
 
+  // The postprocess (launched with the PDL attribute) may be scheduled once every CTA of this
+  // grid has started; it waits for this grid's end before it reads dQaccum.
+  if (threadIdx.x == 0) fh::launch_dependents();
   const BwdSm90Work w = bwd_sm90_work<T::kBlockM, T::kBlockN, kDet, T::kPair>(p);
   if (!w.active) return;  // varlen: past the end of a shorter sequence's keys (the whole CTA)
+  // This grid may start while the preprocess still runs (PDL): what it wrote (LSE * log2(e),
+  // D, the zeroed dQaccum and turn counters) is read or added to only after this wait. The
+  // producer thread waits after it has issued K (an input: visible already), the rest here.
+  if (threadIdx.x != 0) fh::grid_dependency_wait();
   if (wg == 0) {
     fh::setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == 0) {
@@ -166,6 +176,11 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   const int m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;  // steps
   const int tiles_m = m_blocks * T::kStepTiles;  // 64-row workspace tiles (bwd_sm90_prepost.h)
 
+  // The three kernels overlap their ends and starts (programmatic dependent launch, hopper/pdl.h):
+  // the main kernel may start (barriers, tensor-map prefetch, its K load) while the preprocess
+  // finishes, and the postprocess while the main kernel's last CTAs run; each waits for the
+  // kernel before it where it reads that kernel's output. FLASHBACK_BWD_PDL=0: plain launches.
+  const bool pdl = bwd_sm90_pdl();
   // (0) D = rowsum(dO * O), LSE * log2(e); dQaccum (and the deterministic mode's turn
   // counters) zeroed by the same kernel, no memset before it.
   err = launch_bwd_sm90_preprocess(p, tiles_m, T::kStepTiles, lse_log2, dsum, dq_accum,
@@ -215,10 +230,10 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
     // Deterministic, non-causal: chunks of the clusters that fit on the GPU at once (the
     // scheduler's units).
     if (kDet && !p.causal) kp.det_chunk = resident_pairs;
-    err = fh::launch_with_cluster(kernel, dim3(pair_ctas), dim3(T::kThreads), T::kSmemBytes,
-                                  stream, dim3(2, 1, 1), map_q, map_k, map_v, map_do, kp);
+    err = fh::launch_kernel(kernel, dim3(pair_ctas), dim3(T::kThreads), T::kSmemBytes, stream,
+                            dim3(2, 1, 1), pdl, map_q, map_k, map_v, map_do, kp);
     if (err != cudaSuccess) return err;
-    return launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, stream);
+    return launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, pdl, stream);
   }
   if constexpr (kDet) {
     // Non-causal: chunks of CTAs that fit on the GPU at once (bwd_sm90_scheduler.cuh), so that
@@ -254,15 +269,14 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
         }
         if (err != cudaSuccess) return err;
       }
-      if (launched_all) return launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, stream);
+      if (launched_all) return launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, false, stream);
     }
   }
-  kernel<<<dim3(ctas), T::kThreads, T::kSmemBytes, stream>>>(map_q, map_k, map_v, map_do,
-                                                                      kp);
-  err = cudaGetLastError();
+  err = fh::launch_kernel(kernel, dim3(ctas), dim3(T::kThreads), T::kSmemBytes, stream,
+                          dim3(1, 1, 1), pdl, map_q, map_k, map_v, map_do, kp);
   if (err != cudaSuccess) return err;
   // dQ = scale * dQaccum
-  return launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, stream);
+  return launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, pdl, stream);
 }
 
 // One mode of one head dim (kCfg: its default or deterministic config). Where kCfg is a 2-CTA

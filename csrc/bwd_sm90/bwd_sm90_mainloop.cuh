@@ -324,6 +324,8 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
   } else {
     load_kv(T::kOffK, m.k, kv_bar, p.head_inner & 2);
   }
+  // PDL (bwd_sm90_kernel): the stages carry the preprocess's LSE / D rows where kStatBytes > 0.
+  fh::grid_dependency_wait();
   fh::PipelineState<T::kQStages> sq;
   fh::PipelineState<T::kDoStages> sd;
   bool v_pending = true;  // pair_ghost: V comes with the first step that is not a ghost's

@@ -20,6 +20,7 @@
 #include "bwd_sm90/bwd_sm90_prepost.h"
 #include "common/sequence.cuh"
 #include "hopper/dtype.h"
+#include "hopper/pdl.h"
 #include "sm90/sm90_common.h"
 #include "sm90/sm90_family.h"
 
@@ -27,6 +28,7 @@ namespace flashback {
 namespace sm90 {
 namespace {
 
+namespace fh = flashback::hopper;
 using hopper::Dtype;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kPreThreads = 256;
@@ -67,6 +69,9 @@ __global__ void __launch_bounds__(kPreThreads)
     bwd_sm90_preprocess_kernel(const flashback_bwd_params p, int rows_padded, DqTiles tiles,
                                float* lse_log2, float* dsum, float* dq_accum, int* dq_turn) {
   constexpr int kWords = kHeadDim / 64;  // 32-bit words per lane per row and tensor
+  // The main kernel (the dependent, hopper/pdl.h) may be scheduled once every CTA here has
+  // started; it waits for this grid's end before it reads what this one writes.
+  if (threadIdx.x == 0) fh::launch_dependents();
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
   const int warp = static_cast<int>(threadIdx.x) / 32;
@@ -146,6 +151,8 @@ __global__ void __launch_bounds__(kPostThreads)
   const int batch = blockIdx.z;
   const SeqRows seq = seq_rows(p, batch);
   if (m_block * kDqTileRows >= seq.seqlen_q) return;  // varlen: past a shorter sequence's end
+  // Launched as the main kernel's dependent (PDL): dQaccum is complete only after this wait.
+  fh::grid_dependency_wait();
   const int64_t tile = dq_tile(tiles, seq, head, m_block);
   const float4* src = reinterpret_cast<const float4*>(dq_accum + tile * kTileFloats);
   const float s = p.softmax_scale;
@@ -232,12 +239,12 @@ cudaError_t launch_bwd_sm90_preprocess(const flashback_bwd_params& p, int m_bloc
 }
 
 cudaError_t launch_bwd_sm90_postprocess(const flashback_bwd_params& p, int m_blocks, int step_tiles,
-                                        const float* dq_accum, cudaStream_t stream) {
+                                        const float* dq_accum, bool pdl, cudaStream_t stream) {
   const PostKernel kernel = pick_kernel<PickPost, PostKernel>(p);
   if (kernel == nullptr) return cudaErrorNotSupported;
   const dim3 grid(m_blocks, p.nheads, p.batch);
-  return launch(kernel, grid, kPostThreads, stream, p, dq_tiles_of(p, m_blocks, step_tiles),
-                dq_accum);
+  return fh::launch_kernel(kernel, grid, dim3(kPostThreads), 0, stream, dim3(1, 1, 1), pdl, p,
+                           dq_tiles_of(p, m_blocks, step_tiles), dq_accum);
 }
 
 }  // namespace sm90

@@ -63,8 +63,10 @@ inline int64_t dq_tiles_total(const flashback_bwd_params& p, int m_blocks, int s
 cudaError_t launch_bwd_sm90_preprocess(const flashback_bwd_params& p, int m_blocks, int step_tiles,
                                        float* lse_log2, float* dsum, float* dq_accum, int* dq_turn,
                                        cudaStream_t stream);
+// pdl: launched as the main kernel's dependent (hopper/pdl.h); it waits for the main kernel
+// before it reads dQaccum either way.
 cudaError_t launch_bwd_sm90_postprocess(const flashback_bwd_params& p, int m_blocks, int step_tiles,
-                                        const float* dq_accum, cudaStream_t stream);
+                                        const float* dq_accum, bool pdl, cudaStream_t stream);
 
 }  // namespace sm90
 }  // namespace flashback

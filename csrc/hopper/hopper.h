@@ -6,6 +6,7 @@
 //   regs.h      setmaxnreg inc/dec
 //   stmatrix.h  stmatrix (.trans): accumulator fragments -> transposed bf16 tiles in smem
 //   cluster.h   cluster launch, ranks, mapa/DSMEM, cluster barrier
+//   pdl.h       programmatic dependent launch: the launch attribute, griddepcontrol wait/launch
 // Tests: tests/gpu/hopper/ (each primitive against PyTorch on an H100/H200). Worked example:
 // tests/gpu/hopper/gemm.cu, a warp-specialized bf16 GEMM.
 #pragma once
@@ -13,6 +14,7 @@
 #include "hopper/cluster.h"
 #include "hopper/common.h"
 #include "hopper/mbarrier.h"
+#include "hopper/pdl.h"
 #include "hopper/regs.h"
 #include "hopper/stmatrix.h"
 #include "hopper/tma.h"
