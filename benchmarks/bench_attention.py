@@ -390,6 +390,9 @@ def energy_mj():
         return None
 
 
+SIDE_STREAM = False  # --side-stream: the sweep runs on a stream of its own
+
+
 def time_ms(fn, iters, warmup, repeats):
     """Median milliseconds of `iters` calls, measured with CUDA events per call, `repeats` times.
 
@@ -538,7 +541,9 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
                                              + ("; queue-ahead: the GPU sleeps until every timed call of a run "
                                                 "is queued (GPU time, no host time)" if QUEUE_AHEAD else "")
                                              + (f"; {preheat:g} s of matmuls before every implementation's run"
-                                                if preheat > 0 else "")))
+                                                if preheat > 0 else "")
+                                             + ("; every call on a side stream (not the default stream)"
+                                                if SIDE_STREAM else "")))
     if tag:
         payload["tag"] = tag
     if "fa3" in impls:
@@ -649,6 +654,10 @@ def main(argv=None):
     p.add_argument("--preheat", type=float, default=0.0, metavar="SECONDS",
                    help="matmuls for this long before every implementation's run of a point, so that each "
                         "starts from the same load at the card's power cap (default 0: none)")
+    p.add_argument("--side-stream", action="store_true",
+                   help="run every call on a stream of its own instead of PyTorch's default stream (the legacy "
+                        "default stream serialises kernels: programmatic dependent launch only overlaps them "
+                        "on other streams, as in CUDA-graph capture)")
     p.add_argument("--summarize", metavar="JSON", help="print the table of a result file (with --plot: its PNG) and exit")
     a = p.parse_args(argv)
 
@@ -699,10 +708,17 @@ def main(argv=None):
     QUEUE_AHEAD = a.queue_ahead
     tag = "-".join(t for t in (sweep_tag(seqlens, headdims, dtypes), "qa" if a.queue_ahead else "",
                                 "" if a.masks == "both" else a.masks) if t)
-    run_sweep(impls, iters, warmup, a.repeats, a.out, a.plot, directions, headdims, dtypes, shapes_for(seqlens), tag,
-              warm_seconds=0.0 if a.quick else 1.0,
-              causals={"both": (True, False), "causal": (True,), "noncausal": (False,)}[a.masks],
-              preheat=a.preheat)
+    global SIDE_STREAM
+    SIDE_STREAM = a.side_stream
+    if a.side_stream:
+        tag = "-".join(t for t in (tag, "side") if t)
+    import contextlib
+    import torch
+    with torch.cuda.stream(torch.cuda.Stream()) if a.side_stream else contextlib.nullcontext():
+        run_sweep(impls, iters, warmup, a.repeats, a.out, a.plot, directions, headdims, dtypes, shapes_for(seqlens),
+                  tag, warm_seconds=0.0 if a.quick else 1.0,
+                  causals={"both": (True, False), "causal": (True,), "noncausal": (False,)}[a.masks],
+                  preheat=a.preheat)
     return 0
 
 

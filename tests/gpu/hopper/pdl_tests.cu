@@ -38,17 +38,20 @@ __global__ void pdl_secondary_kernel(const float* buf, float* out, const int* do
 // buf: fp32 [ctas][128] (poisoned by the caller), out: fp32 [ctas][128], done: int [1] (0),
 // seen: int [ctas]. out[i] = 2 buf[i]; seen[c] = primary CTAs finished when secondary CTA c
 // started.
-FBH_EXPORT int fbh_pdl_order(float* buf, float* out, int* done, int* seen, int ctas, long long sleep_ns) {
-  pdl_primary_kernel<<<ctas, 128>>>(buf, done, sleep_ns);
+// own_stream: both kernels on a stream created here (non-blocking) instead of the legacy default
+// stream.
+FBH_EXPORT int fbh_pdl_order(float* buf, float* out, int* done, int* seen, int ctas, long long sleep_ns,
+                             int own_stream) {
+  cudaStream_t stream = 0;
+  if (own_stream) FBH_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  pdl_primary_kernel<<<ctas, 128, 0, stream>>>(buf, done, sleep_ns);
   FBH_TRY(cudaGetLastError());
-  cudaLaunchAttribute attr = fh::pdl_attribute();
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(ctas);
-  cfg.blockDim = dim3(128);
-  cfg.stream = 0;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  FBH_TRY(cudaLaunchKernelEx(&cfg, pdl_secondary_kernel, static_cast<const float*>(buf), out,
-                             static_cast<const int*>(done), seen, ctas));
+  FBH_TRY(fh::launch_kernel(pdl_secondary_kernel, dim3(ctas), dim3(128), 0, stream, dim3(1, 1, 1),
+                            true, static_cast<const float*>(buf), out, static_cast<const int*>(done),
+                            seen, ctas));
+  if (own_stream) {
+    FBH_TRY(cudaStreamSynchronize(stream));
+    FBH_TRY(cudaStreamDestroy(stream));
+  }
   return (int)cudaGetLastError();
 }
