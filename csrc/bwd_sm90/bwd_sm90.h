@@ -117,14 +117,6 @@ struct BwdSm90Config {
   // (5) dV after (4), since dV reads every P^T fragment. By keys only: split by head dim the same
   // block (half the exponentials above the dP wait) measured -1.2..+3.9% at d = 128-256, noise.
   bool ds_in_branch = false;
-  // q_atom_barriers with one Q stage: each atom-column of the stage is freed on its own barrier
-  // (8 consumer warp arrivals: the warpgroup that does not own it once its S has completed, the
-  // one that owns it once its (6) dK^T for that atom-column has), instead of the whole stage after
-  // the last dK^T. The producer refills atom-columns in the order they are freed (each
-  // warpgroup's first own column, then its second: 0, 2, 1, 3 at d = 256) and S takes its k-steps
-  // in that order, so the next step's S starts while the last dK^T still runs. ncu (d = 256 pair,
-  // non-causal 8k): the consumers' waits for the Q atom-columns are ~14% of the stall samples.
-  bool q_atom_release = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -183,10 +175,6 @@ constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 96, 2, 1, 24, 160, true, 3, 
 // +5.2% causal 4k / 8k / 16k, -0.5 / +0.5 / +1.9% non-causal; one Q stage alone costs 4-7%;
 // pair_ghost on top +0..+2.6%; q_atom_barriers (with adds_before_wait) +2.7..+5.3% (docs/perf-log.md).
 constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true};
-// Candidate (docs/perf-log.md, "Q atom-columns freed one by one"): the pair with each Q
-// atom-column freed on its own barrier.
-constexpr BwdSm90Config kBwdSm90Hdim256Qr = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false,
-                                            true, false, true, true, false, false, false, true};
 // The deterministic mode's config per head dim (the two configs of a head dim share block_m
 // and block_n: the workspace and can_implement read the default's). Every head dim runs its
 // default config in this mode too. d = 256, the pair: against the single-CTA config in this

@@ -80,10 +80,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     if constexpr (T::kQAtomBars) {
       uint64_t* qb = reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar);
       for (int i = 0; i < T::kQStages * T::kAtomCols; ++i) fh::mbar_init(qb + i, 1);  // 1 + tx bytes
-      if constexpr (T::kQAtomRelease) {
-        uint64_t* qe = reinterpret_cast<uint64_t*>(smem + T::kOffQAtomEmpty);
-        for (int i = 0; i < T::kAtomCols; ++i) fh::mbar_init(qe + i, T::kConsumerWarps);
-      }
       fh::fence_mbarrier_init();
     }
     if constexpr (T::kPair) {

@@ -173,31 +173,8 @@ struct BwdSm90Traits {
   static_assert(!kQAtomBars || (!kStatsSmem && !kByKeys && !kStatsByConsumers),
                 "q_atom_barriers: split by head dim, no stats rows on the Q stage's barrier");
   static constexpr uint32_t kOffQAtomBar = kOffPairBar + (kPair ? 32 : 0);
-  // q_atom_release: after the full barriers, one empty barrier per atom-column (the ring's
-  // empty barrier unused for Q); atom-columns are loaded, and S walks them, in release order.
-  static constexpr bool kQAtomRelease = kCfg.q_atom_release;
-  static_assert(!kQAtomRelease || (kQAtomBars && kQStages == 1 && !kByKeys),
-                "q_atom_release: per atom-column barriers, one Q stage, split by head dim");
-  static constexpr uint32_t kOffQAtomEmpty = kOffQAtomBar + kQStages * kAtomCols * 8;
-  // The i-th atom-column in release order: each warpgroup's first own column, then its second ...
-  // (identity without q_atom_release).
-  static constexpr int q_atom_at(int i) {
-    if (!kQAtomRelease) return i;
-    int n = 0;
-    for (int u = 0; u < kAtomCols; ++u) {
-      for (int w = 0; w < kConsumerWgs; ++w) {
-        if (u < own(w)) {
-          if (n == i) return first_atom(w) + u;
-          ++n;
-        }
-      }
-    }
-    return -1;
-  }
-  static_assert(q_atom_at(0) == 0, "S's first k-step (a write-only wgmma) is atom-column 0's");
   static constexpr size_t kSmemBytes = 1024 /* alignment slack */ + kOffQAtomBar +
-                                       (kQAtomBars ? kQStages * kAtomCols * 8 : 0) +
-                                       (kQAtomRelease ? kAtomCols * 8 : 0);
+                                       (kQAtomBars ? kQStages * kAtomCols * 8 : 0);
   static_assert(kSmemBytes <= 232448, "over the 227 KB a CTA may have");
   static_assert(kKvAtomBytes % 1024 == 0 && kWgKeys * 128 % 1024 == 0 && kHandBytes % 1024 == 0,
                 "swizzled tiles and each warpgroup's kWgKeys-row part must stay 1024-aligned");
@@ -377,16 +354,11 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
       st.advance();
     };
     if constexpr (T::kQAtomBars) {
-      // Each atom-column box on its own barrier (q_atom_barriers); with q_atom_release each is
-      // also freed on its own, and loaded as soon as it is, in release order.
-      if constexpr (!T::kQAtomRelease) pipe_q->producer_acquire(sq);
+      // Each atom-column box on its own barrier (q_atom_barriers).
+      pipe_q->producer_acquire(sq);
       uint64_t* qb = reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar) + sq.stage * T::kAtomCols;
 #pragma unroll
-      for (int i = 0; i < T::kAtomCols; ++i) {
-        const int a = T::q_atom_at(i);
-        if constexpr (T::kQAtomRelease) {
-          fh::mbar_wait(reinterpret_cast<uint64_t*>(smem + T::kOffQAtomEmpty) + a, sq.phase ^ 1);
-        }
+      for (int a = 0; a < T::kAtomCols; ++a) {
         fh::mbar_arrive_expect_tx(qb + a, T::kQAtomBytes);
         tma_rows(smem + T::kOffQ + sq.stage * T::kQTileBytes + a * T::kQAtomBytes, m.q, qb + a,
                  p.head_inner & 1, 64 * a, static_cast<int>(w.seq.row_q) + m0, head, w.map_batch);
@@ -416,16 +388,12 @@ __device__ __forceinline__ void gemm_q_by_kv(float (&acc)[T::kWgKeys / 2], const
   const uint64_t dy = fh::desc_kmajor_sw128(y);
   constexpr int kStepsPerAtom = 64 / 16;
 #pragma unroll
-  for (int i = 0; i < T::kHeadDim / 16; ++i) {
-    // With atom barriers the atom-columns in the order they are loaded (q_atom_release).
-    const int s = atom_bars != nullptr
-                      ? T::q_atom_at(i / kStepsPerAtom) * kStepsPerAtom + i % kStepsPerAtom
-                      : i;
-    if (atom_bars != nullptr && i % kStepsPerAtom == 0) {
+  for (int s = 0; s < T::kHeadDim / 16; ++s) {
+    if (atom_bars != nullptr && s % kStepsPerAtom == 0) {
       fh::mbar_wait(atom_bars + s / kStepsPerAtom, phase);
       fh::wgmma_fence();
     }
-    if (i == 0) {
+    if (s == 0) {
       fh::wgmma_ss_set<T::kWgKeys, 0, 0, T::kElem>(acc, dx, dy);
     } else {
       fh::wgmma_ss<T::kWgKeys, 0, 0, T::kElem>(acc, fh::desc_advance(dx, fh::kmajor_k_offset(s, T::kBlockM)),
@@ -480,29 +448,6 @@ __device__ __forceinline__ void issue_dq_dv(float (&dq)[T::kBlockM / 2], const u
 #pragma unroll
   for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dv[u], do_s + (first + u) * T::kQAtomBytes, p_t);
   fh::wgmma_commit();
-}
-
-// q_atom_release: (6) dK^T += Q^T dS one commit group per own atom-column, so that each frees
-// its Q atom-column as it completes (release_dk_atoms).
-template <class T, int kOwn, int kAcc>
-__device__ __forceinline__ void issue_dk_per_atom(float (&acc_dk)[kAcc][T::kBlockN / 2],
-                                                  const uint8_t* q_s, const uint8_t* ds_t, int first) {
-#pragma unroll
-  for (int u = 0; u < kOwn; ++u) {
-    gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
-    fh::wgmma_commit();
-  }
-}
-
-// q_atom_release: waits for the dK^T groups of issue_dk_per_atom in order, freeing each one's Q
-// atom-column (a warp's leader for its lanes, after the wait: the wgmma reads are complete).
-template <class T, int kOwn>
-__device__ __forceinline__ void release_dk_atoms(uint64_t* q_empty, int first, bool warp_leader) {
-  static_assert(kOwn == 2, "written for two own atom-columns (d = 256)");
-  fh::wgmma_wait<1>();
-  if (warp_leader) fh::mbar_arrive(q_empty + first);
-  fh::wgmma_wait<0>();
-  if (warp_leader) fh::mbar_arrive(q_empty + first + 1);
 }
 
 // A 64 x kWgKeys accumulator (queries x this warpgroup's keys) as 16-bit into the hand-off
@@ -729,8 +674,6 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   bool v_pending = true;
   const uint8_t* k_half = smem + T::kOffK + T::kWgKeys * wg * 128;
   const uint8_t* v_half = smem + T::kOffV + T::kWgKeys * wg * 128;
-  // q_atom_release: the Q stage's per-atom-column empty barriers (one stage).
-  uint64_t* q_empty = reinterpret_cast<uint64_t*>(smem + T::kOffQAtomEmpty);
 
   float acc_dv[kAcc][T::kBlockN / 2];  // dV^T of atom-columns first ..
   float acc_dk[kAcc][T::kBlockN / 2];  // dK^T, same atom-columns
@@ -825,15 +768,6 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     // LSE = +inf. Only blocks that reach past seqlen_k or cross the diagonal test each element.
     fh::wgmma_wait<1>();
     fh::wgmma_fence_operand(s);
-    if constexpr (T::kQAtomRelease) {
-      // S was this warpgroup's last read of the atom-columns it does not own.
-      if (warp_leader) {
-#pragma unroll
-        for (int a = 0; a < T::kAtomCols; ++a) {
-          if (a < first || a >= first + kOwn) fh::mbar_arrive(q_empty + a);
-        }
-      }
-    }
     const bool need_mask =
         n0 + T::kBlockN > seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag);
     if (need_mask) {
@@ -895,25 +829,16 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       if (T::kPairGhost && partner_ghost) {
         // Nothing from the partner: dQ^T own, dV^T, dK^T; dQ^T is complete at wait<1>.
         fh::wgmma_fence();  // a wgmma after a branch (C7519)
-        if constexpr (T::kQAtomRelease) {
-          issue_dk_per_atom<T, kOwn>(acc_dk, q_s, ds_t, first);
-          fh::wgmma_wait<kOwn>();
-        } else {
 #pragma unroll
-          for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
-          fh::wgmma_commit();
-          fh::wgmma_wait<1>();
-        }
+        for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
+        fh::wgmma_commit();
+        fh::wgmma_wait<1>();
         fh::wgmma_fence_operand(dq);
         if (warp_leader) pipe_do->consumer_release(sd);
         add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
         if constexpr (T::kAddsBeforeWait) fh::keep_waits_below(seqlen_k);  // (wgmma.h)
-        if constexpr (T::kQAtomRelease) {
-          release_dk_atoms<T, kOwn>(q_empty, first, warp_leader);
-        } else {
-          fh::wgmma_wait<0>();
-          if (warp_leader) pipe_q->consumer_release(sq);
-        }
+        fh::wgmma_wait<0>();
+        if (warp_leader) pipe_q->consumer_release(sq);
       } else {
         if (T::kPairGhost && pair_rank == 0) {
           // The phase of this buffer's full barrier: the upper's sends into it so far.
@@ -926,15 +851,10 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
                    smem + T::kOffDsPeer + (it & 1) * T::kHandBytes, true);
         fh::wgmma_commit();
-        if constexpr (T::kQAtomRelease) {
-          issue_dk_per_atom<T, kOwn>(acc_dk, q_s, ds_t, first);
-          fh::wgmma_wait<kOwn>();
-        } else {
 #pragma unroll
-          for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
-          fh::wgmma_commit();
-          fh::wgmma_wait<1>();
-        }
+        for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
+        fh::wgmma_commit();
+        fh::wgmma_wait<1>();
         fh::wgmma_fence_operand(dq);
         if (warp_leader) {
           pipe_do->consumer_release(sd);
@@ -944,12 +864,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         }
         add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
         if constexpr (T::kAddsBeforeWait) fh::keep_waits_below(seqlen_k);  // (wgmma.h)
-        if constexpr (T::kQAtomRelease) {
-          release_dk_atoms<T, kOwn>(q_empty, first, warp_leader);
-        } else {
-          fh::wgmma_wait<0>();
-          if (warp_leader) pipe_q->consumer_release(sq);
-        }
+        fh::wgmma_wait<0>();
+        if (warp_leader) pipe_q->consumer_release(sq);
       }
     } else if (has_cols) {
       float dq[T::kBlockM / 2];
