@@ -70,6 +70,13 @@ struct FwdSm90Config {
   // configs) -0.3..-1.1%, at d = 64 -0.4..-0.6% causal: on where it gained, except the d = 128
   // non-causal calls (kFwdSm90Hdim128Full).
   bool tma_store_o = false;
+  // The key blocks a warpgroup's 64 rows see whole (no key past seqlen_k, none after a row's
+  // diagonal) run in a loop of their own whose softmax has no mask code, then the blocks that
+  // need it in a second loop, instead of one loop that branches on the mask per block. FA3's
+  // causal kernels have the two loops (SASS: 469 and 616 instructions per block at d = 128
+  // against our one loop of 771 with a 238-instruction mask block); ptxas does not schedule
+  // across the branch, so the split gives it the unmasked step as straight-line code.
+  bool split_mask_loop = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -108,6 +115,10 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB; non-causal
 // -1.2..-1.8% against 128 keys (docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
+// Candidate, not yet measured (docs/perf-log.md, "The forward's masked and unmasked loops"):
+// d = 128 causal with the mask loop split off.
+constexpr FwdSm90Config kFwdSm90Hdim128Split = {128, 128, 2, 2, 24, 240, false, true, false, false,
+                                               true, true, true};
 // The config of a head dim's calls whose tiles a persistent grid walks (fwd_sm90_multi_tile:
 // non-causal up to 2048 keys, 4096 at d = 64 / 128, every length at d = 192; causal up to 1024
 // keys at d = 256, every length at d = 192, where the counter feeds the tiles), causal or not; where it

@@ -68,6 +68,7 @@ struct FwdSm90Traits {
   static constexpr bool kPvWaitBelow = kCfg.pv_wait_below;
   static constexpr bool kLateTileFetch = kCfg.late_tile_fetch;
   static constexpr bool kTmaStoreO = kCfg.tma_store_o;
+  static constexpr bool kSplitMaskLoop = kCfg.split_mask_loop;
   // o_over_v: the O-free barrier (one arrival per consumer warp after its O rows left the V
   // stages; the producer waits for it before the next tile's V_0). It runs in step with the one
   // Q stage, so it shares the Q ring's state.
@@ -283,13 +284,16 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   };
   // Mask, then the online softmax of block j in place (acc becomes P, unnormalized), the row
   // statistics updated; returns in alpha the factor O must be rescaled by before P_j V_j.
-  auto softmax = [&](float (&acc)[kS], int j, float (&alpha)[2]) {
+  // mask: 0 tests whether block j needs the mask, 1 never masks, 2 always (split_mask_loop;
+  // always a literal at the call, folded once inlined).
+  auto softmax = [&](float (&acc)[kS], int j, float (&alpha)[2], int mask) {
     const int n0 = j * T::kBlockN;
     // Keys past seqlen_k and (causal) after a row's diagonal get -inf; only blocks that reach
     // past seqlen_k or cross the diagonal test each element. (One compare per element against
     // a per-row limit, as the backward masks, measured no faster here: docs/perf-log.md, "The
     // runbook measured".)
-    if (n0 + T::kBlockN > w.seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag)) {
+    if (mask == 2 ||
+        (mask == 0 && (n0 + T::kBlockN > w.seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag)))) {
 #pragma unroll
       for (int r = 0; r < kS; ++r) {
         const int key = n0 + fh::acc_col(r, t);
@@ -355,9 +359,9 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     fh::wgmma_fence_operand(s);
     if (warp_leader) pipe_k->consumer_release(st);
     release_q_after_last_s(w.n_count == 1);
-    softmax(s, 0, alpha);
+    softmax(s, 0, alpha, 0);
     to_frags(s, a);  // O is 0: no rescale
-    for (int j = 0; j + 1 < w.n_count; ++j) {
+    auto step = [&](int j, int mask) {
       fh::PipelineState<T::kStages> next = st;
       next.advance();
       turn_begin();
@@ -368,7 +372,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       fh::wgmma_fence_operand(s);
       if (warp_leader) pipe_k->consumer_release(next);
       release_q_after_last_s(j + 2 == w.n_count);
-      softmax(s, j + 1, alpha);
+      softmax(s, j + 1, alpha, mask);
       if constexpr (T::kPvWaitBelow) fh::keep_waits_below(w.seqlen_k);  // (wgmma.h)
       fh::wgmma_wait<0>();  // P_j V_j
       fh::wgmma_fence_operand(o);
@@ -377,6 +381,21 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       rescale_o(alpha);
       to_frags(s, a);
       st = next;
+    };
+    int j = 0;
+    if constexpr (T::kSplitMaskLoop) {
+      // Blocks are masked from the first that reaches past seqlen_k or past this warpgroup's
+      // first row's diagonal on (both conditions only grow with the block): the steps before
+      // it (step j computes block j + 1) need no mask code.
+      const int diag_end = m0 + diag + 1;  // keys below it are seen by every row here
+      int masked_from = w.seqlen_k / T::kBlockN;
+      if (p.causal) {
+        masked_from = min(masked_from, diag_end <= 0 ? 0 : diag_end / T::kBlockN);
+      }
+      for (; j + 1 < min(masked_from, w.n_count); ++j) step(j, 1);
+      for (; j + 1 < w.n_count; ++j) step(j, 2);
+    } else {
+      for (; j + 1 < w.n_count; ++j) step(j, 0);
     }
     turn_begin();
     issue_pv(a, st);
