@@ -116,7 +116,8 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // -1.2..-1.8% against 128 keys (docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
 // Candidates, not yet measured (docs/perf-log.md, "The forward's masked and unmasked loops"):
-// the causal rows with the mask loop split off (d = 192's causal calls run its Multi config).
+// the causal rows with the mask loop split off (d = 192's causal calls run its Multi config,
+// d = 256's up to 1024 keys).
 constexpr FwdSm90Config kFwdSm90Hdim64Split = {64, 128, 3, 2, 24, 160, true, true, false, false,
                                               false, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim128Split = {128, 128, 2, 2, 24, 240, false, true, false, false,
@@ -125,6 +126,8 @@ constexpr FwdSm90Config kFwdSm90Hdim192MultiSplit = {192, 112, 2, 2, 24, 240, fa
                                                     true, true, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim256Split = {256, 80, 2, 2, 24, 240, false, true, true, false,
                                                true, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim256MultiSplit = {256, 80, 2, 2, 24, 240, false, true, true,
+                                                    true, true, false, true};
 // The config of a head dim's calls whose tiles a persistent grid walks (fwd_sm90_multi_tile:
 // non-causal up to 2048 keys, 4096 at d = 64 / 128, every length at d = 192; causal up to 1024
 // keys at d = 256, every length at d = 192, where the counter feeds the tiles), causal or not; where it
