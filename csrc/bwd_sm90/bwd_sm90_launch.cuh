@@ -105,7 +105,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (!w.active) return;  // varlen: past the end of a shorter sequence's keys (the whole CTA)
   // This grid may start while the preprocess still runs (PDL): what it wrote (LSE * log2(e),
   // D, the zeroed dQaccum and turn counters) is read or added to only after this wait. The
-  // producer thread waits after it has issued K (an input: visible already), the rest here.
+  // producer thread's own wait follows its K issue (an input: visible already), but the K load
+  // does not start early yet: its warp's other lanes wait here, and the producer warpgroup's
+  // setmaxnreg below is warp-synchronous, so thread 0 reaches it only after the preprocess ends.
+  // (Moving these waits below the setmaxnreg calls would let K go first; not yet measured.)
   if (threadIdx.x != 0) fh::grid_dependency_wait();
   if (wg == 0) {
     fh::setmaxnreg_dec<T::kProducerRegs>();
@@ -177,7 +180,7 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   const int tiles_m = m_blocks * T::kStepTiles;  // 64-row workspace tiles (bwd_sm90_prepost.h)
 
   // The three kernels overlap their ends and starts (programmatic dependent launch, hopper/pdl.h):
-  // the main kernel may start (barriers, tensor-map prefetch, its K load) while the preprocess
+  // the main kernel may start (barriers, tensor-map prefetch) while the preprocess
   // finishes, and the postprocess while the main kernel's last CTAs run; each waits for the
   // kernel before it where it reads that kernel's output. FLASHBACK_BWD_PDL=0: plain launches.
   const bool pdl = bwd_sm90_pdl();
