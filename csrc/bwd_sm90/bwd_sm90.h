@@ -117,6 +117,17 @@ struct BwdSm90Config {
   // (5) dV after (4), since dV reads every P^T fragment. By keys only: split by head dim the same
   // block (half the exponentials above the dP wait) measured -1.2..+3.9% at d = 128-256, noise.
   bool ds_in_branch = false;
+  // Default mode, one CTA per K/V block, split by head dim into two warpgroups: the last CTA to
+  // add into a dQaccum tile converts it to dQ (scaled, 16-bit) while other CTAs still run, and
+  // no postprocess kernel follows. After a step's adds the consumers arrive on a barrier; a
+  // producer-warpgroup warp (bwd_sm90_dq_finisher) then counts the tile (release fence, one
+  // atomicAdd on its counter, zeroed by the preprocess) against the number of K/V blocks whose
+  // walks reach it (bwd_sm90_dq_contributions) and posts the verdict; one step later the
+  // consumers read it and, if last, convert the tile from L2 (convert_dq_tile). Calls where a
+  // row can see no key (causal, seqlen_q > seqlen_k) or varlen keep the postprocess. The
+  // postprocess is 53 us of every d = 256 call at 16k tokens (3.5% of a causal 4k call, 9-12% of
+  // a 512 one) and FA3 runs one too (docs/perf-log.md, "The dQ conversion by the last adder").
+  bool dq_convert = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -196,6 +207,11 @@ static constexpr const BwdSm90Config& kBwdSm90Hdim64Single = kBwdSm90Hdim64;
 static constexpr const BwdSm90Config& kBwdSm90Hdim128Single = kBwdSm90Hdim128;
 static constexpr const BwdSm90Config& kBwdSm90Hdim192Single = kBwdSm90Hdim192;
 constexpr BwdSm90Config kBwdSm90Hdim256Single = {256, 64, 80, 2, 1, 24, 240, false, 2};
+// Candidate (docs/perf-log.md, "The dQ conversion by the last adder"): the short-walk d = 256
+// config with dq_convert.
+constexpr BwdSm90Config kBwdSm90Hdim256SingleConv = {256, 64, 80, 2, 1, 24, 240, false, 2, false,
+                                                    false, false, false, false, false, false,
+                                                    false, false, false, true};
 // Query rows a CTA walks (seqlen_q x the GQA group) from which a pair config runs. Measured
 // at d = 256: the single CTA faster by 1.7-12% at 512-2048 rows, the pair faster from 4096
 // (docs/perf-log.md); between, the midpoint.
@@ -247,6 +263,12 @@ struct BwdSm90Params {
   void* dk;
   void* dv;
   flashback_strides dk_strides, dv_strides;
+  // dq_convert configs (default mode): 1 when this call converts dQ in the main kernel (no
+  // postprocess); dq_count the per-tile arrival counters (the turn counters' first slot).
+  int dq_convert;
+  int* dq_count;
+  void* dq;
+  flashback_strides dq_strides;
 };
 
 // Does the fast path take these params? Static (no device state): a config for the head dim in

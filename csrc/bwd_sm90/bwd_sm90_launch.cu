@@ -97,7 +97,8 @@ WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p) {
   WorkspaceParts w;
   w.dq_accum = 0;
   w.dq_turn = align_up(tiles * static_cast<size_t>(dq_tile_floats(p.headdim)) * sizeof(float));
-  w.lse = w.dq_turn + (p.deterministic ? align_up(tiles * kDqTurnsPerTile * sizeof(int)) : 0);
+  // Turn counters (deterministic) or dq_convert's arrival counters: 8 bytes per tile, always.
+  w.lse = w.dq_turn + align_up(tiles * kDqTurnsPerTile * sizeof(int));
   w.dsum = w.lse + align_up(rows * sizeof(float));
   w.total = w.dsum + align_up(rows * sizeof(float));
   return w;

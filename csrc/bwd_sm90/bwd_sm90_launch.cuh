@@ -82,6 +82,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       for (int i = 0; i < T::kQStages * T::kAtomCols; ++i) fh::mbar_init(qb + i, 1);  // 1 + tx bytes
       fh::fence_mbarrier_init();
     }
+    if constexpr (T::kDqConvert && !kDet) {
+      uint64_t* verdict_bar = reinterpret_cast<uint64_t*>(smem + T::kOffConvert);
+      fh::mbar_init(verdict_bar, 1);      // step parity 0: the finisher's arrival
+      fh::mbar_init(verdict_bar + 1, 1);  // step parity 1
+      fh::fence_mbarrier_init();
+    }
     if constexpr (T::kPair) {
       uint64_t* pair_bar = reinterpret_cast<uint64_t*>(smem + T::kOffPairBar);
       fh::mbar_init(pair_bar, 1);      // full[0]: this CTA's arrive_expect_tx + the partner's bytes
@@ -120,6 +126,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     } else if (!kDet && T::kDqViaSmem && threadIdx.x / 32 >= 1 &&
                threadIdx.x / 32 <= T::kConsumerWgs) {
       bwd_sm90_dq_warp<T>(p, w, smem, threadIdx.x / 32 - 1);
+    } else if (!kDet && T::kDqConvert && threadIdx.x / 32 == 1) {
+      if (p.dq_convert) bwd_sm90_dq_finisher<T>(p, w, smem);
     }
   } else {
     fh::setmaxnreg_inc<T::kConsumerRegs>();
@@ -184,10 +192,16 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   // finishes, and the postprocess while the main kernel's last CTAs run; each waits for the
   // kernel before it where it reads that kernel's output. FLASHBACK_BWD_PDL=0: plain launches.
   const bool pdl = bwd_sm90_pdl();
+  // dq_convert (default mode): the main kernel converts dQ unless a row can see no key (causal
+  // with seqlen_q > seqlen_k: no CTA would add into its tile) or the batch is varlen (lengths
+  // unknown here); the postprocess does it then.
+  const bool convert = T::kDqConvert && !kDet && p.cu_seqlens_q == nullptr &&
+                       !(p.causal && p.seqlen_q > p.seqlen_k);
+  int* counters = kDet || convert ? reinterpret_cast<int*>(ws + parts.dq_turn) : nullptr;
   // (0) D = rowsum(dO * O), LSE * log2(e); dQaccum (and the deterministic mode's turn
-  // counters) zeroed by the same kernel, no memset before it.
-  err = launch_bwd_sm90_preprocess(p, tiles_m, T::kStepTiles, lse_log2, dsum, dq_accum,
-                                   kDet ? reinterpret_cast<int*>(ws + parts.dq_turn) : nullptr, stream);
+  // counters, or dq_convert's arrival counters) zeroed by the same kernel, no memset before it.
+  err = launch_bwd_sm90_preprocess(p, tiles_m, T::kStepTiles, lse_log2, dsum, dq_accum, counters,
+                                   stream);
   if (err != cudaSuccess) return err;
 
   BwdSm90Params kp;
@@ -221,6 +235,10 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   kp.dv = p.dv;
   kp.dk_strides = p.dk_strides;
   kp.dv_strides = p.dv_strides;
+  kp.dq_convert = convert ? 1 : 0;
+  kp.dq_count = convert ? counters : nullptr;
+  kp.dq = p.dq;
+  kp.dq_strides = p.dq_strides;
 
   // (1)-(7)
   const int ctas = kp.n_blocks * p.nheads_k * p.batch;
@@ -278,6 +296,7 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   err = fh::launch_kernel(kernel, dim3(ctas), dim3(T::kThreads), T::kSmemBytes, stream,
                           dim3(1, 1, 1), pdl, map_q, map_k, map_v, map_do, kp);
   if (err != cudaSuccess) return err;
+  if (convert) return cudaSuccess;  // the main kernel wrote dQ
   // dQ = scale * dQaccum
   return launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, pdl, stream);
 }

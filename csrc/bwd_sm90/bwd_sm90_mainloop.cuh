@@ -173,8 +173,14 @@ struct BwdSm90Traits {
   static_assert(!kQAtomBars || (!kStatsSmem && !kByKeys && !kStatsByConsumers),
                 "q_atom_barriers: split by head dim, no stats rows on the Q stage's barrier");
   static constexpr uint32_t kOffQAtomBar = kOffPairBar + (kPair ? 32 : 0);
-  static constexpr size_t kSmemBytes = 1024 /* alignment slack */ + kOffQAtomBar +
-                                       (kQAtomBars ? kQStages * kAtomCols * 8 : 0);
+  // dq_convert: two verdict barriers (step parity) and their two verdicts.
+  static constexpr bool kDqConvert = kCfg.dq_convert;
+  static_assert(!kDqConvert || (!kPair && !kByKeys && !kDqViaSmem && kConsumerWgs == 2 &&
+                                kBlockM == kDqTileRows && kOwn0 == 2 && kOwn1 == 2),
+                "dq_convert: one CTA, split by head dim over two warpgroups of two atom-columns");
+  static constexpr uint32_t kOffConvert = kOffQAtomBar + (kQAtomBars ? kQStages * kAtomCols * 8 : 0);
+  static constexpr size_t kSmemBytes = 1024 /* alignment slack */ + kOffConvert +
+                                       (kDqConvert ? 32 : 0);
   static_assert(kSmemBytes <= 232448, "over the 227 KB a CTA may have");
   static_assert(kKvAtomBytes % 1024 == 0 && kWgKeys * 128 % 1024 == 0 && kHandBytes % 1024 == 0,
                 "swizzled tiles and each warpgroup's kWgKeys-row part must stay 1024-aligned");
@@ -518,6 +524,96 @@ __device__ __forceinline__ void pair_ghost_step(const BwdSm90Params& p, uint8_t*
   add_dq_in_turn<T, kDet>(p, tile, T::kPairAtoms + wg, t, dq);
 }
 
+// dq_convert (default mode): producer-warpgroup warp 1. Per step, once the consumers have
+// issued the step's adds (kBarAdded0), lane 0 counts the tile: a release fence (cumulative over
+// the adds the barrier ordered before it; CUTLASS's generic barrier publishes a CTA's writes
+// the same way), one atomicAdd on the tile's counter; the CTA that brings it to the number of
+// K/V blocks that add into the tile was the last, and an acquire fence then orders every
+// other CTA's adds before the consumers' reads. The verdict goes to the consumers through
+// shared memory and an mbarrier of the step's parity (convert_if_last reads it a step later,
+// so a slot is rewritten only after it was read).
+template <class T>
+__device__ __forceinline__ void bwd_sm90_dq_finisher(const BwdSm90Params& p, const BwdSm90Work& w,
+                                                     uint8_t* smem) {
+  uint64_t* verdict_bar = reinterpret_cast<uint64_t*>(smem + T::kOffConvert);
+  int* verdict = reinterpret_cast<int*>(smem + T::kOffConvert + 16);
+  const bool leader = (threadIdx.x % 32) == 0;
+  for (int it = 0; it < w.n_iters; ++it) {
+    int head, m_block;
+    bwd_sm90_iter<false>(p, w, it, head, m_block);
+    fh::named_bar_sync(T::kBarAdded0, T::kConsumerThreads + 32);
+    if (leader) {
+      const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);
+      __threadfence();
+      const int before = atomicAdd(p.dq_count + tile * kDqTurnsPerTile, 1);
+      const bool last = before + 1 == bwd_sm90_dq_contributions<T::kBlockM, T::kBlockN>(p, w, m_block);
+      if (last) __threadfence();
+      verdict[it & 1] = last ? 1 : 0;
+      fh::mbar_arrive(verdict_bar + (it & 1));  // release (CTA scope): the verdict
+    }
+    __syncwarp();
+  }
+}
+
+// dq_convert: the 64 x d dQaccum tile of (q head `head`, Q block m_block), complete, to dQ rows
+// (times the softmax scale, 16-bit) by the 256 consumer threads (`i`). Thread i reads float4s
+// i, i + 256, .. of the fragment order (bwd_sm90_epilogue.cuh): each holds rows q0, q0 + 1 at
+// columns d0, d0 + 8; lane i ^ 4 holds column d0 ^ 1 of the same rows, so after two shuffles the
+// lane with even d0 writes row q0 and its partner row q0 + 1, as 32-bit words of two columns.
+// The loads go to L2 (ld.global.cg): the adds of other SMs never passed through this L1.
+template <class T>
+__device__ __forceinline__ void convert_dq_tile(const BwdSm90Params& p, const BwdSm90Work& w,
+                                                int head, int m_block, int i) {
+  const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);
+  const float4* src = reinterpret_cast<const float4*>(p.dq_accum + tile * dq_tile_floats(T::kHeadDim));
+  uint16_t* dq = static_cast<uint16_t*>(p.dq) + w.seq.q_offset(p.dq_strides) +
+                 static_cast<int64_t>(head) * p.dq_strides.head;
+  const float scale = p.softmax_scale;
+  const int t = i % 128;
+  const bool low = (t & 4) == 0;  // this lane's d0 is even
+  const int dcol = 16 * (t / 32) + (t % 32) / 4;
+  constexpr int kVecs = T::kHeadDim * kDqTileRows / 4 / T::kConsumerThreads;  // 16 at d = 256
+  constexpr int kBatch = 8;  // float4s in flight per thread (dV^T / dK^T stay live)
+  static_assert(kVecs % kBatch == 0, "whole batches");
+#pragma unroll
+  for (int b = 0; b < kVecs; b += kBatch) {
+    float4 v[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) v[k] = __ldcg(src + i + T::kConsumerThreads * (b + k));
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int idx = i + T::kConsumerThreads * (b + k);
+      const int g = (idx / 128) % 8;
+      const int u = idx / 1024;
+      const float r1 = __shfl_xor_sync(0xffffffffu, low ? v[k].y : v[k].x, 4);
+      const float r2 = __shfl_xor_sync(0xffffffffu, low ? v[k].w : v[k].z, 4);
+      const int row = 8 * g + 2 * (t % 4) + (low ? 0 : 1);
+      const int col = 64 * u + dcol - (low ? 0 : 1);
+      const int q = m_block * kDqTileRows + row;
+      if (q < w.seq.seqlen_q) {
+        uint16_t* r = dq + static_cast<int64_t>(q) * p.dq_strides.row + col;
+        const uint32_t w0 = low ? fh::pack2<T::kElem>(v[k].x * scale, r1 * scale)
+                                : fh::pack2<T::kElem>(r1 * scale, v[k].y * scale);
+        const uint32_t w1 = low ? fh::pack2<T::kElem>(v[k].z * scale, r2 * scale)
+                                : fh::pack2<T::kElem>(r2 * scale, v[k].w * scale);
+        *reinterpret_cast<uint32_t*>(r) = w0;
+        *reinterpret_cast<uint32_t*>(r + 8) = w1;
+      }
+    }
+  }
+}
+
+// dq_convert: step `it`'s verdict (bwd_sm90_dq_finisher); if this CTA added last into its tile,
+// the consumers convert it. Every consumer thread waits for the same verdict: a uniform branch.
+template <class T>
+__device__ __forceinline__ void convert_if_last(const BwdSm90Params& p, const BwdSm90Work& w,
+                                                uint8_t* smem, int it, int head, int m_block, int i) {
+  uint64_t* verdict_bar = reinterpret_cast<uint64_t*>(smem + T::kOffConvert);
+  const volatile int* verdict = reinterpret_cast<const volatile int*>(smem + T::kOffConvert + 16);
+  fh::mbar_wait(verdict_bar + (it & 1), (it >> 1) & 1);
+  if (verdict[it & 1]) convert_dq_tile<T>(p, w, head, m_block, i);
+}
+
 // ------------------------------------------------------------ deterministic turn warps ---
 // Deterministic mode: warp 1 + h of the producer warpgroup keeps the dQ turns of phase h (by
 // head dim the atom-column each consumer warpgroup adds first, h = 0, or second, h = 1, into the
@@ -650,6 +746,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   static_assert(kOwn <= 2, "at most two dQ^T atom-columns per warpgroup (the loop below)");
   constexpr bool kDqSmem = !kDet && T::kDqViaSmem;  // the ordered adds stay in registers
   constexpr bool kPairOn = T::kPair;  // pair_dq
+  constexpr bool kConvert = T::kDqConvert && !kDet;  // dq_convert (default mode only)
+  int prev_head = 0, prev_m_block = 0;  // dq_convert: the previous step's tile
   constexpr int kAcc = kOwn > 0 ? kOwn : 1;  // arrays need a size; unused when kOwn = 0
   // Whether this warpgroup computes (5)-(7): false only for warpgroup 1 at d = 64.
   const bool has_cols = kOwn > 0 && T::own(wg) > 0;
@@ -921,8 +1019,23 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         fh::named_bar_arrive(T::kBarAdded0 + h, T::kTurnThreads);
       }
     }
+    if constexpr (kConvert) {
+      if (p.dq_convert) {
+        // This step's adds are issued (the barrier orders them before the finisher's count);
+        // the previous step's verdict is in by now: its tile converted here if this CTA added last.
+        fh::named_bar_arrive(T::kBarAdded0, T::kConsumerThreads + 32);
+        if (it > 0) convert_if_last<T>(p, w, smem, it - 1, prev_head, prev_m_block, wg * 128 + t);
+        prev_head = head;
+        prev_m_block = m_block;
+      }
+    }
     sq.advance();
     sd.advance();
+  }
+  if constexpr (kConvert) {
+    if (p.dq_convert && w.n_iters > 0) {
+      convert_if_last<T>(p, w, smem, w.n_iters - 1, prev_head, prev_m_block, wg * 128 + t);
+    }
   }
 #pragma unroll
   for (int u = 0; u < kAcc; ++u) {

@@ -156,5 +156,17 @@ __device__ __forceinline__ int bwd_sm90_dq_rank(const BwdSm90Params& p, const Bw
   return w.det_lo + pos * (size / M) + extra + i / M;
 }
 
+// dq_convert (default mode, one CTA per K/V block): how many K/V blocks add into Q tile
+// m_block (of any q head): those whose walk reaches it (bwd_sm90_work: block n walks from Q
+// block (n kBlockN - diag) / kBlockM on, causal; every block otherwise). 0 when no row of the
+// tile sees a key (the call then keeps the postprocess: run_bwd_sm90_config).
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ int bwd_sm90_dq_contributions(const BwdSm90Params& p, const BwdSm90Work& w,
+                                                         int m_block) {
+  if (!p.causal) return w.n_blocks;
+  const int rows_end = kBlockM * (m_block + 1) + (w.seq.seqlen_k - w.seq.seqlen_q);
+  return rows_end <= 0 ? 0 : min(w.n_blocks, (rows_end - 1) / kBlockN + 1);
+}
+
 }  // namespace sm90
 }  // namespace flashback
