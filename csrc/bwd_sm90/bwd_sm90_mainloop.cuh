@@ -573,9 +573,11 @@ __device__ __forceinline__ void convert_dq_tile(const BwdSm90Params& p, const Bw
   const bool low = (t & 4) == 0;  // this lane's d0 is even
   const int dcol = 16 * (t / 32) + (t % 32) / 4;
   constexpr int kVecs = T::kHeadDim * kDqTileRows / 4 / T::kConsumerThreads;  // 16 at d = 256
-  constexpr int kBatch = 8;  // float4s in flight per thread (dV^T / dK^T stay live)
+  // float4s in flight per thread: dV^T and dK^T (160 registers) stay live; 8 spilled (ptxas
+  // -v: 184 bytes of stack), 4 do not. The batches are not unrolled (rarely taken code).
+  constexpr int kBatch = 4;
   static_assert(kVecs % kBatch == 0, "whole batches");
-#pragma unroll
+#pragma unroll 1
   for (int b = 0; b < kVecs; b += kBatch) {
     float4 v[kBatch];
 #pragma unroll
