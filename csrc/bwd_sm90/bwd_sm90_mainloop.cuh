@@ -1023,10 +1023,12 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     }
     if constexpr (kConvert) {
       if (p.dq_convert) {
-        // This step's adds are issued (the barrier orders them before the finisher's count);
-        // the previous step's verdict is in by now: its tile converted here if this CTA added last.
-        fh::named_bar_arrive(T::kBarAdded0, T::kConsumerThreads + 32);
+        // The previous step's verdict first (its tile converted here if this CTA added last),
+        // then this step's arrival: the finisher has synced step it - 1's barrier phase by the
+        // time that verdict is posted, so no arrival of this step can fall into that phase.
+        // The barrier orders this step's adds before the finisher's count.
         if (it > 0) convert_if_last<T>(p, w, smem, it - 1, prev_head, prev_m_block, wg * 128 + t);
+        fh::named_bar_arrive(T::kBarAdded0, T::kConsumerThreads + 32);
         prev_head = head;
         prev_m_block = m_block;
       }
