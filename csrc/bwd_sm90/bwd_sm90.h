@@ -267,6 +267,9 @@ struct BwdSm90Params {
   // postprocess); dq_count the per-tile arrival counters (the turn counters' first slot).
   int dq_convert;
   int* dq_count;
+  // FLASHBACK_BWD_PDL=2: the waits for the preprocess below the setmaxnreg calls
+  // (bwd_sm90_kernel).
+  int pdl_late_wait;
   void* dq;
   flashback_strides dq_strides;
 };

@@ -73,6 +73,14 @@ bool bwd_sm90_pdl() {
   return on;
 }
 
+bool bwd_sm90_pdl_late_wait() {
+  static const bool on = [] {
+    const char* v = std::getenv("FLASHBACK_BWD_PDL");
+    return v != nullptr && std::strcmp(v, "2") == 0;
+  }();
+  return on;
+}
+
 // FLASHBACK_BWD_PAIR: "0" never, "1" always (where a cluster fits), anything else automatic.
 int bwd_sm90_pair_switch() {
   static const int value = [] {

@@ -49,6 +49,9 @@ bool bwd_sm90_det_cooperative();
 // FLASHBACK_BWD_PDL, read once per process: "0" launches the backward's three kernels plainly
 // (for A/B runs), anything else with programmatic dependent launch.
 bool bwd_sm90_pdl();
+// FLASHBACK_BWD_PDL=2 (EXPERIMENTAL, not yet measured): the main kernel's waits for the
+// preprocess sit below the setmaxnreg calls, so that its K load starts before the preprocess ends.
+bool bwd_sm90_pdl_late_wait();
 // Does a 2-CTA pair config pay for these params (run_bwd_sm90_mode): enough query rows per CTA
 // (kBwdSm90PairMinRows). FLASHBACK_BWD_PAIR (for A/B runs and tests, read once per process)
 // overrides it: 0 never, 1 always (where a cluster fits), anything else by the rows. Never
@@ -112,13 +115,17 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (!w.active) return;  // varlen: past the end of a shorter sequence's keys (the whole CTA)
   // This grid may start while the preprocess still runs (PDL): what it wrote (LSE * log2(e),
   // D, the zeroed dQaccum and turn counters) is read or added to only after this wait. The
-  // producer thread's own wait follows its K issue (an input: visible already), but the K load
-  // does not start early yet: its warp's other lanes wait here, and the producer warpgroup's
-  // setmaxnreg below is warp-synchronous, so thread 0 reaches it only after the preprocess ends.
-  // (Moving these waits below the setmaxnreg calls would let K go first; not yet measured.)
-  if (threadIdx.x != 0) fh::grid_dependency_wait();
+  // producer thread's own wait follows its K issue (an input: visible already), but with the
+  // waits here the K load does not start early: its warp's other lanes wait at this line, and
+  // the producer warpgroup's setmaxnreg below is warp-synchronous, so thread 0 reaches it only
+  // after the preprocess ends. EXPERIMENTAL (FLASHBACK_BWD_PDL=2, p.pdl_late_wait, not yet
+  // measured): every thread but the producer waits below its warpgroup's setmaxnreg instead,
+  // so that K goes first.
+  const bool late_wait = p.pdl_late_wait != 0;
+  if (threadIdx.x != 0 && !late_wait) fh::grid_dependency_wait();
   if (wg == 0) {
     fh::setmaxnreg_dec<T::kProducerRegs>();
+    if (threadIdx.x != 0 && late_wait) fh::grid_dependency_wait();
     if (threadIdx.x == 0) {
       const BwdSm90Maps maps{&map_q, &map_k, &map_v, &map_do};
       bwd_sm90_producer<T, kDet>(p, maps, w, smem, kv_bar, pipe_q, pipe_do);
@@ -132,6 +139,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
   } else {
     fh::setmaxnreg_inc<T::kConsumerRegs>();
+    if (late_wait) fh::grid_dependency_wait();
     if constexpr (T::kPairGhost) {
       if (w.n_block >= w.n_blocks) {
         bwd_sm90_consumer_ghost<T, kDet>(p, w, smem, kv_bar, wg - 1);
@@ -239,6 +247,7 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   kp.dv = p.dv;
   kp.dk_strides = p.dk_strides;
   kp.dv_strides = p.dv_strides;
+  kp.pdl_late_wait = pdl && bwd_sm90_pdl_late_wait() ? 1 : 0;
   kp.dq_convert = convert ? 1 : 0;
   kp.dq_count = convert ? counters : nullptr;
   kp.dq = p.dq;
