@@ -122,6 +122,9 @@ constexpr FwdSm90Config kFwdSm90Hdim64Split = {64, 128, 3, 2, 24, 160, true, tru
                                               false, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim128Split = {128, 128, 2, 2, 24, 240, false, true, false, false,
                                                true, true, true};
+// d = 128 with the split and the P V wait kept below the softmax (pv_wait_below).
+constexpr FwdSm90Config kFwdSm90Hdim128SplitBelow = {128, 128, 2, 2, 24, 240, false, true, true,
+                                                    false, true, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim192MultiSplit = {192, 112, 2, 2, 24, 240, false, true, true,
                                                     true, true, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim256Split = {256, 80, 2, 2, 24, 240, false, true, true, false,
