@@ -117,7 +117,8 @@ struct BwdSm90Config {
   // (5) dV after (4), since dV reads every P^T fragment. By keys only: split by head dim the same
   // block (half the exponentials above the dP wait) measured -1.2..+3.9% at d = 128-256, noise.
   bool ds_in_branch = false;
-  // Default mode, one CTA per K/V block, split by head dim into two warpgroups: the last CTA to
+  // Default mode, split by head dim into two warpgroups (one CTA per K/V block, or the pair,
+  // whose CTA r counts and converts its head-dim half r): the last CTA to
   // add into a dQaccum tile converts it to dQ (scaled, 16-bit) while other CTAs still run, and
   // no postprocess kernel follows. After a step's adds the consumers arrive on a barrier; a
   // producer-warpgroup warp (bwd_sm90_dq_finisher) then counts the tile (release fence, one
@@ -186,6 +187,9 @@ constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 96, 2, 1, 24, 160, true, 3, 
 // +5.2% causal 4k / 8k / 16k, -0.5 / +0.5 / +1.9% non-causal; one Q stage alone costs 4-7%;
 // pair_ghost on top +0..+2.6%; q_atom_barriers (with adds_before_wait) +2.7..+5.3% (docs/perf-log.md).
 constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true};
+// Candidate (same section): the pair with dq_convert (each CTA converts its head-dim half).
+constexpr BwdSm90Config kBwdSm90Hdim256Conv = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false,
+                                              true, false, true, true, false, false, false, true};
 // The deterministic mode's config per head dim (the two configs of a head dim share block_m
 // and block_n: the workspace and can_implement read the default's). Every head dim runs its
 // default config in this mode too. d = 256, the pair: against the single-CTA config in this

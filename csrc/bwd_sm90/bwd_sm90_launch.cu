@@ -120,7 +120,8 @@ WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p) {
   w.dq_accum = 0;
   w.dq_turn = align_up(tiles * static_cast<size_t>(dq_tile_floats(p.headdim)) * sizeof(float));
   // Turn counters (deterministic) or dq_convert's arrival counters: 8 bytes per tile.
-  const bool counters = p.deterministic || single_converts(p.headdim);
+  const bool counters = p.deterministic || single_converts(p.headdim) ||
+                        (row != nullptr && row->cfg->dq_convert);
   w.lse = w.dq_turn + (counters ? align_up(tiles * kDqTurnsPerTile * sizeof(int)) : 0);
   w.dsum = w.lse + align_up(rows * sizeof(float));
   w.total = w.dsum + align_up(rows * sizeof(float));

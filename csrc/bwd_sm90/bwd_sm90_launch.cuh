@@ -267,6 +267,7 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
     err = fh::launch_kernel(kernel, dim3(pair_ctas), dim3(T::kThreads), T::kSmemBytes, stream,
                             dim3(2, 1, 1), pdl, map_q, map_k, map_v, map_do, kp);
     if (err != cudaSuccess) return err;
+    if (convert) return cudaSuccess;  // the main kernel wrote dQ
     return launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, pdl, stream);
   }
   if constexpr (kDet) {

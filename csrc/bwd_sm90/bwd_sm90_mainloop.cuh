@@ -175,9 +175,14 @@ struct BwdSm90Traits {
   static constexpr uint32_t kOffQAtomBar = kOffPairBar + (kPair ? 32 : 0);
   // dq_convert: two verdict barriers (step parity) and their two verdicts.
   static constexpr bool kDqConvert = kCfg.dq_convert;
-  static_assert(!kDqConvert || (!kPair && !kByKeys && !kDqViaSmem && kConsumerWgs == 2 &&
+  static_assert(!kDqConvert || (!kByKeys && !kDqViaSmem && kConsumerWgs == 2 &&
                                 kBlockM == kDqTileRows && kOwn0 == 2 && kOwn1 == 2),
-                "dq_convert: one CTA, split by head dim over two warpgroups of two atom-columns");
+                "dq_convert: split by head dim over two warpgroups of two atom-columns (one CTA, or "
+                "the pair: one dQ atom-column each)");
+  // dq_convert: the dQaccum atom-columns this CTA adds (the pair's CTA r: its half) and the keys
+  // of an add unit (bwd_sm90_dq_contributions).
+  static constexpr int kConvertAtoms = kPair ? kPairAtoms : kAtomCols;
+  static constexpr int kUnitKeys = kPair ? 2 * kBlockN : kBlockN;
   static constexpr uint32_t kOffConvert = kOffQAtomBar + (kQAtomBars ? kQStages * kAtomCols * 8 : 0);
   static constexpr size_t kSmemBytes = 1024 /* alignment slack */ + kOffConvert +
                                        (kDqConvert ? 32 : 0);
@@ -545,8 +550,10 @@ __device__ __forceinline__ void bwd_sm90_dq_finisher(const BwdSm90Params& p, con
     if (leader) {
       const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);
       __threadfence();
-      const int before = atomicAdd(p.dq_count + tile * kDqTurnsPerTile, 1);
-      const bool last = before + 1 == bwd_sm90_dq_contributions<T::kBlockM, T::kBlockN>(p, w, m_block);
+      // One counter per head-dim half a pair's CTA adds (rank r: slot r); slot 0 otherwise.
+      const int slot = T::kPair ? static_cast<int>(blockIdx.x & 1) : 0;
+      const int before = atomicAdd(p.dq_count + tile * kDqTurnsPerTile + slot, 1);
+      const bool last = before + 1 == bwd_sm90_dq_contributions<T::kBlockM, T::kUnitKeys>(p, w, m_block);
       if (last) __threadfence();
       verdict[it & 1] = last ? 1 : 0;
       fh::mbar_arrive(verdict_bar + (it & 1));  // release (CTA scope): the verdict
@@ -565,14 +572,17 @@ template <class T>
 __device__ __forceinline__ void convert_dq_tile(const BwdSm90Params& p, const BwdSm90Work& w,
                                                 int head, int m_block, int i) {
   const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);
-  const float4* src = reinterpret_cast<const float4*>(p.dq_accum + tile * dq_tile_floats(T::kHeadDim));
+  // The atom-columns this CTA converts (the pair's CTA r: its half, 2 r ..).
+  const int first_vec = T::kPair ? static_cast<int>(blockIdx.x & 1) * T::kConvertAtoms * 1024 : 0;
+  const float4* src = reinterpret_cast<const float4*>(p.dq_accum + tile * dq_tile_floats(T::kHeadDim)) +
+                      first_vec;
   uint16_t* dq = static_cast<uint16_t*>(p.dq) + w.seq.q_offset(p.dq_strides) +
                  static_cast<int64_t>(head) * p.dq_strides.head;
   const float scale = p.softmax_scale;
   const int t = i % 128;
   const bool low = (t & 4) == 0;  // this lane's d0 is even
   const int dcol = 16 * (t / 32) + (t % 32) / 4;
-  constexpr int kVecs = T::kHeadDim * kDqTileRows / 4 / T::kConsumerThreads;  // 16 at d = 256
+  constexpr int kVecs = T::kConvertAtoms * 1024 / T::kConsumerThreads;  // 16 at d = 256 (pair: 8)
   // float4s in flight per thread: dV^T and dK^T (160 registers) stay live; 8 spilled (ptxas
   // -v: 184 bytes of stack), 4 do not. The batches are not unrolled (rarely taken code).
   constexpr int kBatch = 4;
@@ -584,7 +594,7 @@ __device__ __forceinline__ void convert_dq_tile(const BwdSm90Params& p, const Bw
     for (int k = 0; k < kBatch; ++k) v[k] = __ldcg(src + i + T::kConsumerThreads * (b + k));
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
-      const int idx = i + T::kConsumerThreads * (b + k);
+      const int idx = first_vec + i + T::kConsumerThreads * (b + k);
       const int g = (idx / 128) % 8;
       const int u = idx / 1024;
       const float r1 = __shfl_xor_sync(0xffffffffu, low ? v[k].y : v[k].x, 4);
@@ -614,6 +624,21 @@ __device__ __forceinline__ void convert_if_last(const BwdSm90Params& p, const Bw
   const volatile int* verdict = reinterpret_cast<const volatile int*>(smem + T::kOffConvert + 16);
   fh::mbar_wait(verdict_bar + (it & 1), (it >> 1) & 1);
   if (verdict[it & 1]) convert_dq_tile<T>(p, w, head, m_block, i);
+}
+
+// dq_convert, the consumers at the end of step `it` (every kind of step, ghost steps included):
+// the previous step's verdict first (its tile converted here if this CTA added last), then
+// this step's arrival. The finisher has synced step it - 1's barrier phase by the time that
+// verdict is posted, so no arrival of this step can fall into that phase; the barrier orders
+// this step's adds before the finisher's count. `prev`: the previous step's (head, m_block).
+template <class T>
+__device__ __forceinline__ void dq_convert_step_end(const BwdSm90Params& p, const BwdSm90Work& w,
+                                                    uint8_t* smem, int it, int head, int m_block,
+                                                    int (&prev)[2], int i) {
+  if (it > 0) convert_if_last<T>(p, w, smem, it - 1, prev[0], prev[1], i);
+  fh::named_bar_arrive(T::kBarAdded0, T::kConsumerThreads + 32);
+  prev[0] = head;
+  prev[1] = m_block;
 }
 
 // ------------------------------------------------------------ deterministic turn warps ---
@@ -749,7 +774,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   constexpr bool kDqSmem = !kDet && T::kDqViaSmem;  // the ordered adds stay in registers
   constexpr bool kPairOn = T::kPair;  // pair_dq
   constexpr bool kConvert = T::kDqConvert && !kDet;  // dq_convert (default mode only)
-  int prev_head = 0, prev_m_block = 0;  // dq_convert: the previous step's tile
+  int prev[2] = {0, 0};  // dq_convert: the previous step's (head, m_block)
   constexpr int kAcc = kOwn > 0 ? kOwn : 1;  // arrays need a size; unused when kOwn = 0
   // Whether this warpgroup computes (5)-(7): false only for warpgroup 1 at d = 64.
   const bool has_cols = kOwn > 0 && T::own(wg) > 0;
@@ -803,6 +828,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       if (ghost_step && pair_rank == 1) {
         // A ghost step; the hand-off barrier still marks it for the buffers' step parity.
         pair_ghost_step<T, kDet>(p, smem, it, tile, wg, true);
+        if constexpr (kConvert) {
+          if (p.dq_convert) dq_convert_step_end<T>(p, w, smem, it, head, m_block, prev, wg * 128 + t);
+        }
         continue;  // no Q / dO stage was loaded for it
       }
     }
@@ -1022,23 +1050,14 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       }
     }
     if constexpr (kConvert) {
-      if (p.dq_convert) {
-        // The previous step's verdict first (its tile converted here if this CTA added last),
-        // then this step's arrival: the finisher has synced step it - 1's barrier phase by the
-        // time that verdict is posted, so no arrival of this step can fall into that phase.
-        // The barrier orders this step's adds before the finisher's count.
-        if (it > 0) convert_if_last<T>(p, w, smem, it - 1, prev_head, prev_m_block, wg * 128 + t);
-        fh::named_bar_arrive(T::kBarAdded0, T::kConsumerThreads + 32);
-        prev_head = head;
-        prev_m_block = m_block;
-      }
+      if (p.dq_convert) dq_convert_step_end<T>(p, w, smem, it, head, m_block, prev, wg * 128 + t);
     }
     sq.advance();
     sd.advance();
   }
   if constexpr (kConvert) {
     if (p.dq_convert && w.n_iters > 0) {
-      convert_if_last<T>(p, w, smem, w.n_iters - 1, prev_head, prev_m_block, wg * 128 + t);
+      convert_if_last<T>(p, w, smem, w.n_iters - 1, prev[0], prev[1], wg * 128 + t);
     }
   }
 #pragma unroll
@@ -1070,11 +1089,20 @@ template <class T, bool kDet>
 __device__ __forceinline__ void bwd_sm90_consumer_ghost(const BwdSm90Params& p, const BwdSm90Work& w,
                                                         uint8_t* smem, uint64_t* kv_bar, const int wg) {
   if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);  // the partner's K half
+  constexpr bool kConvert = T::kDqConvert && !kDet;
+  const int i = wg * 128 + static_cast<int>(threadIdx.x % 128);
+  int prev[2] = {0, 0};
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block;
     bwd_sm90_iter<kDet>(p, w, it, head, m_block);
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);
     pair_ghost_step<T, kDet>(p, smem, it, tile, wg, false);  // no hand-off buffers in use
+    if constexpr (kConvert) {
+      if (p.dq_convert) dq_convert_step_end<T>(p, w, smem, it, head, m_block, prev, i);
+    }
+  }
+  if constexpr (kConvert) {
+    if (p.dq_convert && w.n_iters > 0) convert_if_last<T>(p, w, smem, w.n_iters - 1, prev[0], prev[1], i);
   }
   fh::cluster_sync();  // as bwd_sm90_consumer: no exit while the partner may still copy in
 }
