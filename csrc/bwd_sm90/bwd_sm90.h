@@ -122,8 +122,8 @@ struct BwdSm90Config {
   // add into a dQaccum tile converts it to dQ (scaled, 16-bit) while other CTAs still run, and
   // no postprocess kernel follows. After a step's adds the consumers arrive on a barrier; a
   // producer-warpgroup warp (bwd_sm90_dq_finisher) then counts the tile (release fence, one
-  // atomicAdd on its counter, zeroed by the preprocess) against the number of K/V blocks whose
-  // walks reach it (bwd_sm90_dq_contributions) and posts the verdict; one step later the
+  // atomicAdd on its counter, zeroed by the preprocess) against the number of units (K/V
+  // blocks, or pairs) whose walks reach it (bwd_sm90_dq_contributions) and posts the verdict; one step later the
   // consumers read it and, if last, convert the tile from L2 (convert_dq_tile). Calls where a
   // row can see no key (causal, seqlen_q > seqlen_k) or varlen keep the postprocess. The
   // postprocess is 53 us of every d = 256 call at 16k tokens (3.5% of a causal 4k call, 9-12% of

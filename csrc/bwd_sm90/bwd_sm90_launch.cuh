@@ -38,8 +38,8 @@ namespace flashback {
 namespace sm90 {
 
 // The workspace plan (bwd_sm90_launch.cu): per workspace tile (dq_tile, bwd_sm90_prepost.h) a
-// dQaccum tile, the turn counters (deterministic mode, and the default mode of a head dim whose
-// single-CTA config converts dQ: dq_convert's arrival counters), 64 rows of LSE * log2(e) and of D.
+// dQaccum tile, the turn counters (deterministic mode, and the default mode of a head dim one of
+// whose configs converts dQ: dq_convert's arrival counters), 64 rows of LSE * log2(e) and of D.
 struct WorkspaceParts {
   size_t dq_accum, dq_turn, lse, dsum, total;  // dq_accum and dq_turn: zeroed by the preprocess
 };
@@ -205,8 +205,8 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   // with seqlen_q > seqlen_k: no CTA would add into its tile) or the batch is varlen (lengths
   // unknown here); the postprocess does it then.
   // The counters exist only where the workspace plan reserved them (bwd_sm90_workspace_parts:
-  // a head dim whose single-CTA config converts); a dq_convert config put in another row would
-  // otherwise count on the LSE rows.
+  // a head dim whose default or single-CTA config converts); a dq_convert config instantiated
+  // elsewhere would otherwise count on the LSE rows (it then falls back to the postprocess).
   const bool convert = T::kDqConvert && !kDet && p.cu_seqlens_q == nullptr &&
                        !(p.causal && p.seqlen_q > p.seqlen_k) && parts.lse > parts.dq_turn;
   int* counters = kDet || convert ? reinterpret_cast<int*>(ws + parts.dq_turn) : nullptr;

@@ -533,7 +533,7 @@ __device__ __forceinline__ void pair_ghost_step(const BwdSm90Params& p, uint8_t*
 // issued the step's adds (kBarAdded0), lane 0 counts the tile: a release fence (cumulative over
 // the adds the barrier ordered before it; CUTLASS's generic barrier publishes a CTA's writes
 // the same way), one atomicAdd on the tile's counter; the CTA that brings it to the number of
-// K/V blocks that add into the tile was the last, and an acquire fence then orders every
+// units (K/V blocks, or pairs: per head-dim half) that add into the tile was the last, and an acquire fence then orders every
 // other CTA's adds before the consumers' reads. The verdict goes to the consumers through
 // shared memory and an mbarrier of the step's parity (convert_if_last reads it a step later,
 // so a slot is rewritten only after it was read).
