@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       for (int i = 0; i < T::kQStages * T::kAtomCols; ++i) fh::mbar_init(qb + i, 1);  // 1 + tx bytes
       fh::fence_mbarrier_init();
     }
-    if constexpr (T::kDqConvert && !kDet) {
+    if constexpr (T::kDqConvert && !kDet) {  // (the deterministic mode needs no verdicts)
       uint64_t* verdict_bar = reinterpret_cast<uint64_t*>(smem + T::kOffConvert);
       fh::mbar_init(verdict_bar, 1);      // step parity 0: the finisher's arrival
       fh::mbar_init(verdict_bar + 1, 1);  // step parity 1
@@ -201,13 +201,13 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   // finishes, and the postprocess while the main kernel's last CTAs run; each waits for the
   // kernel before it where it reads that kernel's output. FLASHBACK_BWD_PDL=0: plain launches.
   const bool pdl = bwd_sm90_pdl();
-  // dq_convert (default mode): the main kernel converts dQ unless a row can see no key (causal
+  // dq_convert (both modes): the main kernel converts dQ unless a row can see no key (causal
   // with seqlen_q > seqlen_k: no CTA would add into its tile) or the batch is varlen (lengths
   // unknown here); the postprocess does it then.
   // The counters exist only where the workspace plan reserved them (bwd_sm90_workspace_parts:
   // a head dim whose default or single-CTA config converts); a dq_convert config instantiated
   // elsewhere would otherwise count on the LSE rows (it then falls back to the postprocess).
-  const bool convert = T::kDqConvert && !kDet && p.cu_seqlens_q == nullptr &&
+  const bool convert = T::kDqConvert && p.cu_seqlens_q == nullptr &&
                        !(p.causal && p.seqlen_q > p.seqlen_k) && parts.lse > parts.dq_turn;
   int* counters = kDet || convert ? reinterpret_cast<int*>(ws + parts.dq_turn) : nullptr;
   // (0) D = rowsum(dO * O), LSE * log2(e); dQaccum (and the deterministic mode's turn
@@ -304,7 +304,10 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
         }
         if (err != cudaSuccess) return err;
       }
-      if (launched_all) return launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, false, stream);
+      if (launched_all) {
+        return convert ? cudaSuccess
+                       : launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, false, stream);
+      }
     }
   }
   err = fh::launch_kernel(kernel, dim3(ctas), dim3(T::kThreads), T::kSmemBytes, stream,

@@ -631,14 +631,59 @@ __device__ __forceinline__ void convert_if_last(const BwdSm90Params& p, const Bw
 // this step's arrival. The finisher has synced step it - 1's barrier phase by the time that
 // verdict is posted, so no arrival of this step can fall into that phase; the barrier orders
 // this step's adds before the finisher's count. `prev`: the previous step's (head, m_block).
+// Deterministic mode: the adds into a tile go in one order of units (bwd_sm90_dq_rank), so the
+// unit of rank count - 1 adds last, which the consumers know without a count. One step later
+// (prev[2]: that rank, or -1 when not last) they wait until their turn warps' red.release has
+// moved each counter this CTA adds under past it (which orders every add of the tile, this
+// CTA's included, before their reads: release / acquire on the same counter) and convert.
 template <class T>
+__device__ __forceinline__ void convert_if_last_det(const BwdSm90Params& p, const BwdSm90Work& w,
+                                                    const int (&prev)[3], int i) {
+  if (prev[2] < 0) return;
+  const int64_t tile = dq_tile(p.dq_tiles, w.seq, prev[0], prev[1]);
+  if (i % 32 == 0) {
+    // Counter per add phase (by head dim: each warpgroup's first / second atom-column), or the
+    // pair's one of this rank's half (bwd_sm90_turn_warp).
+#pragma unroll
+    for (int h = 0; h < T::kDqPhases; ++h) {
+      const int counter = T::kPair ? static_cast<int>(blockIdx.x & 1) : h;
+      dq_turn_acquire(p.dq_turn + tile * kDqTurnsPerTile + counter, prev[2] + 1);
+    }
+  }
+  __syncwarp();
+  convert_dq_tile<T>(p, w, prev[0], prev[1], i);
+}
+
+// dq_convert, both modes: what the consumers do at the end of step `it` (ghost steps included)
+// and after the last (convert_finish). `prev`: the previous step's (head, m_block, and,
+// deterministic, its rank if last else -1).
+template <class T, bool kDet>
 __device__ __forceinline__ void dq_convert_step_end(const BwdSm90Params& p, const BwdSm90Work& w,
                                                     uint8_t* smem, int it, int head, int m_block,
-                                                    int (&prev)[2], int i) {
-  if (it > 0) convert_if_last<T>(p, w, smem, it - 1, prev[0], prev[1], i);
-  fh::named_bar_arrive(T::kBarAdded0, T::kConsumerThreads + 32);
+                                                    int (&prev)[3], int i) {
+  if constexpr (kDet) {
+    if (it > 0) convert_if_last_det<T>(p, w, prev, i);
+    int h_, m_, pos;
+    bwd_sm90_iter<true>(p, w, it, h_, m_, pos);
+    const int rank = bwd_sm90_dq_rank<T::kBlockM, T::kUnitKeys>(p, w, m_block, pos);
+    const bool last = rank + 1 == bwd_sm90_dq_contributions<T::kBlockM, T::kUnitKeys>(p, w, m_block);
+    prev[2] = last ? rank : -1;
+  } else {
+    if (it > 0) convert_if_last<T>(p, w, smem, it - 1, prev[0], prev[1], i);
+    fh::named_bar_arrive(T::kBarAdded0, T::kConsumerThreads + 32);
+  }
   prev[0] = head;
   prev[1] = m_block;
+}
+template <class T, bool kDet>
+__device__ __forceinline__ void dq_convert_finish(const BwdSm90Params& p, const BwdSm90Work& w,
+                                                  uint8_t* smem, const int (&prev)[3], int i) {
+  if (w.n_iters == 0) return;
+  if constexpr (kDet) {
+    convert_if_last_det<T>(p, w, prev, i);
+  } else {
+    convert_if_last<T>(p, w, smem, w.n_iters - 1, prev[0], prev[1], i);
+  }
 }
 
 // ------------------------------------------------------------ deterministic turn warps ---
@@ -773,8 +818,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   static_assert(kOwn <= 2, "at most two dQ^T atom-columns per warpgroup (the loop below)");
   constexpr bool kDqSmem = !kDet && T::kDqViaSmem;  // the ordered adds stay in registers
   constexpr bool kPairOn = T::kPair;  // pair_dq
-  constexpr bool kConvert = T::kDqConvert && !kDet;  // dq_convert (default mode only)
-  int prev[2] = {0, 0};  // dq_convert: the previous step's (head, m_block)
+  constexpr bool kConvert = T::kDqConvert;  // dq_convert
+  int prev[3] = {0, 0, -1};  // dq_convert: the previous step's (head, m_block, det: last rank)
   constexpr int kAcc = kOwn > 0 ? kOwn : 1;  // arrays need a size; unused when kOwn = 0
   // Whether this warpgroup computes (5)-(7): false only for warpgroup 1 at d = 64.
   const bool has_cols = kOwn > 0 && T::own(wg) > 0;
@@ -829,7 +874,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         // A ghost step; the hand-off barrier still marks it for the buffers' step parity.
         pair_ghost_step<T, kDet>(p, smem, it, tile, wg, true);
         if constexpr (kConvert) {
-          if (p.dq_convert) dq_convert_step_end<T>(p, w, smem, it, head, m_block, prev, wg * 128 + t);
+          if (p.dq_convert) dq_convert_step_end<T, kDet>(p, w, smem, it, head, m_block, prev, wg * 128 + t);
         }
         continue;  // no Q / dO stage was loaded for it
       }
@@ -1050,15 +1095,13 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       }
     }
     if constexpr (kConvert) {
-      if (p.dq_convert) dq_convert_step_end<T>(p, w, smem, it, head, m_block, prev, wg * 128 + t);
+      if (p.dq_convert) dq_convert_step_end<T, kDet>(p, w, smem, it, head, m_block, prev, wg * 128 + t);
     }
     sq.advance();
     sd.advance();
   }
   if constexpr (kConvert) {
-    if (p.dq_convert && w.n_iters > 0) {
-      convert_if_last<T>(p, w, smem, w.n_iters - 1, prev[0], prev[1], wg * 128 + t);
-    }
+    if (p.dq_convert) dq_convert_finish<T, kDet>(p, w, smem, prev, wg * 128 + t);
   }
 #pragma unroll
   for (int u = 0; u < kAcc; ++u) {
@@ -1089,20 +1132,20 @@ template <class T, bool kDet>
 __device__ __forceinline__ void bwd_sm90_consumer_ghost(const BwdSm90Params& p, const BwdSm90Work& w,
                                                         uint8_t* smem, uint64_t* kv_bar, const int wg) {
   if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);  // the partner's K half
-  constexpr bool kConvert = T::kDqConvert && !kDet;
+  constexpr bool kConvert = T::kDqConvert;
   const int i = wg * 128 + static_cast<int>(threadIdx.x % 128);
-  int prev[2] = {0, 0};
+  int prev[3] = {0, 0, -1};
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block;
     bwd_sm90_iter<kDet>(p, w, it, head, m_block);
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);
     pair_ghost_step<T, kDet>(p, smem, it, tile, wg, false);  // no hand-off buffers in use
     if constexpr (kConvert) {
-      if (p.dq_convert) dq_convert_step_end<T>(p, w, smem, it, head, m_block, prev, i);
+      if (p.dq_convert) dq_convert_step_end<T, kDet>(p, w, smem, it, head, m_block, prev, i);
     }
   }
   if constexpr (kConvert) {
-    if (p.dq_convert && w.n_iters > 0) convert_if_last<T>(p, w, smem, w.n_iters - 1, prev[0], prev[1], i);
+    if (p.dq_convert) dq_convert_finish<T, kDet>(p, w, smem, prev, i);
   }
   fh::cluster_sync();  // as bwd_sm90_consumer: no exit while the partner may still copy in
 }
