@@ -126,8 +126,9 @@ struct BwdSm90Config {
   // blocks, or pairs) whose walks reach it (bwd_sm90_dq_contributions) and posts the verdict; one step later the
   // consumers read it and, if last, convert the tile from L2 (convert_dq_tile). The
   // deterministic mode needs no count: its adds go in one order, so the unit of the last rank
-  // converts, once its own counters have passed that rank (convert_if_last_det). Calls where a
-  // row can see no key (causal, seqlen_q > seqlen_k) or varlen keep the postprocess. The
+  // converts, once its own counters have passed that rank (convert_if_last_det). Varlen calls
+  // keep the postprocess, and so do causal ones unless FLASHBACK_BWD_CONVERT_CAUSAL=1: there K/V
+  // block 0, the longest walk, adds last into every tile of its head. The
   // postprocess is 53 us of every d = 256 call at 16k tokens (3.5% of a causal 4k call, 9-12% of
   // a 512 one) and FA3 runs one too (docs/perf-log.md, "The dQ conversion by the last adder").
   bool dq_convert = false;

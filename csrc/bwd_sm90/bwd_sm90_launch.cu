@@ -81,6 +81,11 @@ bool bwd_sm90_pdl_late_wait() {
   return on;
 }
 
+bool bwd_sm90_convert_causal() {
+  static const bool on = env_switch("FLASHBACK_BWD_CONVERT_CAUSAL");
+  return on;
+}
+
 // FLASHBACK_BWD_PAIR: "0" never, "1" always (where a cluster fits), anything else automatic.
 int bwd_sm90_pair_switch() {
   static const int value = [] {

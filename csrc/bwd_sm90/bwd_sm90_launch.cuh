@@ -52,6 +52,9 @@ bool bwd_sm90_pdl();
 // FLASHBACK_BWD_PDL=2 (EXPERIMENTAL, not yet measured): the main kernel's waits for the
 // preprocess sit below the setmaxnreg calls, so that its K load starts before the preprocess ends.
 bool bwd_sm90_pdl_late_wait();
+// FLASHBACK_BWD_CONVERT_CAUSAL=1 (EXPERIMENTAL, dq_convert candidates only): causal calls convert
+// dQ in the main kernel too.
+bool bwd_sm90_convert_causal();
 // Does a 2-CTA pair config pay for these params (run_bwd_sm90_mode): enough query rows per CTA
 // (kBwdSm90PairMinRows). FLASHBACK_BWD_PAIR (for A/B runs and tests, read once per process)
 // overrides it: 0 never, 1 always (where a cluster fits), anything else by the rows. Never
@@ -207,8 +210,12 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   // The counters exist only where the workspace plan reserved them (bwd_sm90_workspace_parts:
   // a head dim whose default or single-CTA config converts); a dq_convert config instantiated
   // elsewhere would otherwise count on the LSE rows (it then falls back to the postprocess).
+  // Causal calls convert only with FLASHBACK_BWD_CONVERT_CAUSAL=1 (not yet measured): there
+  // K/V block 0 (the longest walk, the one the others' shorter walks wait behind) adds last into
+  // every tile of its head in both modes, so every conversion would land on its walk.
   const bool convert = T::kDqConvert && p.cu_seqlens_q == nullptr &&
-                       !(p.causal && p.seqlen_q > p.seqlen_k) && parts.lse > parts.dq_turn;
+                       (!p.causal || (p.seqlen_q <= p.seqlen_k && bwd_sm90_convert_causal())) &&
+                       parts.lse > parts.dq_turn;
   int* counters = kDet || convert ? reinterpret_cast<int*>(ws + parts.dq_turn) : nullptr;
   // (0) D = rowsum(dO * O), LSE * log2(e); dQaccum (and the deterministic mode's turn
   // counters, or dq_convert's arrival counters) zeroed by the same kernel, no memset before it.

@@ -655,7 +655,7 @@ __device__ __forceinline__ void convert_if_last_det(const BwdSm90Params& p, cons
 }
 
 // dq_convert, both modes: what the consumers do at the end of step `it` (ghost steps included)
-// and after the last (convert_finish). `prev`: the previous step's (head, m_block, and,
+// and after the last (dq_convert_finish). `prev`: the previous step's (head, m_block, and,
 // deterministic, its rank if last else -1).
 template <class T, bool kDet>
 __device__ __forceinline__ void dq_convert_step_end(const BwdSm90Params& p, const BwdSm90Work& w,

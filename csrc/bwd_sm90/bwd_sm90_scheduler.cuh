@@ -156,7 +156,7 @@ __device__ __forceinline__ int bwd_sm90_dq_rank(const BwdSm90Params& p, const Bw
   return w.det_lo + pos * (size / M) + extra + i / M;
 }
 
-// dq_convert (default mode): how many units (K/V blocks, or pairs of them: kUnitKeys = block_n
+// dq_convert: how many units (K/V blocks, or pairs of them: kUnitKeys = block_n
 // or 2 block_n keys) add into Q tile m_block (of any q head; a pair's CTA r into its head-dim
 // half r): those whose walk reaches it (bwd_sm90_work: a unit walks from Q block
 // (n0 - diag) / kBlockM on, causal, n0 its first key; every unit otherwise), as
