@@ -65,21 +65,21 @@ bool bwd_sm90_det_cooperative() {
   return on;
 }
 
-bool bwd_sm90_pdl() {
-  static const bool on = [] {
+namespace {
+// FLASHBACK_BWD_PDL: "0" off, "2" the late waits, anything else (or unset) on.
+int bwd_sm90_pdl_mode() {
+  static const int mode = [] {
     const char* v = std::getenv("FLASHBACK_BWD_PDL");
-    return !(v != nullptr && std::strcmp(v, "0") == 0);
+    if (v != nullptr && std::strcmp(v, "0") == 0) return 0;
+    if (v != nullptr && std::strcmp(v, "2") == 0) return 2;
+    return 1;
   }();
-  return on;
+  return mode;
 }
+}  // namespace
 
-bool bwd_sm90_pdl_late_wait() {
-  static const bool on = [] {
-    const char* v = std::getenv("FLASHBACK_BWD_PDL");
-    return v != nullptr && std::strcmp(v, "2") == 0;
-  }();
-  return on;
-}
+bool bwd_sm90_pdl() { return bwd_sm90_pdl_mode() != 0; }
+bool bwd_sm90_pdl_late_wait() { return bwd_sm90_pdl_mode() == 2; }
 
 bool bwd_sm90_convert_causal() {
   static const bool on = env_switch("FLASHBACK_BWD_CONVERT_CAUSAL");

@@ -529,6 +529,14 @@ __device__ __forceinline__ void pair_ghost_step(const BwdSm90Params& p, uint8_t*
   add_dq_in_turn<T, kDet>(p, tile, T::kPairAtoms + wg, t, dq);
 }
 
+// The counter of a dQaccum tile (of its kDqTurnsPerTile) that add phase h counts on: by head
+// dim the phase (each warpgroup's first or second atom-column), for a pair's CTA its rank's
+// head-dim half (one phase). The deterministic turns and dq_convert's counts share it.
+template <class T>
+__device__ __forceinline__ int bwd_sm90_dq_counter(int h) {
+  return T::kPair ? static_cast<int>(blockIdx.x & 1) : h;
+}
+
 // dq_convert (default mode): producer-warpgroup warp 1. Per step, once the consumers have
 // issued the step's adds (kBarAdded0), lane 0 counts the tile: a release fence (cumulative over
 // the adds the barrier ordered before it; CUTLASS's generic barrier publishes a CTA's writes
@@ -550,9 +558,7 @@ __device__ __forceinline__ void bwd_sm90_dq_finisher(const BwdSm90Params& p, con
     if (leader) {
       const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);
       __threadfence();
-      // One counter per head-dim half a pair's CTA adds (rank r: slot r); slot 0 otherwise.
-      const int slot = T::kPair ? static_cast<int>(blockIdx.x & 1) : 0;
-      const int before = atomicAdd(p.dq_count + tile * kDqTurnsPerTile + slot, 1);
+      const int before = atomicAdd(p.dq_count + tile * kDqTurnsPerTile + bwd_sm90_dq_counter<T>(0), 1);
       const bool last = before + 1 == bwd_sm90_dq_contributions<T::kBlockM, T::kUnitKeys>(p, w, m_block);
       if (last) __threadfence();
       verdict[it & 1] = last ? 1 : 0;
@@ -626,12 +632,7 @@ __device__ __forceinline__ void convert_if_last(const BwdSm90Params& p, const Bw
   if (verdict[it & 1]) convert_dq_tile<T>(p, w, head, m_block, i);
 }
 
-// dq_convert, the consumers at the end of step `it` (every kind of step, ghost steps included):
-// the previous step's verdict first (its tile converted here if this CTA added last), then
-// this step's arrival. The finisher has synced step it - 1's barrier phase by the time that
-// verdict is posted, so no arrival of this step can fall into that phase; the barrier orders
-// this step's adds before the finisher's count. `prev`: the previous step's (head, m_block).
-// Deterministic mode: the adds into a tile go in one order of units (bwd_sm90_dq_rank), so the
+// dq_convert, deterministic mode: the adds into a tile go in one order of units (bwd_sm90_dq_rank), so the
 // unit of rank count - 1 adds last, which the consumers know without a count. One step later
 // (prev[2]: that rank, or -1 when not last) they wait until their turn warps' red.release has
 // moved each counter this CTA adds under past it (which orders every add of the tile, this
@@ -642,29 +643,28 @@ __device__ __forceinline__ void convert_if_last_det(const BwdSm90Params& p, cons
   if (prev[2] < 0) return;
   const int64_t tile = dq_tile(p.dq_tiles, w.seq, prev[0], prev[1]);
   if (i % 32 == 0) {
-    // Counter per add phase (by head dim: each warpgroup's first / second atom-column), or the
-    // pair's one of this rank's half (bwd_sm90_turn_warp).
 #pragma unroll
     for (int h = 0; h < T::kDqPhases; ++h) {
-      const int counter = T::kPair ? static_cast<int>(blockIdx.x & 1) : h;
-      dq_turn_acquire(p.dq_turn + tile * kDqTurnsPerTile + counter, prev[2] + 1);
+      dq_turn_acquire(p.dq_turn + tile * kDqTurnsPerTile + bwd_sm90_dq_counter<T>(h), prev[2] + 1);
     }
   }
   __syncwarp();
   convert_dq_tile<T>(p, w, prev[0], prev[1], i);
 }
 
-// dq_convert, both modes: what the consumers do at the end of step `it` (ghost steps included)
-// and after the last (dq_convert_finish). `prev`: the previous step's (head, m_block, and,
-// deterministic, its rank if last else -1).
+// dq_convert, both modes: what the consumers do at the end of step `it` (ghost steps included;
+// `pos`: its position in the head's walk, bwd_sm90_iter) and after the last (dq_convert_finish).
+// `prev`: the previous step's (head, m_block, and, deterministic, its rank if last else -1).
+// Default mode: the previous step's verdict first (its tile converted here if this CTA added
+// last), then this step's arrival. The finisher has synced step it - 1's barrier phase by the
+// time that verdict is posted, so no arrival of this step can fall into that phase; the barrier
+// orders this step's adds before the finisher's count.
 template <class T, bool kDet>
 __device__ __forceinline__ void dq_convert_step_end(const BwdSm90Params& p, const BwdSm90Work& w,
                                                     uint8_t* smem, int it, int head, int m_block,
-                                                    int (&prev)[3], int i) {
+                                                    int pos, int (&prev)[3], int i) {
   if constexpr (kDet) {
     if (it > 0) convert_if_last_det<T>(p, w, prev, i);
-    int h_, m_, pos;
-    bwd_sm90_iter<true>(p, w, it, h_, m_, pos);
     const int rank = bwd_sm90_dq_rank<T::kBlockM, T::kUnitKeys>(p, w, m_block, pos);
     const bool last = rank + 1 == bwd_sm90_dq_contributions<T::kBlockM, T::kUnitKeys>(p, w, m_block);
     prev[2] = last ? rank : -1;
@@ -704,12 +704,12 @@ __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const
     int head, m_block, pos;
     bwd_sm90_iter<true>(p, w, it, head, m_block, pos);
     // By keys phase h is the step's tile h (one counter each), else both phases share a tile
-    // (pair_dq: one phase, counter r for the head-dim half of the pair's rank r).
-    const int counter = T::kPair ? static_cast<int>(blockIdx.x & 1) : h;
+    // (bwd_sm90_dq_counter).
     int* turn = T::kByKeys
                     ? p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles + h) *
                                       kDqTurnsPerTile
-                    : p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block) * kDqTurnsPerTile + counter;
+                    : p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block) * kDqTurnsPerTile +
+                          bwd_sm90_dq_counter<T>(h);
     constexpr int kUnitKeys = (T::kPair ? 2 : 1) * T::kBlockN;
     if (leader) dq_turn_acquire(turn, bwd_sm90_dq_rank<T::kBlockM, kUnitKeys>(p, w, m_block, pos));
     __syncwarp();
@@ -860,8 +860,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   fh::PipelineState<T::kQStages> sq;
   fh::PipelineState<T::kDoStages> sd;
   for (int it = 0; it < w.n_iters; ++it) {
-    int head, m_block;
-    bwd_sm90_iter<kDet>(p, w, it, head, m_block);
+    int head, m_block, pos;
+    bwd_sm90_iter<kDet>(p, w, it, head, m_block, pos);
     const int m0 = m_block * T::kBlockM;
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);  // dQaccum, stats, turns
     // stats_by_consumers: the next step's row, stored before this step's hand-off barrier.
@@ -874,7 +874,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         // A ghost step; the hand-off barrier still marks it for the buffers' step parity.
         pair_ghost_step<T, kDet>(p, smem, it, tile, wg, true);
         if constexpr (kConvert) {
-          if (p.dq_convert) dq_convert_step_end<T, kDet>(p, w, smem, it, head, m_block, prev, wg * 128 + t);
+          if (p.dq_convert) dq_convert_step_end<T, kDet>(p, w, smem, it, head, m_block, pos, prev, wg * 128 + t);
         }
         continue;  // no Q / dO stage was loaded for it
       }
@@ -1095,7 +1095,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       }
     }
     if constexpr (kConvert) {
-      if (p.dq_convert) dq_convert_step_end<T, kDet>(p, w, smem, it, head, m_block, prev, wg * 128 + t);
+      if (p.dq_convert) dq_convert_step_end<T, kDet>(p, w, smem, it, head, m_block, pos, prev, wg * 128 + t);
     }
     sq.advance();
     sd.advance();
@@ -1136,12 +1136,12 @@ __device__ __forceinline__ void bwd_sm90_consumer_ghost(const BwdSm90Params& p, 
   const int i = wg * 128 + static_cast<int>(threadIdx.x % 128);
   int prev[3] = {0, 0, -1};
   for (int it = 0; it < w.n_iters; ++it) {
-    int head, m_block;
-    bwd_sm90_iter<kDet>(p, w, it, head, m_block);
+    int head, m_block, pos;
+    bwd_sm90_iter<kDet>(p, w, it, head, m_block, pos);
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);
     pair_ghost_step<T, kDet>(p, smem, it, tile, wg, false);  // no hand-off buffers in use
     if constexpr (kConvert) {
-      if (p.dq_convert) dq_convert_step_end<T, kDet>(p, w, smem, it, head, m_block, prev, i);
+      if (p.dq_convert) dq_convert_step_end<T, kDet>(p, w, smem, it, head, m_block, pos, prev, i);
     }
   }
   if constexpr (kConvert) {

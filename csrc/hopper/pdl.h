@@ -14,6 +14,7 @@
 
 #include <utility>
 
+#include "hopper/cluster.h"
 #include "hopper/common.h"
 
 namespace flashback {
@@ -36,22 +37,9 @@ inline cudaError_t launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 
                                  size_t smem_bytes, cudaStream_t stream, dim3 cluster, bool pdl,
                                  Args&&... args) {
   cudaLaunchAttribute attr[2] = {};
-  unsigned n = 0;
-  if (cluster.x * cluster.y * cluster.z > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = cluster.x;
-    attr[n].val.clusterDim.y = cluster.y;
-    attr[n].val.clusterDim.z = cluster.z;
-    ++n;
-  }
-  if (pdl) attr[n++] = pdl_attribute();
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem_bytes;
-  config.stream = stream;
-  config.attrs = attr;
-  config.numAttrs = n;
+  cudaLaunchConfig_t config = cluster_config(grid, block, smem_bytes, stream, cluster, &attr[0]);
+  if (cluster.x * cluster.y * cluster.z == 1) config.numAttrs = 0;  // no cluster attribute
+  if (pdl) attr[config.numAttrs++] = pdl_attribute();
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
