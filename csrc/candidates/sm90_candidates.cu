@@ -26,12 +26,6 @@ FLASHBACK_BWD_CANDIDATE_DET(kBwdSm90Hdim256Conv)
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
       const flashback_fwd_params&, cudaStream_t);
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128N176)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64Split)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128Split)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128SplitBelow)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192MultiSplit)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256Split)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256MultiSplit)
 #undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

@@ -95,8 +95,10 @@ struct FwdSm90Config {
 // (docs/perf-log.md, "Forward ping-pong"); at d = 128 causal again per call at the power cap, with
 // and without pv_wait_below: -1.5..+1.1% and -3.1..+2.1%, noise (docs/perf-log.md, "Ping-pong
 // at d = 128 per call"): on at d = 64 only.
-constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false, true, false, false, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true, true, false, false,
+                                         false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false, true, false, false, true, true,
+                                          true};
 constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false, true, true, false, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false, true, true, false, true, true};
 // The config of a head dim's non-causal calls: the tile shape may differ with the mask (FA3's
@@ -115,22 +117,9 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB; non-causal
 // -1.2..-1.8% against 128 keys (docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
-// Candidates, not yet measured (docs/perf-log.md, "The forward's masked and unmasked loops"):
-// the causal rows with the mask loop split off (d = 192's causal calls run its Multi config,
-// d = 256's up to 1024 keys).
-constexpr FwdSm90Config kFwdSm90Hdim64Split = {64, 128, 3, 2, 24, 160, true, true, false, false,
-                                              false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim128Split = {128, 128, 2, 2, 24, 240, false, true, false, false,
-                                               true, true, true};
-// d = 128 with the split and the P V wait kept below the softmax (pv_wait_below).
-constexpr FwdSm90Config kFwdSm90Hdim128SplitBelow = {128, 128, 2, 2, 24, 240, false, true, true,
-                                                    false, true, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim192MultiSplit = {192, 112, 2, 2, 24, 240, false, true, true,
-                                                    true, true, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim256Split = {256, 80, 2, 2, 24, 240, false, true, true, false,
-                                               true, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim256MultiSplit = {256, 80, 2, 2, 24, 240, false, true, true,
-                                                    true, true, false, true};
+// split_mask_loop at d = 256 (its causal row and its Multi row) measured -0.7..+2.1% causal,
+// -3.4..+0.7% non-causal at 4k-16k, -0.8..+0.5% at 512-2048 (docs/perf-log.md, "The forward's
+// masked and unmasked loops, measured"): off there.
 // The config of a head dim's calls whose tiles a persistent grid walks (fwd_sm90_multi_tile:
 // non-causal up to 2048 keys, 4096 at d = 64 / 128, every length at d = 192; causal up to 1024
 // keys at d = 256, every length at d = 192, where the counter feeds the tiles), causal or not; where it
@@ -145,7 +134,8 @@ constexpr FwdSm90Config kFwdSm90Hdim256MultiSplit = {256, 80, 2, 2, 24, 240, fal
 // so not here.
 static constexpr const FwdSm90Config& kFwdSm90Hdim64Multi = kFwdSm90Hdim64;
 static constexpr const FwdSm90Config& kFwdSm90Hdim128Multi = kFwdSm90Hdim128;
-constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, true, true, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, true, true, true, true,
+                                               false, true};
 constexpr FwdSm90Config kFwdSm90Hdim256Multi = {256, 80, 2, 2, 24, 240, false, true, true, true, true};
 
 // Which grid serves a head dim's calls, by seqlen_k (varlen: the longest sequence). Tiles are
