@@ -75,7 +75,9 @@ struct FwdSm90Config {
   // need it in a second loop, instead of one loop that branches on the mask per block. FA3's
   // causal kernels have the two loops (SASS: 469 and 616 instructions per block at d = 128
   // against our one loop of 771 with a 238-instruction mask block); ptxas does not schedule
-  // across the branch, so the split gives it the unmasked step as straight-line code.
+  // across the branch, so the split gives it the unmasked step as straight-line code. Measured
+  // (H200, per call): d = 128 causal +3.5..+8.1%, d = 64 +0.1..+2.6%, d = 192 -2.9..+2.5% (its
+  // short calls +0.3..+1.0%), d = 256 mixed: on at d = 64-192.
   bool split_mask_loop = false;
 };
 
@@ -118,8 +120,8 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // -1.2..-1.8% against 128 keys (docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
 // split_mask_loop at d = 256 (its causal row and its Multi row) measured -0.7..+2.1% causal,
-// -3.4..+0.7% non-causal at 4k-16k, -0.8..+0.5% at 512-2048 (docs/perf-log.md, "The forward's
-// masked and unmasked loops, measured"): off there.
+// -3.4..+0.7% non-causal at 4k-16k, -0.8..+0.5% at 512-2048 (docs/perf-log.md, "The split loops,
+// the dQ conversion and the late PDL wait measured"): off there.
 // The config of a head dim's calls whose tiles a persistent grid walks (fwd_sm90_multi_tile:
 // non-causal up to 2048 keys, 4096 at d = 64 / 128, every length at d = 192; causal up to 1024
 // keys at d = 256, every length at d = 192, where the counter feeds the tiles), causal or not; where it
