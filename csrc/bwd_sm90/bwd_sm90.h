@@ -117,21 +117,6 @@ struct BwdSm90Config {
   // (5) dV after (4), since dV reads every P^T fragment. By keys only: split by head dim the same
   // block (half the exponentials above the dP wait) measured -1.2..+3.9% at d = 128-256, noise.
   bool ds_in_branch = false;
-  // Default mode, split by head dim into two warpgroups (one CTA per K/V block, or the pair,
-  // whose CTA r counts and converts its head-dim half r): the last CTA to
-  // add into a dQaccum tile converts it to dQ (scaled, 16-bit) while other CTAs still run, and
-  // no postprocess kernel follows. After a step's adds the consumers arrive on a barrier; a
-  // producer-warpgroup warp (bwd_sm90_dq_finisher) then counts the tile (release fence, one
-  // atomicAdd on its counter, zeroed by the preprocess) against the number of units (K/V
-  // blocks, or pairs) whose walks reach it (bwd_sm90_dq_contributions) and posts the verdict; one step later the
-  // consumers read it and, if last, convert the tile from L2 (convert_dq_tile). The
-  // deterministic mode needs no count: its adds go in one order, so the unit of the last rank
-  // converts, once its own counters have passed that rank (convert_if_last_det). Varlen calls
-  // keep the postprocess, and so do causal ones unless FLASHBACK_BWD_CONVERT_CAUSAL=1: there K/V
-  // block 0, the longest walk, adds last into every tile of its head. The
-  // postprocess is 53 us of every d = 256 call at 16k tokens (3.5% of a causal 4k call, 9-12% of
-  // a 512 one) and FA3 runs one too (docs/perf-log.md, "The dQ conversion by the last adder").
-  bool dq_convert = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -190,9 +175,6 @@ constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 96, 2, 1, 24, 160, true, 3, 
 // +5.2% causal 4k / 8k / 16k, -0.5 / +0.5 / +1.9% non-causal; one Q stage alone costs 4-7%;
 // pair_ghost on top +0..+2.6%; q_atom_barriers (with adds_before_wait) +2.7..+5.3% (docs/perf-log.md).
 constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true};
-// Candidate (same section): the pair with dq_convert (each CTA converts its head-dim half).
-constexpr BwdSm90Config kBwdSm90Hdim256Conv = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false,
-                                              true, false, true, true, false, false, false, true};
 // The deterministic mode's config per head dim (the two configs of a head dim share block_m
 // and block_n: the workspace and can_implement read the default's). Every head dim runs its
 // default config in this mode too. d = 256, the pair: against the single-CTA config in this
@@ -214,17 +196,16 @@ static constexpr const BwdSm90Config& kBwdSm90Hdim64Single = kBwdSm90Hdim64;
 static constexpr const BwdSm90Config& kBwdSm90Hdim128Single = kBwdSm90Hdim128;
 static constexpr const BwdSm90Config& kBwdSm90Hdim192Single = kBwdSm90Hdim192;
 constexpr BwdSm90Config kBwdSm90Hdim256Single = {256, 64, 80, 2, 1, 24, 240, false, 2};
-// Candidate (docs/perf-log.md, "The dQ conversion by the last adder"): the short-walk d = 256
-// config with dq_convert.
-constexpr BwdSm90Config kBwdSm90Hdim256SingleConv = {256, 64, 80, 2, 1, 24, 240, false, 2, false,
-                                                    false, false, false, false, false, false,
-                                                    false, false, false, true};
 // Query rows a CTA walks (seqlen_q x the GQA group) from which a pair config runs. Measured
 // at d = 256: the single CTA faster by 1.7-12% at 512-2048 rows, the pair faster from 4096
 // (docs/perf-log.md); between, the midpoint.
 constexpr int kBwdSm90PairMinRows = 3072;
 // Measured slower and removed: the d = 256 pair on 64-key blocks with two Q stages (and its
 // single-CTA companion), -8..-14% (docs/perf-log.md, "dV after dS at d = 64, measured").
+// At d = 256 (one CTA and the pair): the last CTA to add into a dQaccum tile converting it to
+// dQ in the main kernel, no postprocess, 3-11% slower (causal calls converting too: 8-14%); the
+// per-step count and verdict cost more than the postprocess (docs/perf-log.md, "The split
+// loops, the dQ conversion and the late PDL wait measured").
 // d = 192 with three consumer warpgroups of one atom-column each (64 x 96, FA3's public d = 192
 // shape; registers 128 of 160, 216 KB): passed the d = 192 GPU tests and measured no faster
 // than two warpgroups at 64 x 80 (-2.7..+3.1%, docs/perf-log.md); its kernels are compiled by the
@@ -270,15 +251,6 @@ struct BwdSm90Params {
   void* dk;
   void* dv;
   flashback_strides dk_strides, dv_strides;
-  // dq_convert configs (default mode): 1 when this call converts dQ in the main kernel (no
-  // postprocess); dq_count the per-tile arrival counters (the turn counters' first slot).
-  int dq_convert;
-  int* dq_count;
-  // FLASHBACK_BWD_PDL=2: the waits for the preprocess below the setmaxnreg calls
-  // (bwd_sm90_kernel).
-  int pdl_late_wait;
-  void* dq;
-  flashback_strides dq_strides;
 };
 
 // Does the fast path take these params? Static (no device state): a config for the head dim in

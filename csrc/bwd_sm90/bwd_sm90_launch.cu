@@ -35,20 +35,6 @@ constexpr BwdSm90Row kTable[] = {FLASHBACK_SM90_FOR_EACH_HEADDIM(FLASHBACK_BWD_R
 
 constexpr size_t kAlign = 256;
 
-// Whether a head dim's single-CTA config converts dQ in the main kernel (dq_convert): its calls
-// need the per-tile counters in the default mode too.
-bool single_converts(int headdim) {
-  switch (headdim) {
-#define FLASHBACK_BWD_CONVERTS(D) \
-  case D:                         \
-    return kBwdSm90Hdim##D##Single.dq_convert;
-    FLASHBACK_SM90_FOR_EACH_HEADDIM(FLASHBACK_BWD_CONVERTS)
-#undef FLASHBACK_BWD_CONVERTS
-    default:
-      return false;
-  }
-}
-
 // The main kernel's CTAs for the longest sequence: one per K/V block (pair_dq: whole clusters
 // of two).
 int64_t grid_ctas(const BwdSm90Config& cfg, const flashback_bwd_params& p) {
@@ -65,24 +51,11 @@ bool bwd_sm90_det_cooperative() {
   return on;
 }
 
-namespace {
-// FLASHBACK_BWD_PDL: "0" off, "2" the late waits, anything else (or unset) on.
-int bwd_sm90_pdl_mode() {
-  static const int mode = [] {
+bool bwd_sm90_pdl() {
+  static const bool on = [] {
     const char* v = std::getenv("FLASHBACK_BWD_PDL");
-    if (v != nullptr && std::strcmp(v, "0") == 0) return 0;
-    if (v != nullptr && std::strcmp(v, "2") == 0) return 2;
-    return 1;
+    return !(v != nullptr && std::strcmp(v, "0") == 0);
   }();
-  return mode;
-}
-}  // namespace
-
-bool bwd_sm90_pdl() { return bwd_sm90_pdl_mode() != 0; }
-bool bwd_sm90_pdl_late_wait() { return bwd_sm90_pdl_mode() == 2; }
-
-bool bwd_sm90_convert_causal() {
-  static const bool on = env_switch("FLASHBACK_BWD_CONVERT_CAUSAL");
   return on;
 }
 
@@ -124,10 +97,7 @@ WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p) {
   WorkspaceParts w;
   w.dq_accum = 0;
   w.dq_turn = align_up(tiles * static_cast<size_t>(dq_tile_floats(p.headdim)) * sizeof(float));
-  // Turn counters (deterministic) or dq_convert's arrival counters: 8 bytes per tile.
-  const bool counters = p.deterministic || single_converts(p.headdim) ||
-                        (row != nullptr && row->cfg->dq_convert);
-  w.lse = w.dq_turn + (counters ? align_up(tiles * kDqTurnsPerTile * sizeof(int)) : 0);
+  w.lse = w.dq_turn + (p.deterministic ? align_up(tiles * kDqTurnsPerTile * sizeof(int)) : 0);
   w.dsum = w.lse + align_up(rows * sizeof(float));
   w.total = w.dsum + align_up(rows * sizeof(float));
   return w;

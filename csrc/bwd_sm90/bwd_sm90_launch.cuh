@@ -38,8 +38,7 @@ namespace flashback {
 namespace sm90 {
 
 // The workspace plan (bwd_sm90_launch.cu): per workspace tile (dq_tile, bwd_sm90_prepost.h) a
-// dQaccum tile, the turn counters (deterministic mode, and the default mode of a head dim one of
-// whose configs converts dQ: dq_convert's arrival counters), 64 rows of LSE * log2(e) and of D.
+// dQaccum tile, the turn counters (deterministic), 64 rows of LSE * log2(e) and of D.
 struct WorkspaceParts {
   size_t dq_accum, dq_turn, lse, dsum, total;  // dq_accum and dq_turn: zeroed by the preprocess
 };
@@ -49,12 +48,6 @@ bool bwd_sm90_det_cooperative();
 // FLASHBACK_BWD_PDL, read once per process: "0" launches the backward's three kernels plainly
 // (for A/B runs), anything else with programmatic dependent launch.
 bool bwd_sm90_pdl();
-// FLASHBACK_BWD_PDL=2 (EXPERIMENTAL, not yet measured): the main kernel's waits for the
-// preprocess sit below the setmaxnreg calls, so that its K load starts before the preprocess ends.
-bool bwd_sm90_pdl_late_wait();
-// FLASHBACK_BWD_CONVERT_CAUSAL=1 (EXPERIMENTAL, dq_convert candidates only): causal calls convert
-// dQ in the main kernel too.
-bool bwd_sm90_convert_causal();
 // Does a 2-CTA pair config pay for these params (run_bwd_sm90_mode): enough query rows per CTA
 // (kBwdSm90PairMinRows). FLASHBACK_BWD_PAIR (for A/B runs and tests, read once per process)
 // overrides it: 0 never, 1 always (where a cluster fits), anything else by the rows. Never
@@ -89,12 +82,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       for (int i = 0; i < T::kQStages * T::kAtomCols; ++i) fh::mbar_init(qb + i, 1);  // 1 + tx bytes
       fh::fence_mbarrier_init();
     }
-    if constexpr (T::kDqConvert && !kDet) {  // (the deterministic mode needs no verdicts)
-      uint64_t* verdict_bar = reinterpret_cast<uint64_t*>(smem + T::kOffConvert);
-      fh::mbar_init(verdict_bar, 1);      // step parity 0: the finisher's arrival
-      fh::mbar_init(verdict_bar + 1, 1);  // step parity 1
-      fh::fence_mbarrier_init();
-    }
     if constexpr (T::kPair) {
       uint64_t* pair_bar = reinterpret_cast<uint64_t*>(smem + T::kOffPairBar);
       fh::mbar_init(pair_bar, 1);      // full[0]: this CTA's arrive_expect_tx + the partner's bytes
@@ -118,17 +105,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (!w.active) return;  // varlen: past the end of a shorter sequence's keys (the whole CTA)
   // This grid may start while the preprocess still runs (PDL): what it wrote (LSE * log2(e),
   // D, the zeroed dQaccum and turn counters) is read or added to only after this wait. The
-  // producer thread's own wait follows its K issue (an input: visible already), but with the
-  // waits here the K load does not start early: its warp's other lanes wait at this line, and
-  // the producer warpgroup's setmaxnreg below is warp-synchronous, so thread 0 reaches it only
-  // after the preprocess ends. EXPERIMENTAL (FLASHBACK_BWD_PDL=2, p.pdl_late_wait, not yet
-  // measured): every thread but the producer waits below its warpgroup's setmaxnreg instead,
-  // so that K goes first.
-  const bool late_wait = p.pdl_late_wait != 0;
-  if (threadIdx.x != 0 && !late_wait) fh::grid_dependency_wait();
+  // producer thread's own wait follows its K issue (an input: visible already), but the K load
+  // does not start early: its warp's other lanes wait here, and the producer warpgroup's
+  // setmaxnreg below is warp-synchronous, so thread 0 reaches it only after the preprocess ends.
+  // Waits below the setmaxnreg calls, so that K goes first, measured neutral (-0.5..+0.6%,
+  // docs/perf-log.md, "The split loops, the dQ conversion and the late PDL wait measured").
+  if (threadIdx.x != 0) fh::grid_dependency_wait();
   if (wg == 0) {
     fh::setmaxnreg_dec<T::kProducerRegs>();
-    if (threadIdx.x != 0 && late_wait) fh::grid_dependency_wait();
     if (threadIdx.x == 0) {
       const BwdSm90Maps maps{&map_q, &map_k, &map_v, &map_do};
       bwd_sm90_producer<T, kDet>(p, maps, w, smem, kv_bar, pipe_q, pipe_do);
@@ -137,12 +121,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     } else if (!kDet && T::kDqViaSmem && threadIdx.x / 32 >= 1 &&
                threadIdx.x / 32 <= T::kConsumerWgs) {
       bwd_sm90_dq_warp<T>(p, w, smem, threadIdx.x / 32 - 1);
-    } else if (!kDet && T::kDqConvert && threadIdx.x / 32 == 1) {
-      if (p.dq_convert) bwd_sm90_dq_finisher<T>(p, w, smem);
     }
   } else {
     fh::setmaxnreg_inc<T::kConsumerRegs>();
-    if (late_wait) fh::grid_dependency_wait();
     if constexpr (T::kPairGhost) {
       if (w.n_block >= w.n_blocks) {
         bwd_sm90_consumer_ghost<T, kDet>(p, w, smem, kv_bar, wg - 1);
@@ -204,23 +185,10 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   // finishes, and the postprocess while the main kernel's last CTAs run; each waits for the
   // kernel before it where it reads that kernel's output. FLASHBACK_BWD_PDL=0: plain launches.
   const bool pdl = bwd_sm90_pdl();
-  // dq_convert (both modes): the main kernel converts dQ unless a row can see no key (causal
-  // with seqlen_q > seqlen_k: no CTA would add into its tile) or the batch is varlen (lengths
-  // unknown here); the postprocess does it then.
-  // The counters exist only where the workspace plan reserved them (bwd_sm90_workspace_parts:
-  // a head dim whose default or single-CTA config converts); a dq_convert config instantiated
-  // elsewhere would otherwise count on the LSE rows (it then falls back to the postprocess).
-  // Causal calls convert only with FLASHBACK_BWD_CONVERT_CAUSAL=1 (not yet measured): there
-  // K/V block 0 (the longest walk, the one the others' shorter walks wait behind) adds last into
-  // every tile of its head in both modes, so every conversion would land on its walk.
-  const bool convert = T::kDqConvert && p.cu_seqlens_q == nullptr &&
-                       (!p.causal || (p.seqlen_q <= p.seqlen_k && bwd_sm90_convert_causal())) &&
-                       parts.lse > parts.dq_turn;
-  int* counters = kDet || convert ? reinterpret_cast<int*>(ws + parts.dq_turn) : nullptr;
   // (0) D = rowsum(dO * O), LSE * log2(e); dQaccum (and the deterministic mode's turn
-  // counters, or dq_convert's arrival counters) zeroed by the same kernel, no memset before it.
-  err = launch_bwd_sm90_preprocess(p, tiles_m, T::kStepTiles, lse_log2, dsum, dq_accum, counters,
-                                   stream);
+  // counters) zeroed by the same kernel, no memset before it.
+  err = launch_bwd_sm90_preprocess(p, tiles_m, T::kStepTiles, lse_log2, dsum, dq_accum,
+                                   kDet ? reinterpret_cast<int*>(ws + parts.dq_turn) : nullptr, stream);
   if (err != cudaSuccess) return err;
 
   BwdSm90Params kp;
@@ -254,11 +222,6 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   kp.dv = p.dv;
   kp.dk_strides = p.dk_strides;
   kp.dv_strides = p.dv_strides;
-  kp.pdl_late_wait = pdl && bwd_sm90_pdl_late_wait() ? 1 : 0;
-  kp.dq_convert = convert ? 1 : 0;
-  kp.dq_count = convert ? counters : nullptr;
-  kp.dq = p.dq;
-  kp.dq_strides = p.dq_strides;
 
   // (1)-(7)
   const int ctas = kp.n_blocks * p.nheads_k * p.batch;
@@ -274,7 +237,6 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
     err = fh::launch_kernel(kernel, dim3(pair_ctas), dim3(T::kThreads), T::kSmemBytes, stream,
                             dim3(2, 1, 1), pdl, map_q, map_k, map_v, map_do, kp);
     if (err != cudaSuccess) return err;
-    if (convert) return cudaSuccess;  // the main kernel wrote dQ
     return launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, pdl, stream);
   }
   if constexpr (kDet) {
@@ -311,16 +273,12 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
         }
         if (err != cudaSuccess) return err;
       }
-      if (launched_all) {
-        return convert ? cudaSuccess
-                       : launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, false, stream);
-      }
+      if (launched_all) return launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, false, stream);
     }
   }
   err = fh::launch_kernel(kernel, dim3(ctas), dim3(T::kThreads), T::kSmemBytes, stream,
                           dim3(1, 1, 1), pdl, map_q, map_k, map_v, map_do, kp);
   if (err != cudaSuccess) return err;
-  if (convert) return cudaSuccess;  // the main kernel wrote dQ
   // dQ = scale * dQaccum
   return launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, pdl, stream);
 }

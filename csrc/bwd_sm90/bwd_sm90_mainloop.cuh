@@ -173,19 +173,8 @@ struct BwdSm90Traits {
   static_assert(!kQAtomBars || (!kStatsSmem && !kByKeys && !kStatsByConsumers),
                 "q_atom_barriers: split by head dim, no stats rows on the Q stage's barrier");
   static constexpr uint32_t kOffQAtomBar = kOffPairBar + (kPair ? 32 : 0);
-  // dq_convert: two verdict barriers (step parity) and their two verdicts.
-  static constexpr bool kDqConvert = kCfg.dq_convert;
-  static_assert(!kDqConvert || (!kByKeys && !kDqViaSmem && kConsumerWgs == 2 &&
-                                kBlockM == kDqTileRows && kOwn0 == 2 && kOwn1 == 2),
-                "dq_convert: split by head dim over two warpgroups of two atom-columns (one CTA, or "
-                "the pair: one dQ atom-column each)");
-  // dq_convert: the dQaccum atom-columns this CTA adds (the pair's CTA r: its half) and the keys
-  // of an add unit (bwd_sm90_dq_contributions).
-  static constexpr int kConvertAtoms = kPair ? kPairAtoms : kAtomCols;
-  static constexpr int kUnitKeys = kPair ? 2 * kBlockN : kBlockN;
-  static constexpr uint32_t kOffConvert = kOffQAtomBar + (kQAtomBars ? kQStages * kAtomCols * 8 : 0);
-  static constexpr size_t kSmemBytes = 1024 /* alignment slack */ + kOffConvert +
-                                       (kDqConvert ? 32 : 0);
+  static constexpr size_t kSmemBytes = 1024 /* alignment slack */ + kOffQAtomBar +
+                                       (kQAtomBars ? kQStages * kAtomCols * 8 : 0);
   static_assert(kSmemBytes <= 232448, "over the 227 KB a CTA may have");
   static_assert(kKvAtomBytes % 1024 == 0 && kWgKeys * 128 % 1024 == 0 && kHandBytes % 1024 == 0,
                 "swizzled tiles and each warpgroup's kWgKeys-row part must stay 1024-aligned");
@@ -529,163 +518,6 @@ __device__ __forceinline__ void pair_ghost_step(const BwdSm90Params& p, uint8_t*
   add_dq_in_turn<T, kDet>(p, tile, T::kPairAtoms + wg, t, dq);
 }
 
-// The counter of a dQaccum tile (of its kDqTurnsPerTile) that add phase h counts on: by head
-// dim the phase (each warpgroup's first or second atom-column), for a pair's CTA its rank's
-// head-dim half (one phase). The deterministic turns and dq_convert's counts share it.
-template <class T>
-__device__ __forceinline__ int bwd_sm90_dq_counter(int h) {
-  return T::kPair ? static_cast<int>(blockIdx.x & 1) : h;
-}
-
-// dq_convert (default mode): producer-warpgroup warp 1. Per step, once the consumers have
-// issued the step's adds (kBarAdded0), lane 0 counts the tile: a release fence (cumulative over
-// the adds the barrier ordered before it; CUTLASS's generic barrier publishes a CTA's writes
-// the same way), one atomicAdd on the tile's counter; the CTA that brings it to the number of
-// units (K/V blocks, or pairs: per head-dim half) that add into the tile was the last, and an acquire fence then orders every
-// other CTA's adds before the consumers' reads. The verdict goes to the consumers through
-// shared memory and an mbarrier of the step's parity (convert_if_last reads it a step later,
-// so a slot is rewritten only after it was read).
-template <class T>
-__device__ __forceinline__ void bwd_sm90_dq_finisher(const BwdSm90Params& p, const BwdSm90Work& w,
-                                                     uint8_t* smem) {
-  uint64_t* verdict_bar = reinterpret_cast<uint64_t*>(smem + T::kOffConvert);
-  int* verdict = reinterpret_cast<int*>(smem + T::kOffConvert + 16);
-  const bool leader = (threadIdx.x % 32) == 0;
-  for (int it = 0; it < w.n_iters; ++it) {
-    int head, m_block;
-    bwd_sm90_iter<false>(p, w, it, head, m_block);
-    fh::named_bar_sync(T::kBarAdded0, T::kConsumerThreads + 32);
-    if (leader) {
-      const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);
-      __threadfence();
-      const int before = atomicAdd(p.dq_count + tile * kDqTurnsPerTile + bwd_sm90_dq_counter<T>(0), 1);
-      const bool last = before + 1 == bwd_sm90_dq_contributions<T::kBlockM, T::kUnitKeys>(p, w, m_block);
-      if (last) __threadfence();
-      verdict[it & 1] = last ? 1 : 0;
-      fh::mbar_arrive(verdict_bar + (it & 1));  // release (CTA scope): the verdict
-    }
-    __syncwarp();
-  }
-}
-
-// dq_convert: the 64 x d dQaccum tile of (q head `head`, Q block m_block), complete, to dQ rows
-// (times the softmax scale, 16-bit) by the 256 consumer threads (`i`). Thread i reads float4s
-// i, i + 256, .. of the fragment order (bwd_sm90_epilogue.cuh): each holds rows q0, q0 + 1 at
-// columns d0, d0 + 8; lane i ^ 4 holds column d0 ^ 1 of the same rows, so after two shuffles the
-// lane with even d0 writes row q0 and its partner row q0 + 1, as 32-bit words of two columns.
-// The loads go to L2 (ld.global.cg): the adds of other SMs never passed through this L1.
-template <class T>
-__device__ __forceinline__ void convert_dq_tile(const BwdSm90Params& p, const BwdSm90Work& w,
-                                                int head, int m_block, int i) {
-  const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);
-  // The atom-columns this CTA converts (the pair's CTA r: its half, 2 r ..).
-  const int first_vec = T::kPair ? static_cast<int>(blockIdx.x & 1) * T::kConvertAtoms * 1024 : 0;
-  const float4* src = reinterpret_cast<const float4*>(p.dq_accum + tile * dq_tile_floats(T::kHeadDim)) +
-                      first_vec;
-  uint16_t* dq = static_cast<uint16_t*>(p.dq) + w.seq.q_offset(p.dq_strides) +
-                 static_cast<int64_t>(head) * p.dq_strides.head;
-  const float scale = p.softmax_scale;
-  const int t = i % 128;
-  const bool low = (t & 4) == 0;  // this lane's d0 is even
-  const int dcol = 16 * (t / 32) + (t % 32) / 4;
-  constexpr int kVecs = T::kConvertAtoms * 1024 / T::kConsumerThreads;  // 16 at d = 256 (pair: 8)
-  // float4s in flight per thread: dV^T and dK^T (160 registers) stay live; 8 spilled (ptxas
-  // -v: 184 bytes of stack), 4 do not. The batches are not unrolled (rarely taken code).
-  constexpr int kBatch = 4;
-  static_assert(kVecs % kBatch == 0, "whole batches");
-#pragma unroll 1
-  for (int b = 0; b < kVecs; b += kBatch) {
-    float4 v[kBatch];
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) v[k] = __ldcg(src + i + T::kConsumerThreads * (b + k));
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
-      const int idx = first_vec + i + T::kConsumerThreads * (b + k);
-      const int g = (idx / 128) % 8;
-      const int u = idx / 1024;
-      const float r1 = __shfl_xor_sync(0xffffffffu, low ? v[k].y : v[k].x, 4);
-      const float r2 = __shfl_xor_sync(0xffffffffu, low ? v[k].w : v[k].z, 4);
-      const int row = 8 * g + 2 * (t % 4) + (low ? 0 : 1);
-      const int col = 64 * u + dcol - (low ? 0 : 1);
-      const int q = m_block * kDqTileRows + row;
-      if (q < w.seq.seqlen_q) {
-        uint16_t* r = dq + static_cast<int64_t>(q) * p.dq_strides.row + col;
-        const uint32_t w0 = low ? fh::pack2<T::kElem>(v[k].x * scale, r1 * scale)
-                                : fh::pack2<T::kElem>(r1 * scale, v[k].y * scale);
-        const uint32_t w1 = low ? fh::pack2<T::kElem>(v[k].z * scale, r2 * scale)
-                                : fh::pack2<T::kElem>(r2 * scale, v[k].w * scale);
-        *reinterpret_cast<uint32_t*>(r) = w0;
-        *reinterpret_cast<uint32_t*>(r + 8) = w1;
-      }
-    }
-  }
-}
-
-// dq_convert: step `it`'s verdict (bwd_sm90_dq_finisher); if this CTA added last into its tile,
-// the consumers convert it. Every consumer thread waits for the same verdict: a uniform branch.
-template <class T>
-__device__ __forceinline__ void convert_if_last(const BwdSm90Params& p, const BwdSm90Work& w,
-                                                uint8_t* smem, int it, int head, int m_block, int i) {
-  uint64_t* verdict_bar = reinterpret_cast<uint64_t*>(smem + T::kOffConvert);
-  const volatile int* verdict = reinterpret_cast<const volatile int*>(smem + T::kOffConvert + 16);
-  fh::mbar_wait(verdict_bar + (it & 1), (it >> 1) & 1);
-  if (verdict[it & 1]) convert_dq_tile<T>(p, w, head, m_block, i);
-}
-
-// dq_convert, deterministic mode: the adds into a tile go in one order of units (bwd_sm90_dq_rank), so the
-// unit of rank count - 1 adds last, which the consumers know without a count. One step later
-// (prev[2]: that rank, or -1 when not last) they wait until their turn warps' red.release has
-// moved each counter this CTA adds under past it (which orders every add of the tile, this
-// CTA's included, before their reads: release / acquire on the same counter) and convert.
-template <class T>
-__device__ __forceinline__ void convert_if_last_det(const BwdSm90Params& p, const BwdSm90Work& w,
-                                                    const int (&prev)[3], int i) {
-  if (prev[2] < 0) return;
-  const int64_t tile = dq_tile(p.dq_tiles, w.seq, prev[0], prev[1]);
-  if (i % 32 == 0) {
-#pragma unroll
-    for (int h = 0; h < T::kDqPhases; ++h) {
-      dq_turn_acquire(p.dq_turn + tile * kDqTurnsPerTile + bwd_sm90_dq_counter<T>(h), prev[2] + 1);
-    }
-  }
-  __syncwarp();
-  convert_dq_tile<T>(p, w, prev[0], prev[1], i);
-}
-
-// dq_convert, both modes: what the consumers do at the end of step `it` (ghost steps included;
-// `pos`: its position in the head's walk, bwd_sm90_iter) and after the last (dq_convert_finish).
-// `prev`: the previous step's (head, m_block, and, deterministic, its rank if last else -1).
-// Default mode: the previous step's verdict first (its tile converted here if this CTA added
-// last), then this step's arrival. The finisher has synced step it - 1's barrier phase by the
-// time that verdict is posted, so no arrival of this step can fall into that phase; the barrier
-// orders this step's adds before the finisher's count.
-template <class T, bool kDet>
-__device__ __forceinline__ void dq_convert_step_end(const BwdSm90Params& p, const BwdSm90Work& w,
-                                                    uint8_t* smem, int it, int head, int m_block,
-                                                    int pos, int (&prev)[3], int i) {
-  if constexpr (kDet) {
-    if (it > 0) convert_if_last_det<T>(p, w, prev, i);
-    const int rank = bwd_sm90_dq_rank<T::kBlockM, T::kUnitKeys>(p, w, m_block, pos);
-    const bool last = rank + 1 == bwd_sm90_dq_contributions<T::kBlockM, T::kUnitKeys>(p, w, m_block);
-    prev[2] = last ? rank : -1;
-  } else {
-    if (it > 0) convert_if_last<T>(p, w, smem, it - 1, prev[0], prev[1], i);
-    fh::named_bar_arrive(T::kBarAdded0, T::kConsumerThreads + 32);
-  }
-  prev[0] = head;
-  prev[1] = m_block;
-}
-template <class T, bool kDet>
-__device__ __forceinline__ void dq_convert_finish(const BwdSm90Params& p, const BwdSm90Work& w,
-                                                  uint8_t* smem, const int (&prev)[3], int i) {
-  if (w.n_iters == 0) return;
-  if constexpr (kDet) {
-    convert_if_last_det<T>(p, w, prev, i);
-  } else {
-    convert_if_last<T>(p, w, smem, w.n_iters - 1, prev[0], prev[1], i);
-  }
-}
-
 // ------------------------------------------------------------ deterministic turn warps ---
 // Deterministic mode: warp 1 + h of the producer warpgroup keeps the dQ turns of phase h (by
 // head dim the atom-column each consumer warpgroup adds first, h = 0, or second, h = 1, into the
@@ -704,12 +536,12 @@ __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const
     int head, m_block, pos;
     bwd_sm90_iter<true>(p, w, it, head, m_block, pos);
     // By keys phase h is the step's tile h (one counter each), else both phases share a tile
-    // (bwd_sm90_dq_counter).
+    // (pair_dq: one phase, counter r for the head-dim half of the pair's rank r).
+    const int counter = T::kPair ? static_cast<int>(blockIdx.x & 1) : h;
     int* turn = T::kByKeys
                     ? p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles + h) *
                                       kDqTurnsPerTile
-                    : p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block) * kDqTurnsPerTile +
-                          bwd_sm90_dq_counter<T>(h);
+                    : p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block) * kDqTurnsPerTile + counter;
     constexpr int kUnitKeys = (T::kPair ? 2 : 1) * T::kBlockN;
     if (leader) dq_turn_acquire(turn, bwd_sm90_dq_rank<T::kBlockM, kUnitKeys>(p, w, m_block, pos));
     __syncwarp();
@@ -818,8 +650,6 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   static_assert(kOwn <= 2, "at most two dQ^T atom-columns per warpgroup (the loop below)");
   constexpr bool kDqSmem = !kDet && T::kDqViaSmem;  // the ordered adds stay in registers
   constexpr bool kPairOn = T::kPair;  // pair_dq
-  constexpr bool kConvert = T::kDqConvert;  // dq_convert
-  int prev[3] = {0, 0, -1};  // dq_convert: the previous step's (head, m_block, det: last rank)
   constexpr int kAcc = kOwn > 0 ? kOwn : 1;  // arrays need a size; unused when kOwn = 0
   // Whether this warpgroup computes (5)-(7): false only for warpgroup 1 at d = 64.
   const bool has_cols = kOwn > 0 && T::own(wg) > 0;
@@ -860,8 +690,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   fh::PipelineState<T::kQStages> sq;
   fh::PipelineState<T::kDoStages> sd;
   for (int it = 0; it < w.n_iters; ++it) {
-    int head, m_block, pos;
-    bwd_sm90_iter<kDet>(p, w, it, head, m_block, pos);
+    int head, m_block;
+    bwd_sm90_iter<kDet>(p, w, it, head, m_block);
     const int m0 = m_block * T::kBlockM;
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);  // dQaccum, stats, turns
     // stats_by_consumers: the next step's row, stored before this step's hand-off barrier.
@@ -873,9 +703,6 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       if (ghost_step && pair_rank == 1) {
         // A ghost step; the hand-off barrier still marks it for the buffers' step parity.
         pair_ghost_step<T, kDet>(p, smem, it, tile, wg, true);
-        if constexpr (kConvert) {
-          if (p.dq_convert) dq_convert_step_end<T, kDet>(p, w, smem, it, head, m_block, pos, prev, wg * 128 + t);
-        }
         continue;  // no Q / dO stage was loaded for it
       }
     }
@@ -1094,14 +921,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         fh::named_bar_arrive(T::kBarAdded0 + h, T::kTurnThreads);
       }
     }
-    if constexpr (kConvert) {
-      if (p.dq_convert) dq_convert_step_end<T, kDet>(p, w, smem, it, head, m_block, pos, prev, wg * 128 + t);
-    }
     sq.advance();
     sd.advance();
-  }
-  if constexpr (kConvert) {
-    if (p.dq_convert) dq_convert_finish<T, kDet>(p, w, smem, prev, wg * 128 + t);
   }
 #pragma unroll
   for (int u = 0; u < kAcc; ++u) {
@@ -1132,20 +953,11 @@ template <class T, bool kDet>
 __device__ __forceinline__ void bwd_sm90_consumer_ghost(const BwdSm90Params& p, const BwdSm90Work& w,
                                                         uint8_t* smem, uint64_t* kv_bar, const int wg) {
   if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);  // the partner's K half
-  constexpr bool kConvert = T::kDqConvert;
-  const int i = wg * 128 + static_cast<int>(threadIdx.x % 128);
-  int prev[3] = {0, 0, -1};
   for (int it = 0; it < w.n_iters; ++it) {
-    int head, m_block, pos;
-    bwd_sm90_iter<kDet>(p, w, it, head, m_block, pos);
+    int head, m_block;
+    bwd_sm90_iter<kDet>(p, w, it, head, m_block);
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);
     pair_ghost_step<T, kDet>(p, smem, it, tile, wg, false);  // no hand-off buffers in use
-    if constexpr (kConvert) {
-      if (p.dq_convert) dq_convert_step_end<T, kDet>(p, w, smem, it, head, m_block, pos, prev, i);
-    }
-  }
-  if constexpr (kConvert) {
-    if (p.dq_convert) dq_convert_finish<T, kDet>(p, w, smem, prev, i);
   }
   fh::cluster_sync();  // as bwd_sm90_consumer: no exit while the partner may still copy in
 }

@@ -156,19 +156,5 @@ __device__ __forceinline__ int bwd_sm90_dq_rank(const BwdSm90Params& p, const Bw
   return w.det_lo + pos * (size / M) + extra + i / M;
 }
 
-// dq_convert: how many units (K/V blocks, or pairs of them: kUnitKeys = block_n
-// or 2 block_n keys) add into Q tile m_block (of any q head; a pair's CTA r into its head-dim
-// half r): those whose walk reaches it (bwd_sm90_work: a unit walks from Q block
-// (n0 - diag) / kBlockM on, causal, n0 its first key; every unit otherwise), as
-// bwd_sm90_dq_rank's u_max + 1. 0 when no row of the tile sees a key (the call then keeps the
-// postprocess: run_bwd_sm90_config).
-template <int kBlockM, int kUnitKeys>
-__device__ __forceinline__ int bwd_sm90_dq_contributions(const BwdSm90Params& p, const BwdSm90Work& w,
-                                                         int m_block) {
-  if (!p.causal) return w.units;
-  const int rows_end = kBlockM * (m_block + 1) + (w.seq.seqlen_k - w.seq.seqlen_q);
-  return rows_end <= 0 ? 0 : min(w.units, (rows_end - 1) / kUnitKeys + 1);
-}
-
 }  // namespace sm90
 }  // namespace flashback

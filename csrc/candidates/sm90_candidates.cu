@@ -12,16 +12,7 @@ namespace sm90 {
       const flashback_bwd_params&, cudaStream_t);
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg2)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256SingleConv)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256Conv)
 #undef FLASHBACK_BWD_CANDIDATE
-// dq_convert has a deterministic form of its own: those instances too.
-#define FLASHBACK_BWD_CANDIDATE_DET(C)                                         \
-  template cudaError_t run_bwd_sm90_config<BwdSm90Traits<C, Dtype::kBf16>, true>( \
-      const flashback_bwd_params&, cudaStream_t);
-FLASHBACK_BWD_CANDIDATE_DET(kBwdSm90Hdim256SingleConv)
-FLASHBACK_BWD_CANDIDATE_DET(kBwdSm90Hdim256Conv)
-#undef FLASHBACK_BWD_CANDIDATE_DET
 #define FLASHBACK_FWD_CANDIDATE(C)                                           \
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
       const flashback_fwd_params&, cudaStream_t);
