@@ -117,6 +117,13 @@ struct BwdSm90Config {
   // (5) dV after (4), since dV reads every P^T fragment. By keys only: split by head dim the same
   // block (half the exponentials above the dP wait) measured -1.2..+3.9% at d = 128-256, noise.
   bool ds_in_branch = false;
+  // pair_dq: both CTAs of a pair walk the same Q blocks, so each Q_i and dO_i tile goes to both;
+  // with pair_multicast each CTA's producer reads half of the tile's 64-column boxes from L2 and
+  // multicasts them into both CTAs' stages (half the L2-to-SM bytes of Q and dO), each CTA's
+  // full barriers expecting the whole tile, each stage's empty barrier counting both CTAs'
+  // consumer warps. Both CTAs then take part in every step's loads: the upper's ghost steps
+  // and a ghost CTA wait for the stages and hand them back without reading them.
+  bool pair_multicast = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -175,6 +182,10 @@ constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 96, 2, 1, 24, 160, true, 3, 
 // +5.2% causal 4k / 8k / 16k, -0.5 / +0.5 / +1.9% non-causal; one Q stage alone costs 4-7%;
 // pair_ghost on top +0..+2.6%; q_atom_barriers (with adds_before_wait) +2.7..+5.3% (docs/perf-log.md).
 constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true};
+// Candidate (docs/perf-log.md, "Q and dO multicast in the d = 256 pair"): the pair with
+// pair_multicast.
+constexpr BwdSm90Config kBwdSm90Hdim256Mc = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false,
+                                            true, false, true, true, false, false, false, true};
 // The deterministic mode's config per head dim (the two configs of a head dim share block_m
 // and block_n: the workspace and can_implement read the default's). Every head dim runs its
 // default config in this mode too. d = 256, the pair: against the single-CTA config in this

@@ -155,6 +155,18 @@ FB_DEVICE void tma_load_multicast_2d(void* dst, const CUtensorMap* map, uint64_t
       : "memory");
 }
 
+// The same for a rank-4 map (the attention kernels' {d, rows, head, batch} or {d, head, rows,
+// batch} tensors): c[0] innermost.
+FB_DEVICE void tma_load_multicast_4d(void* dst, const CUtensorMap* map, uint64_t* bar,
+                                     uint16_t cta_mask, const int (&c)[4]) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%4, %5, %6, %7}], [%2], %3;" ::"r"(smem_u32(dst)),
+      "l"(map_addr(map)), "r"(smem_u32(bar)), "h"(cta_mask), "r"(c[0]), "r"(c[1]), "r"(c[2]),
+      "r"(c[3])
+      : "memory");
+}
+
 // Store one box from shared memory to global memory (tracked by bulk async-groups, not by an
 // mbarrier). If ordinary stores wrote `src`, each writer must fence_proxy_async_shared() and the
 // CTA must synchronise before the one issuing thread calls this. Start coordinates must be >= 0;

@@ -137,3 +137,22 @@ def test_tma_multicast(hlib, cluster_size, sw):
         if sw:
             expect = swizzle128(expect)
         assert torch.equal(out[cta], expect), f"CTA {cta} of cluster {q} holds the wrong tile"
+
+
+def test_tma_multicast_4d(hlib):
+    """The attention kernels' form: a 64-row tile of four 64-column boxes of a rank-4 tensor,
+    each CTA of a pair issuing two of the boxes to both; a tile half past the rows arrives as
+    zeros in both CTAs."""
+    seqlen, heads, batch, nclusters = 160, 3, 2, 6
+    src = torch.randn(batch, heads, seqlen, 256, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((2 * nclusters, 4 * 64 * 128), 0xA5, dtype=torch.uint8, device="cuda")
+    check(hlib, hlib.fbh_tma_multicast_4d(ptr(src), ptr(out), seqlen, heads, batch, nclusters),
+          "fbh_tma_multicast_4d")
+    padded = torch.cat([src, torch.zeros(batch, heads, 64, 256, device="cuda", dtype=src.dtype)], dim=2)
+    for cta in range(2 * nclusters):
+        q = cta // 2
+        row0 = (0, 64, seqlen - 32)[q % 3]
+        rows = padded[q % batch, q % heads, row0:row0 + 64]
+        expect = torch.cat([swizzle128(rows[:, 64 * a:64 * (a + 1)].contiguous().view(torch.uint8).reshape(-1))
+                            for a in range(4)])
+        assert torch.equal(out[cta], expect), f"CTA {cta} (rank {cta % 2}) of cluster {q} holds the wrong tile"

@@ -132,6 +132,43 @@ __global__ void tma_multicast_kernel(const __grid_constant__ CUtensorMap map, ui
   fh::cluster_sync();  // nobody exits while a peer's copy may still target it
 }
 
+// The 4-D form the attention kernels use (a tile of 64 rows x kAtoms 64-column boxes of a
+// {64 kAtoms, seqlen, heads, batch} bf16 tensor, 128B-swizzled): cluster q of two takes rows
+// row0.. of (head, batch) = (q % heads, q % batch), row0 = the (q % 3)-th of {0, 64, seqlen - 32}
+// (the last box half past the rows: zeros in both CTAs); rank r issues the boxes a with
+// a % 2 == r, multicast to both, each CTA expecting the whole tile on its own barrier.
+constexpr int kMc4Atoms = 4;
+__global__ void tma_multicast_4d_kernel(const __grid_constant__ CUtensorMap map, uint8_t* out,
+                                        int seqlen, int heads, int batch) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* tile = fh::align_smem(smem_raw);
+  __shared__ uint64_t bar;
+  const uint32_t rank = fh::cluster_ctarank();
+  const int q = blockIdx.x / 2;
+  const int rows0[3] = {0, 64, seqlen - 32};
+  const int c_row = rows0[q % 3], c_head = q % heads, c_batch = q % batch;
+  constexpr uint32_t kAtomBytes = 64 * 128;
+  if (threadIdx.x == 0) {
+    fh::mbar_init(&bar, 1);
+    fh::fence_mbarrier_init();
+  }
+  fh::cluster_sync();  // both barriers initialised before either CTA's copy can land
+  if (threadIdx.x == 0) {
+    fh::mbar_arrive_expect_tx(&bar, kMc4Atoms * kAtomBytes);
+    for (int a = static_cast<int>(rank); a < kMc4Atoms; a += 2) {
+      const int c[4] = {64 * a, c_row, c_head, c_batch};
+      fh::tma_load_multicast_4d(tile + a * kAtomBytes, &map, &bar, 0b11, c);
+    }
+  }
+  fh::mbar_wait(&bar, 0);
+  const uint32_t bytes = kMc4Atoms * kAtomBytes;
+  for (uint32_t i = threadIdx.x * 16; i < bytes; i += blockDim.x * 16) {
+    *reinterpret_cast<uint4*>(out + static_cast<size_t>(blockIdx.x) * bytes + i) =
+        *reinterpret_cast<const uint4*>(tile + i);
+  }
+  fh::cluster_sync();  // nobody exits while its peer's copy may still target it
+}
+
 fh::TmaType tma_type(int is_f32) { return is_f32 ? fh::TmaType::kF32 : fh::TmaType::kBf16; }
 fh::TmaSwizzle tma_swizzle(int sw) { return sw ? fh::TmaSwizzle::k128B : fh::TmaSwizzle::kNone; }
 
@@ -237,6 +274,27 @@ FBH_EXPORT int fbh_tma_multicast(const void* src, void* out, int rows, int clust
   FBH_TRY(fh::launch_with_cluster(tma_multicast_kernel, dim3(cluster_size * nclusters), dim3(128),
                                   smem, 0, dim3(cluster_size, 1, 1), map,
                                   static_cast<uint8_t*>(out), rows));
+  return (int)cudaGetLastError();
+}
+
+// src: bf16 [batch][heads][seqlen][256] (so the map is {256, seqlen, heads, batch}); out:
+// [2 nclusters][4 x 64 x 128 bytes] raw tiles.
+FBH_EXPORT int fbh_tma_multicast_4d(const void* src, void* out, int seqlen, int heads, int batch,
+                                    int nclusters) {
+  if (seqlen < 128) return (int)cudaErrorInvalidValue;
+  CUtensorMap map;
+  const uint64_t dims[4] = {64 * kMc4Atoms, static_cast<uint64_t>(seqlen),
+                            static_cast<uint64_t>(heads), static_cast<uint64_t>(batch)};
+  const uint64_t strides[3] = {64 * kMc4Atoms * 2, 64ull * kMc4Atoms * 2 * seqlen,
+                               64ull * kMc4Atoms * 2 * seqlen * heads};
+  const uint32_t box[4] = {64, 64, 1, 1};
+  FBH_TRY(fh::make_tensor_map(&map, src, fh::TmaType::kBf16, 4, dims, strides, box,
+                              fh::TmaSwizzle::k128B));
+  const size_t smem = kMc4Atoms * 64 * 128 + 1024;
+  FBH_TRY(fbh_test::allow_smem(reinterpret_cast<const void*>(tma_multicast_4d_kernel), smem));
+  FBH_TRY(fh::launch_with_cluster(tma_multicast_4d_kernel, dim3(2 * nclusters), dim3(128), smem,
+                                  0, dim3(2, 1, 1), map, static_cast<uint8_t*>(out), seqlen, heads,
+                                  batch));
   return (int)cudaGetLastError();
 }
 
