@@ -21,6 +21,11 @@ template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim256Mc, Dtype:
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
       const flashback_fwd_params&, cudaStream_t);
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128N176)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256QV)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128QV)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256Fin)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256MultiFin)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128Fin)
 #undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

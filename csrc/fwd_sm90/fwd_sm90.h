@@ -79,6 +79,14 @@ struct FwdSm90Config {
   // (H200, per call): d = 128 causal +3.5..+8.1%, d = 64 +0.1..+2.6%, d = 192 -2.9..+2.5% (its
   // short calls +0.3..+1.0%), d = 256 mixed: on at d = 64-192.
   bool split_mask_loop = false;
+  // Without o_over_v: a tile's first loads go K_0, Q, V_0 instead of K_0, V_0, Q, so the first
+  // S (which needs K_0 and Q) does not wait behind V_0 (at d = 256 40 KB of the 144 KB a tile
+  // loads before its first S). The one-CTA-per-tile configs start every tile with these loads.
+  bool q_before_v = false;
+  // The row sums, 1 / l and LSE computed between the issue of the tile's last P V and the wait
+  // for it (the row statistics are final after the last softmax), instead of after the wait,
+  // with the tensor cores idle: ~100 instructions per warp per tile off the tile's tail.
+  bool finalize_in_pv = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -119,6 +127,20 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB; non-causal
 // -1.2..-1.8% against 128 keys (docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
+// Candidates, not yet measured (docs/perf-log.md, "The forward's per-tile cost: two
+// candidates"): the d = 256 one-CTA-per-tile row (causal from 2048 keys, non-causal from 4096)
+// and the d = 128 row with q_before_v; the d = 256 rows (one CTA per tile and Multi) and the
+// d = 128 row with finalize_in_pv.
+constexpr FwdSm90Config kFwdSm90Hdim256QV = {256, 80, 2, 2, 24, 240, false, true, true, false,
+                                            true, true, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim128QV = {128, 128, 2, 2, 24, 240, false, true, false, false,
+                                            true, true, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim256Fin = {256, 80, 2, 2, 24, 240, false, true, true, false,
+                                             true, true, false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim256MultiFin = {256, 80, 2, 2, 24, 240, false, true, true, true,
+                                                  true, false, false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim128Fin = {128, 128, 2, 2, 24, 240, false, true, false, false,
+                                             true, true, true, false, true};
 // split_mask_loop at d = 256 (its causal row and its Multi row) measured -0.7..+2.1% causal,
 // -3.4..+0.7% non-causal at 4k-16k, -0.8..+0.5% at 512-2048 (docs/perf-log.md, "The split loops,
 // the dQ conversion and the late PDL wait measured"): off there.

@@ -69,6 +69,9 @@ struct FwdSm90Traits {
   static constexpr bool kLateTileFetch = kCfg.late_tile_fetch;
   static constexpr bool kTmaStoreO = kCfg.tma_store_o;
   static constexpr bool kSplitMaskLoop = kCfg.split_mask_loop;
+  static constexpr bool kQBeforeV = kCfg.q_before_v;
+  static_assert(!kQBeforeV || !kCfg.o_over_v, "q_before_v: o_over_v orders its loads so already");
+  static constexpr bool kFinalizeInPv = kCfg.finalize_in_pv;
   // o_over_v: the O-free barrier (one arrival per consumer warp after its O rows left the V
   // stages; the producer waits for it before the next tile's V_0). It runs in step with the one
   // Q stage, so it shares the Q ring's state.
@@ -155,6 +158,8 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
   if constexpr (T::kOOverV) {
     if (w.n_count > 0) load_k(0);
     if (w.n_count == 0) pipe_o->producer_acquire(sq);
+  } else if constexpr (T::kQBeforeV) {
+    if (w.n_count > 0) load_k(0);  // V_0 after Q, into the same stage
   } else {
     if (w.n_count > 0) load_kv(0);
   }
@@ -169,7 +174,7 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
     if (w.n_count > 0) pipe_o->producer_acquire(sq);
   }
   sq.advance();
-  if constexpr (T::kOOverV) {
+  if constexpr (T::kOOverV || T::kQBeforeV) {
     if (w.n_count > 0) {
       load_v(0);
       st.advance();
@@ -344,6 +349,17 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     for (int c = 0; c < T::kBlockN / 16; ++c) fh::acc_to_a_frag<T::kElem>(acc, c, a[c]);
   };
 
+  // Row sums over the quad; O / l and LSE = (m * scale_log2 + log2 l) * ln 2. A row that saw no
+  // key (l = 0) gets O = 0 and LSE = +inf.
+  float inv[2], lse[2];
+  auto finalize = [&] {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float l = quad_sum(l_part[h]);
+      inv[h] = l > 0.f ? 1.f / l : 0.f;
+      lse[h] = l > 0.f ? (m_raw[h] * p.scale_log2 + log2f(l)) * 0.6931471805599453f : INFINITY;
+    }
+  };
   float s[kS];
   uint32_t a[T::kBlockN / 16][4];
   float alpha[2];
@@ -400,21 +416,18 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     turn_begin();
     issue_pv(a, st);
     turn_end();
+    if constexpr (T::kFinalizeInPv) {
+      // finalize_in_pv: while the last P V runs (l and m are final after the last softmax);
+      // the wait kept below it in the SASS.
+      finalize();
+      fh::keep_waits_below(w.seqlen_k);  // (wgmma.h)
+    }
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(o);
     if (warp_leader) pipe_v->consumer_release(st);
     st.advance();  // the next tile's first block
   }
-
-  // Row sums over the quad; O / l and LSE = (m * scale_log2 + log2 l) * ln 2. A row that saw no
-  // key (l = 0) gets O = 0 and LSE = +inf.
-  float inv[2], lse[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float l = quad_sum(l_part[h]);
-    inv[h] = l > 0.f ? 1.f / l : 0.f;
-    lse[h] = l > 0.f ? (m_raw[h] * p.scale_log2 + log2f(l)) * 0.6931471805599453f : INFINITY;
-  }
+  if (!T::kFinalizeInPv || w.n_count == 0) finalize();
   const CUtensorMap* out_map = T::kTmaStoreO && p.out_tma ? map_o : nullptr;  // (epilogue)
   // Q of this warpgroup is read by no wgmma any more (its last S was waited for): the O tile
   // is staged over it.
