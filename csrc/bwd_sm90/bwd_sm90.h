@@ -68,7 +68,8 @@ struct BwdSm90Config {
   // pair_dq: the upper block of a pair walks the lower's Q blocks, so it has steps in which it
   // holds no key the queries see: causal, its first 1-2 Q blocks of every q head's walk; with
   // an odd block count, every step of the last cluster's upper CTA (past the keys). With
-  // pair_ghost such a step is a ghost step: no Q / dO loads, no S, dP, dV, dK; the upper CTA
+  // pair_ghost such a step is a ghost step: no Q / dO loads (with pair_multicast: loaded for the
+  // partner, passed on unread), no S, dP, dV, dK; the upper CTA
   // only computes its dQ^T half over the lower block's keys from the dS^T it receives, sends
   // nothing, and the lower skips its peer dQ^T (a CTA past the keys loads only the lower's K
   // half). Without it those steps run in full on masked keys (at seqlen 512 causal ~1 in 4 of

@@ -337,7 +337,9 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
   fh::grid_dependency_wait();
   fh::PipelineState<T::kQStages> sq;
   fh::PipelineState<T::kDoStages> sd;
-  bool v_pending = true;  // pair_ghost: V comes with the first step that is not a ghost's
+  // pair_ghost: V comes with the first step that is not a ghost's (pair_multicast: with step 0,
+  // ghost or not, as both CTAs load every step; a ghost CTA never loads it).
+  bool v_pending = true;
   // pair_multicast: the boxes of a tile this CTA issues (a % 2 == its rank), into both CTAs.
   [[maybe_unused]] const int box_rank = static_cast<int>(blockIdx.x & 1);
   [[maybe_unused]] const bool ghost_cta = T::kPairGhost && w.n_block >= w.n_blocks;
@@ -552,6 +554,9 @@ __device__ __forceinline__ void pass_stages(uint8_t* smem, fh::TmaPipeline<T::kQ
     pipe_q->consumer_wait(sq);
   }
   pipe_do->consumer_wait(sd);
+  // Every lane has seen the phase complete before the release lets the next one fill: a lane
+  // still polling then could meet phase k + 2, of the same parity, and never return.
+  __syncwarp();
   if (threadIdx.x % 32 == 0) {
     release_stage<T>(pipe_q, sq);
     release_stage<T>(pipe_do, sd);

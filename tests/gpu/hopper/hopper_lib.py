@@ -24,7 +24,7 @@ _SIGNATURES = {
     "fbh_bulk_reduce_add_f32": [c_void_p, c_void_p, c_int, c_int],
     "fbh_bulk_load": [c_void_p, c_void_p, c_int],
     "fbh_tma_multicast": [c_void_p, c_void_p, c_int, c_int, c_int, c_int],
-    "fbh_tma_multicast_4d": [c_void_p, c_void_p, c_int, c_int, c_int, c_int],
+    "fbh_tma_multicast_4d": [c_void_p, c_void_p, c_int, c_int, c_int, c_int, c_longlong],
     "fbh_mbarrier_phases": [c_void_p],
     "fbh_pipeline_copy": [c_void_p, c_void_p, c_int, c_int],
     "fbh_named_barrier": [c_void_p, c_void_p, c_int],

@@ -139,14 +139,16 @@ def test_tma_multicast(hlib, cluster_size, sw):
         assert torch.equal(out[cta], expect), f"CTA {cta} of cluster {q} holds the wrong tile"
 
 
-def test_tma_multicast_4d(hlib):
+@pytest.mark.parametrize("delay", [0, 200000], ids=["together", "late-arm"])
+def test_tma_multicast_4d(hlib, delay):
     """The attention kernels' form: a 64-row tile of four 64-column boxes of a rank-4 tensor,
     each CTA of a pair issuing two of the boxes to both; a tile half past the rows arrives as
-    zeros in both CTAs."""
+    zeros in both CTAs. late-arm: one CTA announces its bytes only after its partner's boxes
+    have landed."""
     seqlen, heads, batch, nclusters = 160, 3, 2, 6
     src = torch.randn(batch, heads, seqlen, 256, device="cuda", dtype=torch.bfloat16)
     out = torch.full((2 * nclusters, 4 * 64 * 128), 0xA5, dtype=torch.uint8, device="cuda")
-    check(hlib, hlib.fbh_tma_multicast_4d(ptr(src), ptr(out), seqlen, heads, batch, nclusters),
+    check(hlib, hlib.fbh_tma_multicast_4d(ptr(src), ptr(out), seqlen, heads, batch, nclusters, delay),
           "fbh_tma_multicast_4d")
     padded = torch.cat([src, torch.zeros(batch, heads, 64, 256, device="cuda", dtype=src.dtype)], dim=2)
     for cta in range(2 * nclusters):

@@ -136,10 +136,12 @@ __global__ void tma_multicast_kernel(const __grid_constant__ CUtensorMap map, ui
 // {64 kAtoms, seqlen, heads, batch} bf16 tensor, 128B-swizzled): cluster q of two takes rows
 // row0.. of (head, batch) = (q % heads, q % batch), row0 = the (q % 3)-th of {0, 64, seqlen - 32}
 // (the last box half past the rows: zeros in both CTAs); rank r issues the boxes a with
-// a % 2 == r, multicast to both, each CTA expecting the whole tile on its own barrier.
+// a % 2 == r, multicast to both, each CTA expecting the whole tile on its own barrier. With
+// `delay`, rank 1 arms its barrier only after about that many clock cycles, so its partner's
+// boxes land before its arrive_expect_tx (the transaction count goes below zero first).
 constexpr int kMc4Atoms = 4;
 __global__ void tma_multicast_4d_kernel(const __grid_constant__ CUtensorMap map, uint8_t* out,
-                                        int seqlen, int heads, int batch) {
+                                        int seqlen, int heads, int batch, long long delay) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* tile = fh::align_smem(smem_raw);
   __shared__ uint64_t bar;
@@ -154,6 +156,11 @@ __global__ void tma_multicast_4d_kernel(const __grid_constant__ CUtensorMap map,
   }
   fh::cluster_sync();  // both barriers initialised before either CTA's copy can land
   if (threadIdx.x == 0) {
+    if (rank == 1 && delay > 0) {
+      const long long start = clock64();
+      while (clock64() - start < delay) {
+      }
+    }
     fh::mbar_arrive_expect_tx(&bar, kMc4Atoms * kAtomBytes);
     for (int a = static_cast<int>(rank); a < kMc4Atoms; a += 2) {
       const int c[4] = {64 * a, c_row, c_head, c_batch};
@@ -280,7 +287,7 @@ FBH_EXPORT int fbh_tma_multicast(const void* src, void* out, int rows, int clust
 // src: bf16 [batch][heads][seqlen][256] (so the map is {256, seqlen, heads, batch}); out:
 // [2 nclusters][4 x 64 x 128 bytes] raw tiles.
 FBH_EXPORT int fbh_tma_multicast_4d(const void* src, void* out, int seqlen, int heads, int batch,
-                                    int nclusters) {
+                                    int nclusters, long long delay) {
   if (seqlen < 128) return (int)cudaErrorInvalidValue;
   CUtensorMap map;
   const uint64_t dims[4] = {64 * kMc4Atoms, static_cast<uint64_t>(seqlen),
@@ -294,7 +301,7 @@ FBH_EXPORT int fbh_tma_multicast_4d(const void* src, void* out, int seqlen, int 
   FBH_TRY(fbh_test::allow_smem(reinterpret_cast<const void*>(tma_multicast_4d_kernel), smem));
   FBH_TRY(fh::launch_with_cluster(tma_multicast_4d_kernel, dim3(2 * nclusters), dim3(128), smem,
                                   0, dim3(2, 1, 1), map, static_cast<uint8_t*>(out), seqlen, heads,
-                                  batch));
+                                  batch, delay));
   return (int)cudaGetLastError();
 }
 
