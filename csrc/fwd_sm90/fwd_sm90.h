@@ -87,6 +87,13 @@ struct FwdSm90Config {
   // for it (the row statistics are final after the last softmax), instead of after the wait,
   // with the tensor cores idle: ~100 instructions per warp per tile off the tile's tail.
   bool finalize_in_pv = false;
+  // The per-thread copy-out of O (no TMA store) as one batch: each thread reads its 16-byte
+  // chunk t % 8 of rows t / 8 + 16 k of every atom-column (the swizzle then constant per thread,
+  // every offset an immediate), hands the staging buffer back (Q stage, or o_over_v's V stages)
+  // and only then issues its global stores, instead of a loop of 16-byte chunks with the row,
+  // column, swizzle and 64-bit address worked out per chunk and the buffer handed back after the
+  // last global store (~400 instructions per warp per tile at d = 256).
+  bool copy_out_early = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -141,6 +148,16 @@ constexpr FwdSm90Config kFwdSm90Hdim256MultiFin = {256, 80, 2, 2, 24, 240, false
                                                   true, false, false, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim128Fin = {128, 128, 2, 2, 24, 240, false, true, false, false,
                                              true, true, true, false, true};
+// Candidates, not yet measured (same section): copy_out_early on the configs that copy O out per
+// thread: the d = 192 / 256 Multi configs (persistent, o_over_v), the d = 128 non-causal one, d = 64.
+constexpr FwdSm90Config kFwdSm90Hdim256MultiCo = {256, 80, 2, 2, 24, 240, false, true, true, true,
+                                                 true, false, false, false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim192MultiCo = {192, 112, 2, 2, 24, 240, false, true, true, true,
+                                                 true, false, true, false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim128FullCo = {128, 128, 2, 2, 24, 240, false, true, false, false,
+                                                false, false, false, false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim64Co = {64, 128, 3, 2, 24, 160, true, true, false, false, false,
+                                           false, true, false, false, true};
 // split_mask_loop at d = 256 (its causal row and its Multi row) measured -0.7..+2.1% causal,
 // -3.4..+0.7% non-causal at 4k-16k, -0.8..+0.5% at 512-2048 (docs/perf-log.md, "The split loops,
 // the dQ conversion and the late PDL wait measured"): off there.

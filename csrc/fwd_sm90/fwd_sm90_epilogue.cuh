@@ -70,17 +70,34 @@ __device__ __forceinline__ void store_out_tma(const FwdSm90Params& p, const FwdS
   }
 }
 
+struct NoRelease {
+  __device__ __forceinline__ void operator()() const {}
+};
+
+// One 16-byte global store. Written out because at d = 64 the compiler split the copy-out's
+// uint4 stores into four 32-bit ones (the values were separate registers by then).
+__device__ __forceinline__ void store_global_16(void* dst, const uint4& v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w)
+               : "memory");
+}
+
 // `map_o` null: the per-thread copy-out (also for a warpgroup whose rows run past seqlen_q).
-template <int kHeadDim, hopper::Dtype kElem>
+// kEarly (FwdSm90Config::copy_out_early): `release` (which hands `stage` back) is called here,
+// between the copy-out's shared-memory reads and its global stores, or after the TMA store;
+// without it the caller releases after this returns.
+template <int kHeadDim, hopper::Dtype kElem, bool kEarly = false, class Release = NoRelease>
 __device__ __forceinline__ void store_out_and_lse(const FwdSm90Params& p, const FwdSm90Work& w,
                                                   const CUtensorMap* map_o, uint8_t* stage,
                                                   uint32_t atom_bytes, int m0, int t, uint32_t bar,
                                                   const float (&o)[kHeadDim / 2],
-                                                  const float (&inv)[2], const float (&lse)[2]) {
+                                                  const float (&inv)[2], const float (&lse)[2],
+                                                  Release release = {}) {
   const int row0 = hopper::acc_row(0, t);
   store_lse(p, w, m0 + row0, t, lse);
   if (map_o != nullptr && m0 + 64 <= w.seqlen_q) {
     store_out_tma<kHeadDim, kElem>(p, w, map_o, stage, atom_bytes, m0, t, bar, o, inv);
+    if constexpr (kEarly) release();
     return;
   }
 #pragma unroll
@@ -96,6 +113,33 @@ __device__ __forceinline__ void store_out_and_lse(const FwdSm90Params& p, const 
   hopper::named_bar_sync(bar, 128);  // this warpgroup's staged rows are complete
   uint16_t* out = static_cast<uint16_t*>(p.out) + w.out_offset +
                        w.head * p.out_strides.head;
+  if constexpr (kEarly) {
+    // Thread t: 16-byte chunk t % 8 of each atom-column's 128-byte row, rows t / 8 + 16 k. Rows
+    // 16 k apart share their swizzle (row & 7), so every read is one base plus an immediate.
+    constexpr int kAtoms = kHeadDim / 64;
+    const int cin = t % 8, r0 = t / 8;
+    const uint8_t* src = stage + r0 * 128 + ((cin ^ (r0 & 7)) << 4);
+    uint4 v[4][kAtoms];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+#pragma unroll
+      for (int a = 0; a < kAtoms; ++a) {
+        v[k][a] = *reinterpret_cast<const uint4*>(src + a * atom_bytes + k * 16 * 128);
+      }
+    }
+    release();
+    uint16_t* dst = out + static_cast<int64_t>(m0 + r0) * p.out_strides.row + cin * 8;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (m0 + r0 + 16 * k < w.seqlen_q) {
+#pragma unroll
+        for (int a = 0; a < kAtoms; ++a) {
+          store_global_16(dst + static_cast<int64_t>(16 * k) * p.out_strides.row + 64 * a, v[k][a]);
+        }
+      }
+    }
+    return;
+  }
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   for (int idx = t; idx < 64 * kChunks; idx += 128) {
     const int row = idx / kChunks;

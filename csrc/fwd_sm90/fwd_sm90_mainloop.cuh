@@ -72,6 +72,7 @@ struct FwdSm90Traits {
   static constexpr bool kQBeforeV = kCfg.q_before_v;
   static_assert(!kQBeforeV || !kCfg.o_over_v, "q_before_v: o_over_v orders its loads so already");
   static constexpr bool kFinalizeInPv = kCfg.finalize_in_pv;
+  static constexpr bool kCopyOutEarly = kCfg.copy_out_early;
   // o_over_v: the O-free barrier (one arrival per consumer warp after its O rows left the V
   // stages; the producer waits for it before the next tile's V_0). It runs in step with the one
   // Q stage, so it shares the Q ring's state.
@@ -440,20 +441,38 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     // Staged over the V stages (in the Q stage's layout): after every warpgroup's last P V
     // (their wgmmas read all of V), then freed for the next tile's V_0.
     fh::named_bar_sync(T::kBarOStage, 128 * T::kConsumerWgs);
-    store_out_and_lse<T::kHeadDim, T::kElem>(p, w, out_map, smem + T::kOffV + 64 * wg * 128,
-                                             T::kQAtomBytes, m0, t, T::kBarEpilogue0 + wg, o, inv, lse);
-    fh::fence_proxy_async_shared();  // generic accesses before the next TMA write of V
-    __syncwarp();
-    if (warp_leader) reinterpret_cast<fh::TmaPipeline<1>*>(smem + T::kOffPipeO)->consumer_release(sq);
+    auto release_o = [&] {
+      fh::fence_proxy_async_shared();  // generic accesses before the next TMA write of V
+      __syncwarp();
+      if (warp_leader) reinterpret_cast<fh::TmaPipeline<1>*>(smem + T::kOffPipeO)->consumer_release(sq);
+    };
+    if constexpr (T::kCopyOutEarly) {
+      store_out_and_lse<T::kHeadDim, T::kElem, true>(p, w, out_map, smem + T::kOffV + 64 * wg * 128,
+                                                     T::kQAtomBytes, m0, t, T::kBarEpilogue0 + wg, o,
+                                                     inv, lse, release_o);
+    } else {
+      store_out_and_lse<T::kHeadDim, T::kElem>(p, w, out_map, smem + T::kOffV + 64 * wg * 128,
+                                               T::kQAtomBytes, m0, t, T::kBarEpilogue0 + wg, o, inv, lse);
+      release_o();
+    }
   } else {
     if constexpr (T::kQStages == 1) fh::named_bar_sync(T::kBarEpilogue0 + wg, 128);
-    store_out_and_lse<T::kHeadDim, T::kElem>(p, w, out_map, q_stage + 64 * wg * 128, T::kQAtomBytes,
-                                             m0, t, T::kBarEpilogue0 + wg, o, inv, lse);
     // This warp's reads of the staged O are done: the stage may take the next Q (a TMA write,
     // async proxy, after generic-proxy writes and reads of the same bytes: fence first).
-    fh::fence_proxy_async_shared();  // every lane, before the warp's release
-    __syncwarp();
-    if (warp_leader) pipe_q->consumer_release(sq);
+    auto release_q = [&] {
+      fh::fence_proxy_async_shared();  // every lane, before the warp's release
+      __syncwarp();
+      if (warp_leader) pipe_q->consumer_release(sq);
+    };
+    if constexpr (T::kCopyOutEarly) {
+      store_out_and_lse<T::kHeadDim, T::kElem, true>(p, w, out_map, q_stage + 64 * wg * 128,
+                                                     T::kQAtomBytes, m0, t, T::kBarEpilogue0 + wg, o,
+                                                     inv, lse, release_q);
+    } else {
+      store_out_and_lse<T::kHeadDim, T::kElem>(p, w, out_map, q_stage + 64 * wg * 128, T::kQAtomBytes,
+                                               m0, t, T::kBarEpilogue0 + wg, o, inv, lse);
+      release_q();
+    }
   }
   sq.advance();
 }
