@@ -158,6 +158,9 @@ constexpr FwdSm90Config kFwdSm90Hdim128FullCo = {128, 128, 2, 2, 24, 240, false,
                                                 false, false, false, false, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim64Co = {64, 128, 3, 2, 24, 160, true, true, false, false, false,
                                            false, true, false, false, true};
+// The d = 256 Multi config with both tail candidates (for kFwdSm90Hdim256GridLong).
+constexpr FwdSm90Config kFwdSm90Hdim256MultiCoFin = {256, 80, 2, 2, 24, 240, false, true, true, true,
+                                                    true, false, false, false, true, true};
 // split_mask_loop at d = 256 (its causal row and its Multi row) measured -0.7..+2.1% causal,
 // -3.4..+0.7% non-causal at 4k-16k, -0.8..+0.5% at 512-2048 (docs/perf-log.md, "The split loops,
 // the dQ conversion and the late PDL wait measured"): off there.
@@ -217,6 +220,10 @@ constexpr FwdSm90Grid kFwdSm90Hdim64Grid = {4096, kAllKeys, kAllKeys, 2048};
 constexpr FwdSm90Grid kFwdSm90Hdim128Grid = {4096, kAllKeys, kAllKeys, 2048};
 constexpr FwdSm90Grid kFwdSm90Hdim192Grid = {kAllKeys, kAllKeys, kAllKeys, 0};
 constexpr FwdSm90Grid kFwdSm90Hdim256Grid = {2048, 1024, 1024, 0};
+// Candidate (docs/perf-log.md, "The forward's per-tile cost"): d = 256 causal calls on the
+// counter and the Multi config up to 4096 keys, for the Multi config with the per-tile
+// candidates below (kFwdSm90Hdim256MultiCoFin), which take ~450 instructions off its tile's tail.
+constexpr FwdSm90Grid kFwdSm90Hdim256GridLong = {2048, 4096, 4096, 0};
 
 // Measured slower and removed (docs/perf-log.md): a persistent CTA's tiles as one software
 // pipeline (cross_tile, d = 128: -6..+1% main sweep, -8..-17% short), ping-pong at d = 128 / 192
