@@ -134,7 +134,7 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB; non-causal
 // -1.2..-1.8% against 128 keys (docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
-// Candidates, not yet measured (docs/perf-log.md, "The forward's per-tile cost: two
+// Candidates, not yet measured (docs/perf-log.md, "The forward's per-tile cost: three
 // candidates"): the d = 256 one-CTA-per-tile row (causal from 2048 keys, non-causal from 4096)
 // and the d = 128 row with q_before_v; the d = 256 rows (one CTA per tile and Multi) and the
 // d = 128 row with finalize_in_pv.
@@ -222,7 +222,7 @@ constexpr FwdSm90Grid kFwdSm90Hdim192Grid = {kAllKeys, kAllKeys, kAllKeys, 0};
 constexpr FwdSm90Grid kFwdSm90Hdim256Grid = {2048, 1024, 1024, 0};
 // Candidate (docs/perf-log.md, "The forward's per-tile cost"): d = 256 causal calls on the
 // counter and the Multi config up to 4096 keys, for the Multi config with the per-tile
-// candidates below (kFwdSm90Hdim256MultiCoFin), which take ~450 instructions off its tile's tail.
+// candidates (kFwdSm90Hdim256MultiCoFin, above), which take ~450 instructions off its tile's tail.
 constexpr FwdSm90Grid kFwdSm90Hdim256GridLong = {2048, 4096, 4096, 0};
 
 // Measured slower and removed (docs/perf-log.md): a persistent CTA's tiles as one software

@@ -119,7 +119,8 @@ struct FwdSm90Maps {
 // ------------------------------------------------------------------------------ producer ---
 // One thread, one tile: K_0 and V_0 first (they stream while the consumers finish the previous
 // tile), then Q (once its stage is free: the previous user's O has left), then K_j and V_j of
-// every further step. The ring states carry over from tile to tile.
+// every further step; o_over_v and q_before_v: K_0, Q, then V_0. The ring states carry over
+// from tile to tile.
 template <class T>
 __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const FwdSm90Maps& m,
                                                   const FwdSm90Work& w, uint8_t* smem,
