@@ -53,37 +53,10 @@ import random
 
 import pytest
 
+from mbarrier_model import Barrier
+
 ATOMS = 4  # d = 256: 64-column boxes per Q / dO tile; CTA r issues the boxes a % 2 == r
 WAIT = object()  # yielded by an actor that cannot move until another actor or a copy does
-
-
-class Barrier:
-    """An mbarrier: `count` arrivals and the expected bytes (tx) complete a phase."""
-
-    def __init__(self, name, count):
-        self.name, self.count, self.pending, self.tx, self.phase = name, count, count, 0, 0
-
-    def _maybe_complete(self):
-        if self.pending == 0 and self.tx == 0:
-            self.phase += 1
-            self.pending = self.count
-
-    def arrive(self, expect_tx=0):
-        assert self.pending > 0, f"{self.name}: arrival on phase {self.phase} with none pending"
-        self.pending -= 1
-        self.tx += expect_tx
-        self._maybe_complete()
-
-    def complete_tx(self, n):
-        self.tx -= n  # may go negative before the expecting arrival, as on the GPU
-        self._maybe_complete()
-
-    def passed(self, n):
-        """Wait for phase n (parity n & 1): passes once phase n completed. A barrier already at
-        phase n + 2 has the parity of phase n again: the waiter would take it for phase n in
-        progress (the waiter fell two phases behind). n = -1: the phase before the first."""
-        assert self.phase <= n + 1, f"{self.name}: a waiter of phase {n} sees phase {self.phase}"
-        return self.phase >= n + 1
 
 
 class NamedBarrier:
@@ -106,14 +79,14 @@ class Cta:
     def __init__(self, rank, ghost_cta, nwarps, q_stages, do_stages, releases):
         self.rank, self.ghost_cta = rank, ghost_cta
         c = f"cta{rank}"
-        self.full_q = [[Barrier(f"{c}.full_q[{s}][{a}]", 1) for a in range(ATOMS)]
+        self.full_q = [[Barrier(1, f"{c}.full_q[{s}][{a}]") for a in range(ATOMS)]
                        for s in range(q_stages)]
-        self.full_do = [Barrier(f"{c}.full_do[{s}]", 1) for s in range(do_stages)]
-        self.empty = {"q": [Barrier(f"{c}.empty_q[{s}]", releases) for s in range(q_stages)],
-                      "do": [Barrier(f"{c}.empty_do[{s}]", releases) for s in range(do_stages)]}
-        self.full_v = Barrier(f"{c}.v", 1)
-        self.pair_full = [Barrier(f"{c}.pair_full[{b}]", 1) for b in range(2)]
-        self.pair_free = [Barrier(f"{c}.pair_free[{b}]", nwarps) for b in range(2)]
+        self.full_do = [Barrier(1, f"{c}.full_do[{s}]") for s in range(do_stages)]
+        self.empty = {"q": [Barrier(releases, f"{c}.empty_q[{s}]") for s in range(q_stages)],
+                      "do": [Barrier(releases, f"{c}.empty_do[{s}]") for s in range(do_stages)]}
+        self.full_v = Barrier(1, f"{c}.v")
+        self.pair_full = [Barrier(1, f"{c}.pair_full[{b}]") for b in range(2)]
+        self.pair_free = [Barrier(nwarps, f"{c}.pair_free[{b}]") for b in range(2)]
         self.data = {"q": [[None] * ATOMS for _ in range(q_stages)],
                      "do": [[None] * ATOMS for _ in range(do_stages)]}
         self.v = None

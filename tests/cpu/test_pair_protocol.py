@@ -17,33 +17,7 @@ import random
 
 import pytest
 
-
-class Barrier:
-    """An mbarrier: `count` arrivals and the expected bytes (tx) complete a phase."""
-
-    def __init__(self, count):
-        self.count, self.pending, self.tx, self.phase = count, count, 0, 0
-
-    def _maybe_complete(self):
-        if self.pending == 0 and self.tx == 0:
-            self.phase += 1
-            self.pending = self.count
-
-    def arrive(self, expect_tx=0):
-        assert self.pending > 0, "arrival on a phase with no arrival pending"
-        self.pending -= 1
-        self.tx += expect_tx
-        self._maybe_complete()
-
-    def complete_tx(self, n):
-        self.tx -= n  # may go negative before the expecting arrival, as on the GPU
-        self._maybe_complete()
-
-    def passed(self, n):
-        """Wait for phase n (parity n & 1): passes once phase n completed; a barrier already past
-        phase n + 1 would answer for the wrong phase (the waiter fell two phases behind)."""
-        assert self.phase <= n + 2, f"waiter of phase {n} sees phase {self.phase}: two phases ahead"
-        return self.phase >= n + 1
+from mbarrier_model import Barrier
 
 
 class Cta:
