@@ -136,8 +136,8 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
 // Candidates, not yet measured (docs/perf-log.md, "The forward's per-tile cost: three
 // candidates"): the d = 256 one-CTA-per-tile row (causal from 2048 keys, non-causal from 4096)
-// and the d = 128 row with q_before_v; the d = 256 rows (one CTA per tile and Multi) and the
-// d = 128 row with finalize_in_pv.
+// and the d = 128 row with q_before_v; the d = 256 rows (one CTA per tile and Multi), the d = 128
+// and d = 64 rows and the d = 192 Multi config with finalize_in_pv.
 constexpr FwdSm90Config kFwdSm90Hdim256QV = {256, 80, 2, 2, 24, 240, false, true, true, false,
                                             true, true, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim128QV = {128, 128, 2, 2, 24, 240, false, true, false, false,
@@ -148,6 +148,10 @@ constexpr FwdSm90Config kFwdSm90Hdim256MultiFin = {256, 80, 2, 2, 24, 240, false
                                                   true, false, false, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim128Fin = {128, 128, 2, 2, 24, 240, false, true, false, false,
                                              true, true, true, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim192MultiFin = {192, 112, 2, 2, 24, 240, false, true, true, true,
+                                                  true, false, true, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim64Fin = {64, 128, 3, 2, 24, 160, true, true, false, false, false,
+                                            false, true, false, true};
 // Candidates, not yet measured (same section): copy_out_early on the configs that copy O out per
 // thread: the d = 192 / 256 Multi configs (persistent, o_over_v), the d = 128 non-causal one, d = 64.
 constexpr FwdSm90Config kFwdSm90Hdim256MultiCo = {256, 80, 2, 2, 24, 240, false, true, true, true,
