@@ -15,6 +15,7 @@
 
 #include <cuda_runtime.h>
 
+#include "common/fast_div.h"
 #include "flashback/flashback.h"
 
 namespace flashback {
@@ -94,6 +95,10 @@ struct FwdSm90Config {
   // column, swizzle and 64-bit address worked out per chunk and the buffer handed back after the
   // last global store (~400 instructions per warp per tile at d = 256).
   bool copy_out_early = false;
+  // The tile decode (fwd_sm90_work: the tile id to its Q block, head and batch) by precomputed
+  // multiply-shift divisors instead of three integer divisions (~20 instructions each), which a
+  // persistent CTA runs between its tiles with the tensor cores idle.
+  bool fast_tile_decode = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -162,9 +167,12 @@ constexpr FwdSm90Config kFwdSm90Hdim128FullCo = {128, 128, 2, 2, 24, 240, false,
                                                 false, false, false, false, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim64Co = {64, 128, 3, 2, 24, 160, true, true, false, false, false,
                                            false, true, false, false, true};
-// The d = 256 Multi config with both tail candidates (for kFwdSm90Hdim256GridLong).
+// The Multi configs with every tail candidate (copy_out_early, finalize_in_pv and
+// fast_tile_decode; the d = 256 one for kFwdSm90Hdim256GridLong).
 constexpr FwdSm90Config kFwdSm90Hdim256MultiCoFin = {256, 80, 2, 2, 24, 240, false, true, true, true,
-                                                    true, false, false, false, true, true};
+                                                    true, false, false, false, true, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim192MultiCoFin = {192, 112, 2, 2, 24, 240, false, true, true, true,
+                                                    true, false, true, false, true, true, true};
 // split_mask_loop at d = 256 (its causal row and its Multi row) measured -0.7..+2.1% causal,
 // -3.4..+0.7% non-causal at 4k-16k, -0.8..+0.5% at 512-2048 (docs/perf-log.md, "The split loops,
 // the dQ conversion and the late PDL wait measured"): off there.
@@ -261,6 +269,10 @@ struct FwdSm90Params {
   int total_q;
   int* tile_counter;  // dynamic_tiles: a zeroed int; CTA c's k-th fetch gets tile gridDim.x + n
                       // (n: the fetches before it); null: the static stride
+  // fast_tile_decode: the tile decode's divisors (grouped_tile_fast, sm90_common.h): l2_group x
+  // m_blocks, l2_group, the last group's pairs, nheads; and the number of groups.
+  FastDiv div_group_tiles, div_group, div_last_group, div_heads;
+  int groups;
 };
 
 // Does the fast path take these params? A config for the head dim in the table, bf16 or fp16,

@@ -39,7 +39,7 @@ __device__ __forceinline__ void fwd_sm90_consumer_tiles(const FwdSm90Params& p, 
   for (;;) {
     const int id = next_id();
     if (id >= p.num_tiles) break;
-    const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
+    const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN, T::kFastTileDecode>(p, id);
     if (w.active) fwd_sm90_consumer<T>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg, map_o);
   }
 }
@@ -83,7 +83,7 @@ __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
       if (id >= p.num_tiles) break;
       int next = 0;
       if constexpr (!T::kLateTileFetch) next = static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1);
-      const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
+      const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN, T::kFastTileDecode>(p, id);
       if (w.active) fwd_sm90_producer<T>(p, maps, w, smem, pipe_q, sq, pipe_k, pipe_v, st);
       if constexpr (T::kLateTileFetch) next = static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1);
       id = next;
@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       fh::PipelineState<T::kQStages> sq;
       fh::PipelineState<T::kStages> st;
       for (int id = blockIdx.x; id < p.num_tiles; id += gridDim.x) {
-        const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN>(p, id);
+        const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN, T::kFastTileDecode>(p, id);
         if (w.active) fwd_sm90_producer<T>(p, maps, w, smem, pipe_q, sq, pipe_k, pipe_v, st);
       }
     }
@@ -220,6 +220,11 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
   kp.cu_seqlens_k = p.cu_seqlens_k;
   kp.total_q = p.total_q;
   kp.num_tiles = kp.m_blocks * p.nheads * p.batch;
+  kp.groups = (pairs + kp.l2_group - 1) / kp.l2_group;
+  kp.div_group_tiles = FastDiv::of(static_cast<uint32_t>(kp.l2_group) * kp.m_blocks);
+  kp.div_group = FastDiv::of(kp.l2_group);
+  kp.div_last_group = FastDiv::of(pairs - (kp.groups - 1) * kp.l2_group);
+  kp.div_heads = FastDiv::of(p.nheads);
 
   kp.tile_counter = nullptr;
 

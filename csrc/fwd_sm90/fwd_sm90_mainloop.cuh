@@ -73,6 +73,7 @@ struct FwdSm90Traits {
   static_assert(!kQBeforeV || !kCfg.o_over_v, "q_before_v: o_over_v orders its loads so already");
   static constexpr bool kFinalizeInPv = kCfg.finalize_in_pv;
   static constexpr bool kCopyOutEarly = kCfg.copy_out_early;
+  static constexpr bool kFastTileDecode = kCfg.fast_tile_decode;
   // o_over_v: the O-free barrier (one arrival per consumer warp after its O rows left the V
   // stages; the producer waits for it before the next tile's V_0). It runs in step with the one
   // Q stage, so it shares the Q ring's state.

@@ -25,13 +25,22 @@ struct FwdSm90Work {
 // V (1 KB per key row and kv head) stay in L2; groups run one after the other. Inside a group
 // the Q block is slower than the pair, and with causal masking the last Q blocks, which see the
 // most keys, start first (longest-first), so the short ones fill the group's tail.
-template <int kBlockM, int kBlockN>
+// kFast (FwdSm90Config::fast_tile_decode): the same by the params' precomputed divisors.
+template <int kBlockM, int kBlockN, bool kFast = false>
 __device__ __forceinline__ FwdSm90Work fwd_sm90_work(const FwdSm90Params& p, int id) {
   FwdSm90Work w;
-  const GroupedTile tile = grouped_tile(id, p.l2_group, p.m_blocks, p.nheads * p.batch);
-  w.m_block = p.causal ? p.m_blocks - 1 - tile.block : tile.block;
-  w.head = tile.pair % p.nheads;
-  w.batch = tile.pair / p.nheads;
+  if constexpr (kFast) {
+    const GroupedTile tile =
+        grouped_tile_fast(id, p.div_group_tiles, p.div_group, p.div_last_group, p.groups);
+    w.m_block = p.causal ? p.m_blocks - 1 - tile.block : tile.block;
+    w.batch = p.div_heads.div(tile.pair);
+    w.head = tile.pair - w.batch * p.nheads;
+  } else {
+    const GroupedTile tile = grouped_tile(id, p.l2_group, p.m_blocks, p.nheads * p.batch);
+    w.m_block = p.causal ? p.m_blocks - 1 - tile.block : tile.block;
+    w.head = tile.pair % p.nheads;
+    w.batch = tile.pair / p.nheads;
+  }
   const SeqRows seq = seq_rows(p, w.batch);
   w.seqlen_q = seq.seqlen_q;
   w.seqlen_k = seq.seqlen_k;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "common/fast_div.h"
 #include "flashback/flashback.h"
 #include "hopper/hopper.h"
 
@@ -197,6 +198,21 @@ __device__ __forceinline__ GroupedTile grouped_tile(int id, int group, int block
   const int rest = id - g * group * blocks;
   const int group_pairs = min(group, pairs - g * group);
   return {rest / group_pairs, g * group + rest % group_pairs};
+}
+
+// grouped_tile with the divisions by precomputed divisors: `per_group` = group x blocks, `group`,
+// `last` = the last group's pairs (pairs - (groups - 1) x group), `groups` the number of groups.
+__device__ __forceinline__ GroupedTile grouped_tile_fast(int id, const FastDiv& per_group,
+                                                         const FastDiv& group, const FastDiv& last,
+                                                         int groups) {
+  const int g = per_group.div(id);
+  const int rest = id - g * static_cast<int>(per_group.d);
+  // The divisor's fields picked by value: a reference picked between two kernel parameters
+  // would put them in local memory.
+  const bool in_last = g + 1 == groups;
+  const FastDiv f = {in_last ? last.d : group.d, in_last ? last.m : group.m, in_last ? last.l : group.l};
+  const int block = f.div(rest);
+  return {block, g * static_cast<int>(group.d) + rest - block * static_cast<int>(f.d)};
 }
 
 // Causal masking is aligned bottom-right: query row i sees key j iff j <= i + seqlen_k - seqlen_q.
