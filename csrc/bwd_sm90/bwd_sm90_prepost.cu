@@ -130,6 +130,78 @@ __global__ void __launch_bounds__(kPreThreads)
   }
 }
 
+// The preprocess with rows_by_lanes (BwdPreprocessConfig, bwd_sm90_prepost.h): kLanes = d / 8
+// lanes per row, each loading 16 bytes of O and of dO, so a warp takes 32 / kLanes rows and the
+// row's sum needs log2(kLanes) shuffles. Every lane stays to the shuffles (a row past rows_end
+// only skips its stores: the group's lanes share a warp with other rows).
+template <int kHeadDim>
+constexpr int pre_lanes() {
+  return kHeadDim / 8;
+}
+template <int kHeadDim>
+constexpr bool pre_by_lanes() {
+  return kBwdPreprocess.rows_by_lanes && 32 % pre_lanes<kHeadDim>() == 0;
+}
+template <int kHeadDim>
+constexpr int pre_rows_per_cta() {
+  return pre_by_lanes<kHeadDim>() ? kPreThreads / pre_lanes<kHeadDim>() : kRowsPerCta;
+}
+
+template <int kHeadDim, Dtype E>
+__global__ void __launch_bounds__(kPreThreads)
+    bwd_sm90_preprocess_lanes_kernel(const flashback_bwd_params p, int rows_padded, DqTiles tiles,
+                                     float* lse_log2, float* dsum, float* dq_accum, int* dq_turn) {
+  constexpr int kLanes = pre_lanes<kHeadDim>();
+  static_assert(32 % kLanes == 0, "a warp holds whole rows");
+  if (threadIdx.x == 0) fh::launch_dependents();
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int sub = static_cast<int>(threadIdx.x) % kLanes;  // this lane's 16 bytes of the row
+  const int row = blockIdx.x * pre_rows_per_cta<kHeadDim>() + static_cast<int>(threadIdx.x) / kLanes;
+  const SeqRows seq = seq_rows(p, batch);
+  const int step_rows = tiles.step_tiles * kDqTileRows;
+  const int rows_end = min(rows_padded, (seq.seqlen_q + step_rows - 1) / step_rows * step_rows);
+  uint4 o_v = make_uint4(0, 0, 0, 0), do_v = make_uint4(0, 0, 0, 0);
+  float lse = INFINITY;  // rows past seqlen_q: P = 0 in the main kernel
+  if (row < seq.seqlen_q) {
+    const uint16_t* o = static_cast<const uint16_t*>(p.out) + seq.q_offset(p.out_strides) +
+                        head * p.out_strides.head + int64_t{row} * p.out_strides.row;
+    const uint16_t* dout = static_cast<const uint16_t*>(p.dout) + seq.q_offset(p.dout_strides) +
+                           head * p.dout_strides.head + int64_t{row} * p.dout_strides.row;
+    o_v = *reinterpret_cast<const uint4*>(o + 8 * sub);
+    do_v = *reinterpret_cast<const uint4*>(dout + 8 * sub);
+    if (sub == 0) lse = p.lse[lse_index(p, seq, head, row)] * kLog2e;
+  }
+  const uint32_t ow[4] = {o_v.x, o_v.y, o_v.z, o_v.w};
+  const uint32_t dw[4] = {do_v.x, do_v.y, do_v.z, do_v.w};
+  float acc = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 a = to_float2<E>(ow[i]);
+    const float2 b = to_float2<E>(dw[i]);
+    acc += a.x * b.x + a.y * b.y;
+  }
+#pragma unroll
+  for (int offset = kLanes / 2; offset > 0; offset /= 2) {
+    acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+  }
+  if (row >= rows_end) return;  // after the shuffles: the warp's other rows needed this lane
+  const int64_t tile = dq_tile(tiles, seq, head, row / kDqTileRows);
+  if (sub == 0) {
+    const int64_t idx = tile * kDqTileRows + row % kDqTileRows;
+    dsum[idx] = acc;
+    lse_log2[idx] = lse;
+  }
+  // Row r of a tile zeroes the tile's r-th 1/64 (d floats): 8 per lane, two 16-byte stores.
+  float4* z = reinterpret_cast<float4*>(dq_accum + tile * dq_tile_floats(kHeadDim) +
+                                        int64_t{row % kDqTileRows} * kHeadDim) + 2 * sub;
+  z[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+  z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (dq_turn != nullptr && row % kDqTileRows == 0 && sub < kDqTurnsPerTile) {
+    dq_turn[tile * kDqTurnsPerTile + sub] = 0;
+  }
+}
+
 // dQaccum tile layout (bwd_sm90_epilogue.cuh): float4 number i = (u * 8 + g) * 128 + t holds
 // what thread t of a consumer warpgroup added from its dQ^T accumulator registers 4g..4g+3 of
 // head-dim atom-column u: with the m64n64 accumulator layout (docs/hopper-facts.md section 3,
@@ -214,10 +286,28 @@ Fn pick_kernel(const flashback_bwd_params& p) {
       return nullptr;
   }
 }
-template <int D, Dtype E>
-struct PickPre {
+template <int D, Dtype E, bool kByLanes = pre_by_lanes<D>()>
+struct PickPreImpl {
   static constexpr auto kernel = bwd_sm90_preprocess_kernel<D, E>;
 };
+template <int D, Dtype E>
+struct PickPreImpl<D, E, true> {
+  static constexpr auto kernel = bwd_sm90_preprocess_lanes_kernel<D, E>;
+};
+template <int D, Dtype E>
+struct PickPre : PickPreImpl<D, E> {};
+// Rows per preprocess CTA of the call's head dim (its grid).
+int pre_rows_for(int headdim) {
+  switch (headdim) {
+#define FLASHBACK_PRE_ROWS_CASE(D) \
+  case D:                          \
+    return pre_rows_per_cta<D>();
+    FLASHBACK_SM90_FOR_EACH_HEADDIM(FLASHBACK_PRE_ROWS_CASE)
+#undef FLASHBACK_PRE_ROWS_CASE
+    default:
+      return kRowsPerCta;
+  }
+}
 template <int D, Dtype E>
 struct PickPost {
   static constexpr auto kernel = bwd_sm90_postprocess_kernel<D, E>;
@@ -233,7 +323,8 @@ cudaError_t launch_bwd_sm90_preprocess(const flashback_bwd_params& p, int m_bloc
   const PreKernel kernel = pick_kernel<PickPre, PreKernel>(p);
   if (kernel == nullptr) return cudaErrorNotSupported;
   const int rows_padded = m_blocks * kDqTileRows;
-  const dim3 grid((rows_padded + kRowsPerCta - 1) / kRowsPerCta, p.nheads, p.batch);
+  const int rows_per_cta = pre_rows_for(p.headdim);
+  const dim3 grid((rows_padded + rows_per_cta - 1) / rows_per_cta, p.nheads, p.batch);
   return launch(kernel, grid, kPreThreads, stream, p, rows_padded,
                 dq_tiles_of(p, m_blocks, step_tiles), lse_log2, dsum, dq_accum, dq_turn);
 }
