@@ -1,7 +1,7 @@
 // Pre- and postprocess kernels of the Hopper backward, templated on head dim and dtype (those
 // the build compiles, sm90_family.h).
 //
-// (0) preprocess, one warp per Q row: D_i = rowsum(dO_i * O_i) and LSE_i * log2(e), written to
+// (0) preprocess, one warp per Q row (or d / 8 lanes per row, BwdPreprocessConfig): D_i = rowsum(dO_i * O_i) and LSE_i * log2(e), written to
 //     workspace rows padded to whole main-kernel steps (padding: D = 0, LSE = +inf, so padded
 //     rows give P = exp2(S * scale_log2 - inf) = 0 and the main kernel needs no row bounds for
 //     them), and the zeroing of the dQaccum tiles (and turn counters) the main kernel adds into.
@@ -153,11 +153,13 @@ __global__ void __launch_bounds__(kPreThreads)
                                      float* lse_log2, float* dsum, float* dq_accum, int* dq_turn) {
   constexpr int kLanes = pre_lanes<kHeadDim>();
   static_assert(32 % kLanes == 0, "a warp holds whole rows");
+  static_assert(kLanes >= kDqTurnsPerTile, "a row's lanes zero its tile's turn counters");
+  constexpr int kRows = kPreThreads / kLanes;  // rows per CTA: pre_rows_per_cta, the grid's
   if (threadIdx.x == 0) fh::launch_dependents();
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
   const int sub = static_cast<int>(threadIdx.x) % kLanes;  // this lane's 16 bytes of the row
-  const int row = blockIdx.x * pre_rows_per_cta<kHeadDim>() + static_cast<int>(threadIdx.x) / kLanes;
+  const int row = blockIdx.x * kRows + static_cast<int>(threadIdx.x) / kLanes;
   const SeqRows seq = seq_rows(p, batch);
   const int step_rows = tiles.step_tiles * kDqTileRows;
   const int rows_end = min(rows_padded, (seq.seqlen_q + step_rows - 1) / step_rows * step_rows);
