@@ -208,6 +208,12 @@ static constexpr const BwdSm90Config& kBwdSm90Hdim64Single = kBwdSm90Hdim64;
 static constexpr const BwdSm90Config& kBwdSm90Hdim128Single = kBwdSm90Hdim128;
 static constexpr const BwdSm90Config& kBwdSm90Hdim192Single = kBwdSm90Hdim192;
 constexpr BwdSm90Config kBwdSm90Hdim256Single = {256, 64, 80, 2, 1, 24, 240, false, 2};
+// Candidates (docs/perf-log.md, "The single-CTA d = 256 backward's statistics rows"): its step's
+// LSE / D rows from the Q / dO stages (stats_smem) or brought by the consumers one step ahead
+// (stats_by_consumers), instead of four global loads per thread at the step's top.
+constexpr BwdSm90Config kBwdSm90Hdim256SingleSt = {256, 64, 80, 2, 1, 24, 240, false, 2, false, false, true};
+constexpr BwdSm90Config kBwdSm90Hdim256SingleSc = {256, 64, 80, 2, 1, 24, 240, false, 2, false, false,
+                                                  false, false, true};
 // Query rows a CTA walks (seqlen_q x the GQA group) from which a pair config runs. Measured
 // at d = 256: the single CTA faster by 1.7-12% at 512-2048 rows, the pair faster from 4096
 // (docs/perf-log.md); between, the midpoint.

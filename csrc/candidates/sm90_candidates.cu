@@ -13,6 +13,8 @@ namespace sm90 {
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg2)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256Mc)
+FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256SingleSt)
+FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256SingleSc)
 #undef FLASHBACK_BWD_CANDIDATE
 // The deterministic mode runs the d = 256 default config too: its instance of the candidate.
 template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim256Mc, Dtype::kBf16>, true>(
