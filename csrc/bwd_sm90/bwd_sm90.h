@@ -109,6 +109,9 @@ struct BwdSm90Config {
   // adds after every wgmma of the step (FA3's d = 64 step orders dQ before dK in its SASS, its
   // dQ stores overlapping dK; ours issue 8 global reductions per thread with the tensor cores
   // idle, and ncu put 11% of the stall samples on the next step's wait for them).
+  // Split by head dim with two atom-columns per warpgroup (d = 256, one CTA): dQ^T_0 and dV^T,
+  // dQ^T_0's adds under dV^T, then dQ^T_1 ahead of dK^T with its adds under dK^T, instead of
+  // dQ^T_1 after dK^T with its adds after every wgmma of the step.
   bool dq_before_dk = false;
   // (2) P, the wait for dP and (4) dS in one basic block per mask case (the step's branch on
   // whether it tests the mask), instead of (2) in the branch and (4) after its join, which ptxas
@@ -214,6 +217,9 @@ constexpr BwdSm90Config kBwdSm90Hdim256Single = {256, 64, 80, 2, 1, 24, 240, fal
 constexpr BwdSm90Config kBwdSm90Hdim256SingleSt = {256, 64, 80, 2, 1, 24, 240, false, 2, false, false, true};
 constexpr BwdSm90Config kBwdSm90Hdim256SingleSc = {256, 64, 80, 2, 1, 24, 240, false, 2, false, false,
                                                   false, false, true};
+// Candidate (docs/perf-log.md, "The single-CTA d = 256 step: dQ^T_1 before dK^T"): dq_before_dk.
+constexpr BwdSm90Config kBwdSm90Hdim256SingleDq = {256, 64, 80, 2, 1, 24, 240, false, 2, false, false,
+                                                  false, false, false, false, false, false, true};
 // Query rows a CTA walks (seqlen_q x the GQA group) from which a pair config runs. Measured
 // at d = 256: the single CTA faster by 1.7-12% at 512-2048 rows, the pair faster from 4096
 // (docs/perf-log.md); between, the midpoint.
