@@ -63,7 +63,10 @@ struct BwdSm90Config {
   // Split by head dim: each Q / dO stage also brings the step's LSE * log2(e) / D rows into
   // shared memory (as by keys), read after the stage's full wait, instead of four global loads
   // per thread at the step's top, whose latency the S wgmma does not hide. Measured +0.5..+4.7%
-  // at d = 128 / 192; -0.2..-2.0% at d = 256, whose one Q stage then waits for the rows too.
+  // at d = 128 / 192 (which now take stats_by_consumers, below); on the d = 256 pair
+  // -0.2..-2.0% (its one Q stage then waits for the rows too), on the d = 256 single CTA (two Q
+  // stages) +0.5..+2.5%: on there. compute-sanitizer racecheck reports the producer's bulk copies
+  // of the rows against the consumers' reads, which only the stages' mbarriers order.
   bool stats_smem = false;
   // pair_dq: the upper block of a pair walks the lower's Q blocks, so it has steps in which it
   // holds no key the queries see: causal, its first 1-2 Q blocks of every q head's walk; with
@@ -109,9 +112,6 @@ struct BwdSm90Config {
   // adds after every wgmma of the step (FA3's d = 64 step orders dQ before dK in its SASS, its
   // dQ stores overlapping dK; ours issue 8 global reductions per thread with the tensor cores
   // idle, and ncu put 11% of the stall samples on the next step's wait for them).
-  // Split by head dim with two atom-columns per warpgroup (d = 256, one CTA): dQ^T_0 and dV^T,
-  // dQ^T_0's adds under dV^T, then dQ^T_1 ahead of dK^T with its adds under dK^T, instead of
-  // dQ^T_1 after dK^T with its adds after every wgmma of the step.
   bool dq_before_dk = false;
   // (2) P, the wait for dP and (4) dS in one basic block per mask case (the step's branch on
   // whether it tests the mask), instead of (2) in the branch and (4) after its join, which ptxas
@@ -210,16 +210,11 @@ static constexpr const BwdSm90Config& kBwdSm90Hdim256Det = kBwdSm90Hdim256;
 static constexpr const BwdSm90Config& kBwdSm90Hdim64Single = kBwdSm90Hdim64;
 static constexpr const BwdSm90Config& kBwdSm90Hdim128Single = kBwdSm90Hdim128;
 static constexpr const BwdSm90Config& kBwdSm90Hdim192Single = kBwdSm90Hdim192;
-constexpr BwdSm90Config kBwdSm90Hdim256Single = {256, 64, 80, 2, 1, 24, 240, false, 2};
-// Candidates (docs/perf-log.md, "The single-CTA d = 256 backward's statistics rows"): its step's
-// LSE / D rows from the Q / dO stages (stats_smem) or brought by the consumers one step ahead
-// (stats_by_consumers), instead of four global loads per thread at the step's top.
-constexpr BwdSm90Config kBwdSm90Hdim256SingleSt = {256, 64, 80, 2, 1, 24, 240, false, 2, false, false, true};
-constexpr BwdSm90Config kBwdSm90Hdim256SingleSc = {256, 64, 80, 2, 1, 24, 240, false, 2, false, false,
-                                                  false, false, true};
-// Candidate (docs/perf-log.md, "The single-CTA d = 256 step: dQ^T_1 before dK^T"): dq_before_dk.
-constexpr BwdSm90Config kBwdSm90Hdim256SingleDq = {256, 64, 80, 2, 1, 24, 240, false, 2, false, false,
-                                                  false, false, false, false, false, false, true};
+// d = 256 with stats_smem: the step's LSE / D rows ride the Q / dO stages. Measured on the H200
+// at 512-2048 against four global loads per thread at the step's top: +1.2..+2.5% default mode,
+// +0.5..+1.8% deterministic; stats_by_consumers there -0.6..-2.4% (docs/perf-log.md, "The
+// single-CTA d = 256 backward measured").
+constexpr BwdSm90Config kBwdSm90Hdim256Single = {256, 64, 80, 2, 1, 24, 240, false, 2, false, false, true};
 // Query rows a CTA walks (seqlen_q x the GQA group) from which a pair config runs. Measured
 // at d = 256: the single CTA faster by 1.7-12% at 512-2048 rows, the pair faster from 4096
 // (docs/perf-log.md); between, the midpoint.

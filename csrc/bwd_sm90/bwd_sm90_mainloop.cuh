@@ -119,8 +119,7 @@ struct BwdSm90Traits {
   static constexpr uint32_t kOffP = kOffDo + kDoStages * kQTileBytes;
   static constexpr bool kSingleHand = kCfg.single_hand;
   static constexpr bool kDqBeforeDk = kCfg.dq_before_dk;
-  static_assert(!kDqBeforeDk || kByKeys || (!kCfg.pair_dq && !kCfg.dq_smem && kOwn0 == 2 && kOwn1 == 2),
-                "dq_before_dk: by keys, or split by head dim with two atom-columns per warpgroup");
+  static_assert(!kDqBeforeDk || kByKeys, "dq_before_dk: for the split by keys");
   static constexpr bool kDsInBranch = kCfg.ds_in_branch;
   static_assert(!kDsInBranch || kByKeys, "ds_in_branch: by keys only (bwd_sm90.h)");
   static constexpr uint32_t kHandBufs = kSingleHand ? 1 : 2;
@@ -944,27 +943,6 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         fh::wgmma_wait<0>();
         if (warp_leader) release_stage<T>(pipe_q, sq);
       }
-    } else if (T::kDqBeforeDk && kOwn == 2) {
-      // dq_before_dk split by head dim (bwd_sm90.h): dQ^T_0 and dV^T, dQ^T_0's adds while dV^T
-      // runs, then dQ^T_1 ahead of dK^T, so that its adds run under dK^T instead of after it.
-      float dq[T::kBlockM / 2];
-      issue_dq_dv<T, kOwn>(dq, smem + T::kOffK + first * T::kKvAtomBytes, ds_t, acc_dv, do_s, first, p_t);
-      fh::wgmma_wait<1>();
-      fh::wgmma_fence_operand(dq);
-      add_dq_in_turn<T, kDet>(p, tile, first, t, dq);
-      fh::wgmma_fence();
-      gemm_dq<T>(dq, smem + T::kOffK + (first + 1) * T::kKvAtomBytes, ds_t);
-      fh::wgmma_commit();
-#pragma unroll
-      for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
-      fh::wgmma_commit();
-      fh::wgmma_wait<1>();
-      fh::wgmma_fence_operand(dq);
-      if (warp_leader) pipe_do->consumer_release(sd);
-      add_dq_in_turn<T, kDet>(p, tile, first + 1, t, dq, 1);
-      fh::keep_waits_below(seqlen_k);  // the adds above dK^T's wait (wgmma.h)
-      fh::wgmma_wait<0>();
-      if (warp_leader) pipe_q->consumer_release(sq);
     } else if (has_cols) {
       float dq[T::kBlockM / 2];
       issue_dq_dv<T, kOwn>(dq, smem + T::kOffK + first * T::kKvAtomBytes, ds_t, acc_dv, do_s, first, p_t);
