@@ -1,6 +1,6 @@
 """An mbarrier as the CPU models of the Hopper kernels' protocols use it (tests/cpu/
-test_pair_protocol.py, test_pair_multicast.py): arrivals and transaction bytes complete a phase;
-a waiter names the phase it waits for, as a parity wait does on the GPU."""
+test_pair_protocol.py): arrivals and transaction bytes complete a phase; a waiter names the
+phase it waits for, as a parity wait does on the GPU."""
 
 
 class Barrier:

@@ -71,8 +71,7 @@ struct BwdSm90Config {
   // pair_dq: the upper block of a pair walks the lower's Q blocks, so it has steps in which it
   // holds no key the queries see: causal, its first 1-2 Q blocks of every q head's walk; with
   // an odd block count, every step of the last cluster's upper CTA (past the keys). With
-  // pair_ghost such a step is a ghost step: no Q / dO loads (with pair_multicast: loaded for the
-  // partner, passed on unread), no S, dP, dV, dK; the upper CTA
+  // pair_ghost such a step is a ghost step: no Q / dO loads, no S, dP, dV, dK; the upper CTA
   // only computes its dQ^T half over the lower block's keys from the dS^T it receives, sends
   // nothing, and the lower skips its peer dQ^T (a CTA past the keys loads only the lower's K
   // half). Without it those steps run in full on masked keys (at seqlen 512 causal ~1 in 4 of
@@ -121,13 +120,6 @@ struct BwdSm90Config {
   // (5) dV after (4), since dV reads every P^T fragment. By keys only: split by head dim the same
   // block (half the exponentials above the dP wait) measured -1.2..+3.9% at d = 128-256, noise.
   bool ds_in_branch = false;
-  // pair_dq: both CTAs of a pair walk the same Q blocks, so each Q_i and dO_i tile goes to both;
-  // with pair_multicast each CTA's producer reads half of the tile's 64-column boxes from L2 and
-  // multicasts them into both CTAs' stages (half the L2-to-SM bytes of Q and dO), each CTA's
-  // full barriers expecting the whole tile, each stage's empty barrier counting both CTAs'
-  // consumer warps. Both CTAs then take part in every step's loads: the upper's ghost steps
-  // and a ghost CTA wait for the stages and hand them back without reading them.
-  bool pair_multicast = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -186,10 +178,6 @@ constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 96, 2, 1, 24, 160, true, 3, 
 // +5.2% causal 4k / 8k / 16k, -0.5 / +0.5 / +1.9% non-causal; one Q stage alone costs 4-7%;
 // pair_ghost on top +0..+2.6%; q_atom_barriers (with adds_before_wait) +2.7..+5.3% (docs/perf-log.md).
 constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true};
-// Candidate (docs/perf-log.md, "Q and dO multicast in the d = 256 pair"): the pair with
-// pair_multicast.
-constexpr BwdSm90Config kBwdSm90Hdim256Mc = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false,
-                                            true, false, true, true, false, false, false, true};
 // The deterministic mode's config per head dim (the two configs of a head dim share block_m
 // and block_n: the workspace and can_implement read the default's). Every head dim runs its
 // default config in this mode too. d = 256, the pair: against the single-CTA config in this

@@ -75,9 +75,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     fh::tma_prefetch_map(&map_do);
     fh::mbar_init(kv_bar, 1);      // K
     fh::mbar_init(kv_bar + 1, 1);  // V
-    // empty[s]: one arrival per consumer warp (pair_multicast: of both CTAs)
-    pipe_q->init(T::kStageReleases);
-    pipe_do->init(T::kStageReleases);
+    pipe_q->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp
+    pipe_do->init(T::kConsumerWarps);
     if constexpr (T::kQAtomBars) {
       uint64_t* qb = reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar);
       for (int i = 0; i < T::kQStages * T::kAtomCols; ++i) fh::mbar_init(qb + i, 1);  // 1 + tx bytes
@@ -127,7 +126,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     fh::setmaxnreg_inc<T::kConsumerRegs>();
     if constexpr (T::kPairGhost) {
       if (w.n_block >= w.n_blocks) {
-        bwd_sm90_consumer_ghost<T, kDet>(p, w, smem, kv_bar, pipe_q, pipe_do, wg - 1);
+        bwd_sm90_consumer_ghost<T, kDet>(p, w, smem, kv_bar, wg - 1);
         return;
       }
     }

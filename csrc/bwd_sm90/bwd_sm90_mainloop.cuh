@@ -173,13 +173,6 @@ struct BwdSm90Traits {
   static_assert(!kQAtomBars || (!kStatsSmem && !kByKeys && !kStatsByConsumers),
                 "q_atom_barriers: split by head dim, no stats rows on the Q stage's barrier");
   static constexpr uint32_t kOffQAtomBar = kOffPairBar + (kPair ? 32 : 0);
-  // pair_multicast: CTA r of the pair issues the 64-column boxes a = r, r + 2, .. of each Q / dO
-  // tile into both CTAs (interleaved, so that the boxes S needs first are issued first by
-  // both), and a stage is refilled once the consumer warps of both CTAs have handed it back.
-  static constexpr bool kMulticast = kCfg.pair_multicast;
-  static_assert(!kMulticast || (kPair && kStatBytes == 0 && kAtomCols % 2 == 0),
-                "pair_multicast: the pair, no stats rows in the stages (they are not split)");
-  static constexpr int kStageReleases = kConsumerWarps * (kMulticast ? 2 : 1);
   static constexpr size_t kSmemBytes = 1024 /* alignment slack */ + kOffQAtomBar +
                                        (kQAtomBars ? kQStages * kAtomCols * 8 : 0);
   static_assert(kSmemBytes <= 232448, "over the 227 KB a CTA may have");
@@ -317,19 +310,17 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
       }
     };
     if (T::kPairGhost && w.n_block >= w.n_blocks) {
-      // A ghost (pair_ghost): the partner's K half is all it reads; with pair_multicast it
-      // still issues its half of every Q / dO tile (below), for the partner.
+      // A ghost (pair_ghost): the partner's K half is all it reads.
       fh::mbar_arrive_expect_tx(kv_bar, T::kPairAtoms * T::kKvAtomBytes);
       load_peer_k();
-      if constexpr (!T::kMulticast) return;
-    } else {
-      // pair_ghost: a partner past the keys sends nothing, so its K rows are not read here.
-      const bool peer_k = !(T::kPairGhost && rank == 0 && w.n_block + 1 >= w.n_blocks);
-      fh::mbar_arrive_expect_tx(kv_bar, T::kKvTileBytes + (peer_k ? T::kPairAtoms * T::kKvAtomBytes : 0));
-      tma_tile<T::kAtomCols>(smem + T::kOffK, T::kKvAtomBytes, m.k, kv_bar, p.head_inner & 2,
-                             static_cast<int>(w.seq.row_k) + n0, w.kv_head, w.map_batch);
-      if (peer_k) load_peer_k();
+      return;
     }
+    // pair_ghost: a partner past the keys sends nothing, so its K rows are not read here.
+    const bool peer_k = !(T::kPairGhost && rank == 0 && w.n_block + 1 >= w.n_blocks);
+    fh::mbar_arrive_expect_tx(kv_bar, T::kKvTileBytes + (peer_k ? T::kPairAtoms * T::kKvAtomBytes : 0));
+    tma_tile<T::kAtomCols>(smem + T::kOffK, T::kKvAtomBytes, m.k, kv_bar, p.head_inner & 2,
+                           static_cast<int>(w.seq.row_k) + n0, w.kv_head, w.map_batch);
+    if (peer_k) load_peer_k();
   } else {
     load_kv(T::kOffK, m.k, kv_bar, p.head_inner & 2);
   }
@@ -337,28 +328,11 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
   fh::grid_dependency_wait();
   fh::PipelineState<T::kQStages> sq;
   fh::PipelineState<T::kDoStages> sd;
-  // pair_ghost: V comes with the first step that is not a ghost's (pair_multicast: with step 0,
-  // ghost or not, as both CTAs load every step; a ghost CTA never loads it).
-  bool v_pending = true;
-  // pair_multicast: the boxes of a tile this CTA issues (a % 2 == its rank), into both CTAs.
-  [[maybe_unused]] const int box_rank = static_cast<int>(blockIdx.x & 1);
-  [[maybe_unused]] const bool ghost_cta = T::kPairGhost && w.n_block >= w.n_blocks;
-  auto issue_boxes = [&](uint8_t* dst, const CUtensorMap* map, uint64_t* bar, bool inner, int row,
-                         int head) {
-#pragma unroll
-    for (int a = 0; a < T::kAtomCols; ++a) {
-      if constexpr (T::kMulticast) {
-        if (a % 2 != box_rank) continue;
-        tma_rows_multicast(dst + a * T::kQAtomBytes, map, bar, 0b11, inner, 64 * a, row, head, w.map_batch);
-      } else {
-        tma_rows(dst + a * T::kQAtomBytes, map, bar, inner, 64 * a, row, head, w.map_batch);
-      }
-    }
-  };
+  bool v_pending = true;  // pair_ghost: V comes with the first step that is not a ghost's
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block;
     bwd_sm90_iter<kDet>(p, w, it, head, m_block);
-    if constexpr (T::kPairGhost && !T::kMulticast) {
+    if constexpr (T::kPairGhost) {
       if ((blockIdx.x & 1) && bwd_sm90_upper_masked<T>(p, w, m_block)) continue;  // no Q, dO
     }
     const int m0 = m_block * T::kBlockM;
@@ -375,8 +349,8 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
         fh::bulk_load(smem + stat_off + st.stage * T::kStatBytes, stat + tile * kDqTileRows,
                       T::kStatBytes, pipe->full_barrier(st));
       }
-      issue_boxes(smem + off + st.stage * T::kQTileBytes, map, pipe->full_barrier(st), inner,
-                  static_cast<int>(w.seq.row_q) + m0, head);
+      tma_tile<T::kAtomCols>(smem + off + st.stage * T::kQTileBytes, T::kQAtomBytes, map, pipe->full_barrier(st),
+               inner, static_cast<int>(w.seq.row_q) + m0, head, w.map_batch);
       st.advance();
     };
     if constexpr (T::kQAtomBars) {
@@ -385,24 +359,15 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
       uint64_t* qb = reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar) + sq.stage * T::kAtomCols;
 #pragma unroll
       for (int a = 0; a < T::kAtomCols; ++a) {
-        // pair_multicast: every box's bytes, the partner's included (they may land before this
-        // arrive: the phase cannot complete until it).
         fh::mbar_arrive_expect_tx(qb + a, T::kQAtomBytes);
-        const bool mine = !T::kMulticast || a % 2 == box_rank;
-        if (!mine) continue;
-        uint8_t* dst = smem + T::kOffQ + sq.stage * T::kQTileBytes + a * T::kQAtomBytes;
-        const int row = static_cast<int>(w.seq.row_q) + m0;
-        if constexpr (T::kMulticast) {
-          tma_rows_multicast(dst, m.q, qb + a, 0b11, p.head_inner & 1, 64 * a, row, head, w.map_batch);
-        } else {
-          tma_rows(dst, m.q, qb + a, p.head_inner & 1, 64 * a, row, head, w.map_batch);
-        }
+        tma_rows(smem + T::kOffQ + sq.stage * T::kQTileBytes + a * T::kQAtomBytes, m.q, qb + a,
+                 p.head_inner & 1, 64 * a, static_cast<int>(w.seq.row_q) + m0, head, w.map_batch);
       }
       sq.advance();
     } else {
       load_rows(pipe_q, sq, T::kOffQ, m.q, p.head_inner & 1, T::kOffLse, p.lse_log2);
     }
-    if (!ghost_cta && (T::kPairGhost ? v_pending : it == 0)) load_kv(T::kOffV, m.v, kv_bar + 1, p.head_inner & 4);
+    if (T::kPairGhost ? v_pending : it == 0) load_kv(T::kOffV, m.v, kv_bar + 1, p.head_inner & 4);
     v_pending = false;
     load_rows(pipe_do, sd, T::kOffDo, m.dout, p.head_inner & 8, T::kOffDsum, p.dsum);
   }
@@ -526,41 +491,6 @@ __device__ __forceinline__ void add_dq_in_turn(const BwdSm90Params& p, int64_t t
   if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + h, T::kTurnThreads);
   add_dq_partial<T::kHeadDim>(p, tile, atom, t, dq);
   if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + h, T::kTurnThreads);
-}
-
-// A consumer warp hands a Q / dO stage back (its leader, after the last wgmma reading it
-// completed): to this CTA's producer, and with pair_multicast to the partner's too, whose boxes
-// land in this stage as well.
-template <class T, class Pipe, class State>
-__device__ __forceinline__ void release_stage(Pipe* pipe, const State& st) {
-  pipe->consumer_release(st);
-  if constexpr (T::kMulticast) pipe->consumer_release_cluster(st, (blockIdx.x & 1) ^ 1);
-}
-
-// pair_multicast: a step whose Q_i / dO_i this CTA does not read (the upper's ghost step, every
-// step of a ghost CTA) still has them multicast into its stages. Wait until they have landed
-// (a release before then would let a producer arm the next phase while this one's bytes are in
-// flight), then hand both stages back to both producers.
-template <class T>
-__device__ __forceinline__ void pass_stages(uint8_t* smem, fh::TmaPipeline<T::kQStages>* pipe_q,
-                                            fh::TmaPipeline<T::kDoStages>* pipe_do,
-                                            const fh::PipelineState<T::kQStages>& sq,
-                                            const fh::PipelineState<T::kDoStages>& sd) {
-  if constexpr (T::kQAtomBars) {
-    uint64_t* qb = reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar) + sq.stage * T::kAtomCols;
-#pragma unroll
-    for (int a = 0; a < T::kAtomCols; ++a) fh::mbar_wait(qb + a, sq.phase);
-  } else {
-    pipe_q->consumer_wait(sq);
-  }
-  pipe_do->consumer_wait(sd);
-  // Every lane has seen the phase complete before the release lets the next one fill: a lane
-  // still polling then could meet phase k + 2, of the same parity, and never return.
-  __syncwarp();
-  if (threadIdx.x % 32 == 0) {
-    release_stage<T>(pipe_q, sq);
-    release_stage<T>(pipe_do, sd);
-  }
 }
 
 // pair_ghost: one ghost step of the pair's upper CTA (warpgroup wg): the lower's dS^T in, the
@@ -772,14 +702,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     if constexpr (T::kPairGhost) {
       if (ghost_step && pair_rank == 1) {
         // A ghost step; the hand-off barrier still marks it for the buffers' step parity.
-        if constexpr (T::kMulticast) {
-          // Its Q / dO came for the partner: passed on unread.
-          pass_stages<T>(smem, pipe_q, pipe_do, sq, sd);
-          sq.advance();
-          sd.advance();
-        }
         pair_ghost_step<T, kDet>(p, smem, it, tile, wg, true);
-        continue;  // without pair_multicast no Q / dO stage was loaded for it
+        continue;  // no Q / dO stage was loaded for it
       }
     }
     float lse0 = 0.f, lse1 = 0.f, dsum0 = 0.f, dsum1 = 0.f;
@@ -910,11 +834,11 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         fh::wgmma_commit();
         fh::wgmma_wait<1>();
         fh::wgmma_fence_operand(dq);
-        if (warp_leader) release_stage<T>(pipe_do, sd);
+        if (warp_leader) pipe_do->consumer_release(sd);
         add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
         if constexpr (T::kAddsBeforeWait) fh::keep_waits_below(seqlen_k);  // (wgmma.h)
         fh::wgmma_wait<0>();
-        if (warp_leader) release_stage<T>(pipe_q, sq);
+        if (warp_leader) pipe_q->consumer_release(sq);
       } else {
         if (T::kPairGhost && pair_rank == 0) {
           // The phase of this buffer's full barrier: the upper's sends into it so far.
@@ -933,7 +857,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         fh::wgmma_wait<1>();
         fh::wgmma_fence_operand(dq);
         if (warp_leader) {
-          release_stage<T>(pipe_do, sd);
+          pipe_do->consumer_release(sd);
           // This warp's reads of the partner's buffer are done: one of its 8 free arrivals
           // (pair_ghost: the upper waits for none).
           if (!(T::kPairGhost && pair_rank == 0)) fh::mbar_arrive_cluster(pair_bar + 2 + (it & 1), pair_rank ^ 1);
@@ -941,7 +865,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
         if constexpr (T::kAddsBeforeWait) fh::keep_waits_below(seqlen_k);  // (wgmma.h)
         fh::wgmma_wait<0>();
-        if (warp_leader) release_stage<T>(pipe_q, sq);
+        if (warp_leader) pipe_q->consumer_release(sq);
       }
     } else if (has_cols) {
       float dq[T::kBlockM / 2];
@@ -1027,22 +951,11 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
 // buffer back, add. No dV / dK (its rows are past the keys), no stores.
 template <class T, bool kDet>
 __device__ __forceinline__ void bwd_sm90_consumer_ghost(const BwdSm90Params& p, const BwdSm90Work& w,
-                                                        uint8_t* smem, uint64_t* kv_bar,
-                                                        fh::TmaPipeline<T::kQStages>* pipe_q,
-                                                        fh::TmaPipeline<T::kDoStages>* pipe_do,
-                                                        const int wg) {
+                                                        uint8_t* smem, uint64_t* kv_bar, const int wg) {
   if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);  // the partner's K half
-  [[maybe_unused]] fh::PipelineState<T::kQStages> sq;
-  [[maybe_unused]] fh::PipelineState<T::kDoStages> sd;
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block;
     bwd_sm90_iter<kDet>(p, w, it, head, m_block);
-    if constexpr (T::kMulticast) {
-      // pair_multicast: the partner's Q / dO land here too (half of them sent from here).
-      pass_stages<T>(smem, pipe_q, pipe_do, sq, sd);
-      sq.advance();
-      sd.advance();
-    }
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);
     pair_ghost_step<T, kDet>(p, smem, it, tile, wg, false);  // no hand-off buffers in use
   }

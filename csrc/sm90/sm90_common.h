@@ -120,20 +120,6 @@ __device__ __forceinline__ void tma_rows(void* dst, const CUtensorMap* map, uint
   }
 }
 
-// tma_rows multicast: the box lands at `dst`'s offset in every CTA of the cluster whose bit is set
-// in `cta_mask`, completing on the barrier at `bar`'s offset in each.
-__device__ __forceinline__ void tma_rows_multicast(void* dst, const CUtensorMap* map, uint64_t* bar,
-                                                   uint16_t cta_mask, bool head_inner, int d0,
-                                                   int row, int head, int batch) {
-  if (head_inner) {
-    const int c[4] = {d0, head, row, batch};
-    hopper::tma_load_multicast_4d(dst, map, bar, cta_mask, c);
-  } else {
-    const int c[4] = {d0, row, head, batch};
-    hopper::tma_load_multicast_4d(dst, map, bar, cta_mask, c);
-  }
-}
-
 // One box (64 d x the map's rows) from `src` to (d0, row) of (head, batch); box rows past the
 // tensor's end are not written. A bulk async-group of the calling thread tracks it
 // (hopper::bulk_commit_group, then bulk_wait_group_read before `src` is reused).
