@@ -207,6 +207,18 @@ constexpr BwdSm90Config kBwdSm90Hdim256Single = {256, 64, 80, 2, 1, 24, 240, fal
 // at d = 256: the single CTA faster by 1.7-12% at 512-2048 rows, the pair faster from 4096
 // (docs/perf-log.md); between, the midpoint.
 constexpr int kBwdSm90PairMinRows = 3072;
+
+// How a step number becomes (q head, Q block) (bwd_sm90_iter, bwd_sm90_scheduler.cuh).
+// no_division_without_gqa: without GQA the walk has one q head, so the quotient it / m_count is
+// 0; testing p.group == 1 (uniform) skips the run-time division (~30 dependent instructions at
+// every step's top, between one step's dK and the next step's S). A value, so that
+// scripts/build_candidates.sh can swap it: kBwdSm90Walk=kBwdSm90WalkNoDiv.
+struct BwdSm90WalkConfig {
+  bool no_division_without_gqa;
+};
+constexpr BwdSm90WalkConfig kBwdSm90Walk = {false};
+// Candidate, not yet measured (docs/perf-log.md, "The backward's walk without a division").
+constexpr BwdSm90WalkConfig kBwdSm90WalkNoDiv = {true};
 // Measured slower and removed: the d = 256 pair on 64-key blocks with two Q stages (and its
 // single-CTA companion), -8..-14% (docs/perf-log.md, "dV after dS at d = 64, measured").
 // At d = 256 (one CTA and the pair): the last CTA to add into a dQaccum tile converting it to

@@ -103,7 +103,7 @@ __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
 template <bool kDet = false>
 __device__ __forceinline__ void bwd_sm90_iter(const BwdSm90Params& p, const BwdSm90Work& w,
                                               int it, int& head, int& m_block, int& pos) {
-  const int g = it / w.m_count;
+  const int g = kBwdSm90Walk.no_division_without_gqa && p.group == 1 ? 0 : it / w.m_count;
   pos = it - g * w.m_count;
   int local = pos;
   if constexpr (kDet) {
