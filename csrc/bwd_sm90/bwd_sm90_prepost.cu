@@ -317,6 +317,18 @@ struct PickPost {
 using PreKernel = void (*)(const flashback_bwd_params, int, DqTiles, float*, float*, float*, int*);
 using PostKernel = void (*)(const flashback_bwd_params, DqTiles, const float*);
 
+#ifdef FLASHBACK_PREPOST_CANDIDATES
+// csrc/candidates/sm90_prepost_candidates.cu compiles this file again with this macro, for the
+// `flashback_candidates` target (never linked): the preprocess by lanes, which the table's
+// BwdPreprocessConfig does not instantiate, compiled at the head dims it serves.
+template __global__ void bwd_sm90_preprocess_lanes_kernel<64, Dtype::kBf16>(
+    const flashback_bwd_params, int, DqTiles, float*, float*, float*, int*);
+template __global__ void bwd_sm90_preprocess_lanes_kernel<128, Dtype::kBf16>(
+    const flashback_bwd_params, int, DqTiles, float*, float*, float*, int*);
+template __global__ void bwd_sm90_preprocess_lanes_kernel<256, Dtype::kBf16>(
+    const flashback_bwd_params, int, DqTiles, float*, float*, float*, int*);
+#endif
+
 }  // namespace
 
 cudaError_t launch_bwd_sm90_preprocess(const flashback_bwd_params& p, int m_blocks, int step_tiles,
