@@ -120,6 +120,13 @@ struct BwdSm90Config {
   // (5) dV after (4), since dV reads every P^T fragment. By keys only: split by head dim the same
   // block (half the exponentials above the dP wait) measured -1.2..+3.9% at d = 128-256, noise.
   bool ds_in_branch = false;
+  // pair_dq: the step's second half as dV^T, dK^T, then dQ^T (own keys, then the partner's),
+  // instead of dQ^T own, dV^T, dQ^T peer, dK^T. The pair has one Q stage and dK^T is the last
+  // reader of Q_i: issued second, it frees the stage while the dQ^T wgmmas run, so the next Q's
+  // load overlaps them instead of following the whole step (ncu: ~14% of the pair's stall
+  // samples wait for the next Q's atom-columns). The price: the dQ adds follow every wgmma of
+  // the step, with the tensor cores idle unless the next Q is still landing.
+  bool pair_dk_first = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -178,6 +185,9 @@ constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 96, 2, 1, 24, 160, true, 3, 
 // +5.2% causal 4k / 8k / 16k, -0.5 / +0.5 / +1.9% non-causal; one Q stage alone costs 4-7%;
 // pair_ghost on top +0..+2.6%; q_atom_barriers (with adds_before_wait) +2.7..+5.3% (docs/perf-log.md).
 constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true};
+// Candidate (docs/perf-log.md, "The pair's step with dK^T before dQ^T"): pair_dk_first.
+constexpr BwdSm90Config kBwdSm90Hdim256Dk = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true,
+                                            false, true, true, false, false, false, true};
 // The deterministic mode's config per head dim (the two configs of a head dim share block_m
 // and block_n: the workspace and can_implement read the default's). Every head dim runs its
 // default config in this mode too. d = 256, the pair: against the single-CTA config in this

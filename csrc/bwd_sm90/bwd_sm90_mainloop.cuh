@@ -157,6 +157,8 @@ struct BwdSm90Traits {
   static constexpr int kPairAtoms = kAtomCols / 2;  // dQ^T atom-columns per CTA of a pair
   static constexpr bool kPairGhost = kCfg.pair_ghost;
   static constexpr bool kAddsBeforeWait = kCfg.adds_before_wait;
+  static constexpr bool kPairDkFirst = kCfg.pair_dk_first;
+  static_assert(!kPairDkFirst || kCfg.pair_dq, "pair_dk_first: the pair's step order");
   static_assert(!kPairGhost || kPair, "pair_ghost: the pair's upper CTA");
   // Swizzled tiles start on 1024 bytes (the stat rows before may end anywhere).
   static constexpr uint32_t kOffKPeer = (kOffRows + kRowsBytes + 1023) / 1024 * 1024;
@@ -820,7 +822,51 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     // (32 registers: dV^T/dK^T + 2 x 32 in flight made ptxas serialize and spill at d = 256):
     // the first is added while dV^T / dK^T run, the second after them. Groups retire in order:
     // dV frees dO_i, dK frees Q_i.
-    if constexpr (kPairOn) {
+    if constexpr (kPairOn && T::kPairDkFirst) {
+      // pair_dk_first (bwd_sm90.h): dV^T, dK^T, then (7) over both blocks' keys. Q_i and dO_i are
+      // free once the first two groups complete, while dQ^T still runs.
+      float dq[T::kBlockM / 2];
+      fh::zero_acc(dq);
+      fh::wgmma_fence_operand(dq);
+      fh::wgmma_fence();
+#pragma unroll
+      for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dv[u], do_s + (first + u) * T::kQAtomBytes, p_t);
+#pragma unroll
+      for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
+      fh::wgmma_commit();
+      gemm_dq<T>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, ds_t);
+      fh::wgmma_commit();
+      // dV^T and dK^T done: hand Q_i and dO_i back before waiting for the partner's dS^T, so the
+      // next loads start while dQ^T runs (one wait count on every path: ptxas cannot predicate
+      // a wgmma wait, and a count that differed by branch would run both).
+      fh::wgmma_wait<1>();
+      if (warp_leader) {
+        pipe_do->consumer_release(sd);
+        pipe_q->consumer_release(sq);
+      }
+      const bool peer = !(T::kPairGhost && partner_ghost);
+      if (peer) {
+        if (T::kPairGhost && pair_rank == 0) {
+          // The phase of this buffer's full barrier: the upper's sends into it so far.
+          const int n = (it & 1) ? received1++ : received0++;
+          fh::mbar_wait(pair_bar + (it & 1), n & 1);
+        } else {
+          fh::mbar_wait(pair_bar + (it & 1), (it >> 1) & 1);
+        }
+        fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
+        gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
+                   smem + T::kOffDsPeer + (it & 1) * T::kHandBytes, true);
+        fh::wgmma_commit();
+      }
+      fh::wgmma_wait<0>();
+      fh::wgmma_fence_operand(dq);
+      // This warp's reads of the partner's buffer are done: one of its 8 free arrivals
+      // (pair_ghost: the upper waits for none).
+      if (peer && warp_leader && !(T::kPairGhost && pair_rank == 0)) {
+        fh::mbar_arrive_cluster(pair_bar + 2 + (it & 1), pair_rank ^ 1);
+      }
+      add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
+    } else if constexpr (kPairOn) {
       // (7) for atom-column dq_atom over both blocks' keys: K_own^T dS_own^T, then (after dV^T,
       // which needs no partner) K_peer^T dS_peer^T once the partner's dS^T is in; dK^T last.
       // dQ^T is complete after the first three groups: released, added while dK^T runs.
