@@ -824,7 +824,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     // dV frees dO_i, dK frees Q_i.
     if constexpr (kPairOn && T::kPairDkFirst) {
       // pair_dk_first (bwd_sm90.h): dV^T, dK^T, then (7) over both blocks' keys. Q_i and dO_i are
-      // free once the first two groups complete, while dQ^T still runs.
+      // free once the first group (dV^T and dK^T) completes, while dQ^T still runs. (The adds
+      // follow the last wait here, so adds_before_wait has nothing to hold.)
       float dq[T::kBlockM / 2];
       fh::zero_acc(dq);
       fh::wgmma_fence_operand(dq);
