@@ -127,6 +127,11 @@ struct BwdSm90Config {
   // samples wait for the next Q's atom-columns). The price: the dQ adds follow every wgmma of
   // the step, with the tensor cores idle unless the next Q is still landing.
   bool pair_dk_first = false;
+  // pair_dk_first: dQ^T peer issued right behind dQ^T own (after the partner's dS^T wait), and
+  // Q_i / dO_i handed back once dV^T, dK^T and dQ^T own retire, instead of the hand-back before
+  // the partner wait and dQ^T peer issued only after dV^T and dK^T retire (a possible bubble
+  // with only dQ^T own queued). The trade: no bubble, the hand-back one dQ^T later.
+  bool pair_dq_peer_queued = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -185,9 +190,12 @@ constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 96, 2, 1, 24, 160, true, 3, 
 // +5.2% causal 4k / 8k / 16k, -0.5 / +0.5 / +1.9% non-causal; one Q stage alone costs 4-7%;
 // pair_ghost on top +0..+2.6%; q_atom_barriers (with adds_before_wait) +2.7..+5.3% (docs/perf-log.md).
 constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true};
-// Candidate (docs/perf-log.md, "The pair's step with dK^T before dQ^T"): pair_dk_first.
+// Candidates (docs/perf-log.md, "The pair's step with dK^T before dQ^T"): pair_dk_first, and with
+// pair_dq_peer_queued.
 constexpr BwdSm90Config kBwdSm90Hdim256Dk = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true,
                                             false, true, true, false, false, false, true};
+constexpr BwdSm90Config kBwdSm90Hdim256DkQ = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true,
+                                             false, true, true, false, false, false, true, true};
 // The deterministic mode's config per head dim (the two configs of a head dim share block_m
 // and block_n: the workspace and can_implement read the default's). Every head dim runs its
 // default config in this mode too. d = 256, the pair: against the single-CTA config in this

@@ -159,6 +159,8 @@ struct BwdSm90Traits {
   static constexpr bool kAddsBeforeWait = kCfg.adds_before_wait;
   static constexpr bool kPairDkFirst = kCfg.pair_dk_first;
   static_assert(!kPairDkFirst || kCfg.pair_dq, "pair_dk_first: the pair's step order");
+  static constexpr bool kPairDqPeerQueued = kCfg.pair_dq_peer_queued;
+  static_assert(!kPairDqPeerQueued || kPairDkFirst, "pair_dq_peer_queued: with pair_dk_first");
   static_assert(!kPairGhost || kPair, "pair_ghost: the pair's upper CTA");
   // Swizzled tiles start on 1024 bytes (the stat rows before may end anywhere).
   static constexpr uint32_t kOffKPeer = (kOffRows + kRowsBytes + 1023) / 1024 * 1024;
@@ -837,18 +839,11 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       fh::wgmma_commit();
       gemm_dq<T>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, ds_t);
       fh::wgmma_commit();
-      // dV^T and dK^T done: hand Q_i and dO_i back before waiting for the partner's dS^T, so the
-      // next loads start while dQ^T runs (one wait count on every path: ptxas cannot predicate
-      // a wgmma wait, and a count that differed by branch would run both).
-      fh::wgmma_wait<1>();
-      if (warp_leader) {
-        pipe_do->consumer_release(sd);
-        pipe_q->consumer_release(sq);
-      }
       const bool peer = !(T::kPairGhost && partner_ghost);
-      if (peer) {
+      // The partner's dS^T: the phase of this buffer's full barrier (pair_ghost, lower CTA: the
+      // upper's sends into it so far), then (7) over the partner's keys into the same dq.
+      auto dq_peer = [&] {
         if (T::kPairGhost && pair_rank == 0) {
-          // The phase of this buffer's full barrier: the upper's sends into it so far.
           const int n = (it & 1) ? received1++ : received0++;
           fh::mbar_wait(pair_bar + (it & 1), n & 1);
         } else {
@@ -857,7 +852,29 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
         gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
                    smem + T::kOffDsPeer + (it & 1) * T::kHandBytes, true);
-        fh::wgmma_commit();
+      };
+      // One wgmma wait count on every path: ptxas cannot predicate a wgmma wait, and a count
+      // that differed by branch would run both.
+      if constexpr (T::kPairDqPeerQueued) {
+        if (peer) dq_peer();
+        fh::wgmma_commit();  // empty without the partner's dS^T
+        fh::wgmma_wait<1>();  // dV^T, dK^T, dQ^T own
+        if (warp_leader) {
+          pipe_do->consumer_release(sd);
+          pipe_q->consumer_release(sq);
+        }
+      } else {
+        // dV^T and dK^T done: hand Q_i and dO_i back before waiting for the partner's dS^T, so
+        // the next loads start while dQ^T runs.
+        fh::wgmma_wait<1>();
+        if (warp_leader) {
+          pipe_do->consumer_release(sd);
+          pipe_q->consumer_release(sq);
+        }
+        if (peer) {
+          dq_peer();
+          fh::wgmma_commit();
+        }
       }
       fh::wgmma_wait<0>();
       fh::wgmma_fence_operand(dq);

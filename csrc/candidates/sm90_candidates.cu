@@ -13,6 +13,7 @@ namespace sm90 {
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg2)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256Dk)
+FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256DkQ)
 #undef FLASHBACK_BWD_CANDIDATE
 // The deterministic mode runs the d = 256 default config too: its instance of the candidate.
 template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim256Dk, Dtype::kBf16>, true>(
