@@ -56,3 +56,24 @@ def test_build_candidates_substitutes_each(tmp_path):
         new = (tmp_path / HEADERS[kind]).read_text()
         init = re.search(r"constexpr %sSm90Config %s = (\{[^}]*\});" % (kind, cand), new).group(1)
         assert f"constexpr {kind}Sm90Config {row} = {init};" in new, cand
+
+
+def test_value_candidates_substitute(tmp_path):
+    """Candidates that are plain values of their own struct (not a table row's config) swap in
+    the same way: build_candidates.sh ROW=CANDIDATE on the header that defines both."""
+    text = open(os.path.join(ROOT, "scripts/build_candidates.sh")).read()
+    script = re.search(r"<<'PYEOF'\n(.*?)\nPYEOF", text, re.S).group(1)
+    (tmp_path / "sub.py").write_text(script)
+    swaps = [("kBwdSm90Walk", "kBwdSm90WalkNoDiv", "csrc/bwd_sm90/bwd_sm90.h"),
+             ("kBwdPreprocess", "kBwdPreprocessLanes", "csrc/bwd_sm90/bwd_sm90_prepost.h")]
+    for row, cand, path in swaps:
+        os.makedirs(tmp_path / os.path.dirname(path), exist_ok=True)
+        (tmp_path / path).write_text(open(os.path.join(ROOT, path)).read())
+        r = subprocess.run([sys.executable, str(tmp_path / "sub.py"), str(tmp_path), row, cand],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, (cand, r.stdout, r.stderr)
+        new = (tmp_path / path).read_text()
+        m = re.search(r"constexpr (\w+) %s = (\{[^}]*\});" % cand, new)
+        assert m, cand
+        assert f"constexpr {m.group(1)} {row} = {m.group(2)};" in new, cand
+        (tmp_path / path).unlink()
