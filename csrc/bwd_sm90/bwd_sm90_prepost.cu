@@ -1,8 +1,8 @@
 // Pre- and postprocess kernels of the Hopper backward, templated on head dim and dtype (those
 // the build compiles, sm90_family.h).
 //
-// (0) preprocess, one warp per Q row (or d / 8 lanes per row, BwdPreprocessConfig): D_i = rowsum(dO_i * O_i) and LSE_i * log2(e), written to
-//     workspace rows padded to whole main-kernel steps (padding: D = 0, LSE = +inf, so padded
+// (0) preprocess, one warp per Q row (or d / 8 lanes per row, BwdPreprocessConfig):
+//     D_i = rowsum(dO_i * O_i) and LSE_i * log2(e), written to workspace rows padded to whole main-kernel steps (padding: D = 0, LSE = +inf, so padded
 //     rows give P = exp2(S * scale_log2 - inf) = 0 and the main kernel needs no row bounds for
 //     them), and the zeroing of the dQaccum tiles (and turn counters) the main kernel adds into.
 // postprocess, one CTA per (64-row tile, head, batch): dQ = scale * dQaccum to bf16 / fp16. dQaccum

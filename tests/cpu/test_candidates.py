@@ -37,11 +37,16 @@ def test_every_candidate_is_compiled():
     assert sorted(set(listed)) == sorted(set(found)), "the candidates target names a config the headers lack"
 
 
-def test_build_candidates_substitutes_each(tmp_path):
-    """The substitution step of build_candidates.sh (its embedded Python) on a copy of the headers."""
+def substitution_script(tmp_path):
+    """build_candidates.sh's substitution step (its embedded Python) as tmp_path/sub.py."""
     text = open(os.path.join(ROOT, "scripts/build_candidates.sh")).read()
     script = re.search(r"<<'PYEOF'\n(.*?)\nPYEOF", text, re.S).group(1)
     (tmp_path / "sub.py").write_text(script)
+
+
+def test_build_candidates_substitutes_each(tmp_path):
+    """The substitution step of build_candidates.sh (its embedded Python) on a copy of the headers."""
+    substitution_script(tmp_path)
     for kind, path in HEADERS.items():
         os.makedirs(tmp_path / os.path.dirname(path), exist_ok=True)
     for cand in candidates():
@@ -61,9 +66,7 @@ def test_build_candidates_substitutes_each(tmp_path):
 def test_value_candidates_substitute(tmp_path):
     """Candidates that are plain values of their own struct (not a table row's config) swap in
     the same way: build_candidates.sh ROW=CANDIDATE on the header that defines both."""
-    text = open(os.path.join(ROOT, "scripts/build_candidates.sh")).read()
-    script = re.search(r"<<'PYEOF'\n(.*?)\nPYEOF", text, re.S).group(1)
-    (tmp_path / "sub.py").write_text(script)
+    substitution_script(tmp_path)
     swaps = [("kBwdSm90Walk", "kBwdSm90WalkNoDiv", "csrc/bwd_sm90/bwd_sm90.h"),
              ("kBwdPreprocess", "kBwdPreprocessLanes", "csrc/bwd_sm90/bwd_sm90_prepost.h")]
     for row, cand, path in swaps:
