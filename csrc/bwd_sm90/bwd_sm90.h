@@ -132,6 +132,14 @@ struct BwdSm90Config {
   // the partner wait and dQ^T peer issued only after dV^T and dK^T retire (a possible bubble
   // with only dQ^T own queued). The trade: no bubble, the hand-back one dQ^T later.
   bool pair_dq_peer_queued = false;
+  // pair_dq: a step's dQ^T (own keys and the partner's) computed in the next step, after that
+  // step's dS^T went out, instead of in its own step: the partner's dS^T then has a whole step
+  // to land (ncu: 11% of the pair's stall samples wait for it), and Q_i / dO_i are free once
+  // dV^T and dK^T retire. Costs a consumer barrier per step (the own dS^T buffer is now read one
+  // step later, so its rewrite two steps on must follow every warpgroup's read) and both CTAs'
+  // free waits (the upper's lockstep argument no longer holds). With pair_dk_first: dV^T, dK^T,
+  // then the lagged dQ^T; without: the lagged dQ^T first, its adds while dV^T and dK^T run.
+  bool pair_dq_lag = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -196,6 +204,12 @@ constexpr BwdSm90Config kBwdSm90Hdim256Dk = {256, 64, 80, 1, 1, 24, 240, false, 
                                             false, true, true, false, false, false, true};
 constexpr BwdSm90Config kBwdSm90Hdim256DkQ = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true,
                                              false, true, true, false, false, false, true, true};
+// Candidates (docs/perf-log.md, "The pair's dQ^T one step late"): pair_dq_lag, alone and with
+// pair_dk_first.
+constexpr BwdSm90Config kBwdSm90Hdim256Lag = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true,
+                                             false, true, true, false, false, false, false, false, true};
+constexpr BwdSm90Config kBwdSm90Hdim256LagDk = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true,
+                                               false, true, true, false, false, false, true, false, true};
 // The deterministic mode's config per head dim (the two configs of a head dim share block_m
 // and block_n: the workspace and can_implement read the default's). Every head dim runs its
 // default config in this mode too. d = 256, the pair: against the single-CTA config in this

@@ -14,11 +14,17 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg2)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256Dk)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256DkQ)
+FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256Lag)
+FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256LagDk)
 #undef FLASHBACK_BWD_CANDIDATE
 // The deterministic mode runs the d = 256 default config too: its instances of the candidates.
 template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim256Dk, Dtype::kBf16>, true>(
     const flashback_bwd_params&, cudaStream_t);
 template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim256DkQ, Dtype::kBf16>, true>(
+    const flashback_bwd_params&, cudaStream_t);
+template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim256Lag, Dtype::kBf16>, true>(
+    const flashback_bwd_params&, cudaStream_t);
+template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim256LagDk, Dtype::kBf16>, true>(
     const flashback_bwd_params&, cudaStream_t);
 #define FLASHBACK_FWD_CANDIDATE(C)                                           \
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \

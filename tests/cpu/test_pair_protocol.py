@@ -166,3 +166,122 @@ def test_the_free_wait_is_what_holds_a_ghosts_partner_back():
         except AssertionError:
             failures += 1
     assert failures > 0
+
+
+def steps_lag(me, partner, ghost, copies, upper):
+    """pair_dq_lag (bwd_sm90.h): a step's dQ^T (both blocks' keys) is computed in the next step,
+    after that step's own dS^T went out, so the partner's dS^T has a whole step to land. Per step
+    of a CTA that sends: arm full[b]; wait free[b] for its previous send into b; write ds_t[b] and
+    send it; then the lagged read of the previous step: its own ds_t (kept until the step after
+    next), and, when the partner sent that step, the partner's tile, then the free arrival. Both
+    CTAs wait for their free barriers: the lockstep that lets the upper skip the wait without the
+    lag is gone (its read of the lower's step it - 1 now follows its own write of step it), so the
+    lower arrives on the upper's free barrier too, and the upper counts its sends per buffer.
+    A ghost step of the upper first finishes the pending lagged read, then reads the lower's tile
+    of that very step (pair_ghost_step, no lag)."""
+    recv = [0, 0]  # the lower: the upper's sends received per buffer
+    sent = [0, 0]  # the upper: its sends per buffer (the phases of its free barriers)
+    pending = None  # (step, whether the partner sent that step)
+
+    def lagged(j, peer):
+        assert me.ds[j & 1] == j, f"step {j}: own dS^T rewritten before its lagged read"
+        if peer:
+            pb = j & 1
+            n = (j >> 1) if upper else recv[pb]
+            while not me.full[pb].passed(n):
+                yield
+            assert me.peer[pb] == j, f"lagged step {j}: read the partner's step {me.peer[pb]}"
+            me.read.append(j)
+            recv[pb] += 1
+            yield  # the read lasts until the wgmma that reads the tile retires
+            assert me.peer[pb] == j, f"lagged step {j}: the tile changed while being read"
+            assert me.ds[j & 1] == j, f"step {j}: own dS^T changed while being read"
+            partner.free[pb].arrive()
+
+    for it in range(len(ghost)):
+        b = it & 1
+        if upper and ghost[it]:
+            if pending is not None:
+                yield from lagged(*pending)
+                pending = None
+            me.full[b].arrive(expect_tx=1)
+            while not me.full[b].passed(it >> 1):
+                yield
+            assert me.peer[b] == it, f"ghost step {it}: read the partner's step {me.peer[b]}"
+            me.read.append(it)
+            yield
+            partner.free[b].arrive()
+            yield
+            continue
+        receives = upper or not ghost[it]
+        if receives:
+            me.full[b].arrive(expect_tx=1)
+        prev = sent[b] if upper else it >> 1
+        if prev > 0:
+            while not me.free[b].passed(prev - 1):
+                yield
+        sent[b] += 1
+        me.ds[b] = it
+        copies.append((me, partner, b))
+        yield
+        if pending is not None:
+            yield from lagged(*pending)
+        pending = (it, receives)
+        yield
+    if pending is not None:
+        yield from lagged(*pending)
+
+
+def run_lag(ghost, seed, max_actions=200000):
+    rng = random.Random(seed)
+    lower, upper = Cta(False), Cta(False)
+    copies = []
+    actors = [steps_lag(lower, upper, ghost, copies, False), steps_lag(upper, lower, ghost, copies, True)]
+    _schedule(actors, copies, rng, max_actions, f"lag ghost={ghost} seed={seed}")
+    assert upper.read == list(range(len(ghost)))
+    assert lower.read == [it for it, g in enumerate(ghost) if not g]
+
+
+def test_pair_lag_under_random_interleavings():
+    """The lagged exchange with and without ghost steps: no ghosts (0-16 steps), ghost steps at
+    the start of every q head's walk (GQA groups of one to three heads), ghosts in the middle."""
+    patterns = [[False] * n for n in (0, 1, 2, 3, 4, 7, 16)]
+    for g in (1, 2, 3):
+        for heads in (1, 2, 3):
+            for m_count in (g, g + 1, g + 4):
+                patterns.append(([True] * g + [False] * (m_count - g)) * heads)
+    patterns.append([False, True, False, False, True, True, False])
+    for ghost in patterns:
+        for seed in range(60):
+            run_lag(ghost, seed)
+
+
+def test_the_lag_needs_the_uppers_free_wait():
+    """Without the lag the upper may skip its free wait (lockstep); with it the lower reads the
+    upper's tile of step it - 1 only after its own send of step it, so an upper that does not
+    wait can rewrite or land a copy over a tile the lower has not read: some interleaving shows
+    it (the model with the upper's wait dropped)."""
+    failures = 0
+    for seed in range(300):
+        rng = random.Random(seed)
+        lower, upper = Cta(False), Cta(False)
+        upper.free = [_NeverBlocks(), _NeverBlocks()]
+        copies = []
+        actors = [steps_lag(lower, upper, [False] * 8, copies, False),
+                  steps_lag(upper, lower, [False] * 8, copies, True)]
+        try:
+            _schedule(actors, copies, rng, 5000, "lag without the upper's free wait")
+            assert lower.read == list(range(8))
+        except AssertionError:
+            failures += 1
+    assert failures > 0
+
+
+class _NeverBlocks:
+    """A free barrier whose waits always pass (the upper's wait dropped)."""
+
+    def arrive(self, expect_tx=0):
+        pass
+
+    def passed(self, n):
+        return True
