@@ -120,26 +120,6 @@ struct BwdSm90Config {
   // (5) dV after (4), since dV reads every P^T fragment. By keys only: split by head dim the same
   // block (half the exponentials above the dP wait) measured -1.2..+3.9% at d = 128-256, noise.
   bool ds_in_branch = false;
-  // pair_dq: the step's second half as dV^T, dK^T, then dQ^T (own keys, then the partner's),
-  // instead of dQ^T own, dV^T, dQ^T peer, dK^T. The pair has one Q stage and dK^T is the last
-  // reader of Q_i: issued second, it frees the stage while the dQ^T wgmmas run, so the next Q's
-  // load overlaps them instead of following the whole step (ncu: ~14% of the pair's stall
-  // samples wait for the next Q's atom-columns). The price: the dQ adds follow every wgmma of
-  // the step, with the tensor cores idle unless the next Q is still landing.
-  bool pair_dk_first = false;
-  // pair_dk_first: dQ^T peer issued right behind dQ^T own (after the partner's dS^T wait), and
-  // Q_i / dO_i handed back once dV^T, dK^T and dQ^T own retire, instead of the hand-back before
-  // the partner wait and dQ^T peer issued only after dV^T and dK^T retire (a possible bubble
-  // with only dQ^T own queued). The trade: no bubble, the hand-back one dQ^T later.
-  bool pair_dq_peer_queued = false;
-  // pair_dq: a step's dQ^T (own keys and the partner's) computed in the next step, after that
-  // step's dS^T went out, instead of in its own step: the partner's dS^T then has a whole step
-  // to land (ncu: 11% of the pair's stall samples wait for it), and Q_i / dO_i are free once
-  // dV^T and dK^T retire. Costs a consumer barrier per step (the own dS^T buffer is now read one
-  // step later, so its rewrite two steps on must follow every warpgroup's read) and both CTAs'
-  // free waits (the upper's lockstep argument no longer holds). With pair_dk_first: dV^T, dK^T,
-  // then the lagged dQ^T; without: the lagged dQ^T first, its adds while dV^T and dK^T run.
-  bool pair_dq_lag = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -198,18 +178,6 @@ constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 96, 2, 1, 24, 160, true, 3, 
 // +5.2% causal 4k / 8k / 16k, -0.5 / +0.5 / +1.9% non-causal; one Q stage alone costs 4-7%;
 // pair_ghost on top +0..+2.6%; q_atom_barriers (with adds_before_wait) +2.7..+5.3% (docs/perf-log.md).
 constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true};
-// Candidates (docs/perf-log.md, "The pair's step with dK^T before dQ^T"): pair_dk_first, and with
-// pair_dq_peer_queued.
-constexpr BwdSm90Config kBwdSm90Hdim256Dk = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true,
-                                            false, true, true, false, false, false, true};
-constexpr BwdSm90Config kBwdSm90Hdim256DkQ = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true,
-                                             false, true, true, false, false, false, true, true};
-// Candidates (docs/perf-log.md, "The pair's dQ^T one step late"): pair_dq_lag, alone and with
-// pair_dk_first.
-constexpr BwdSm90Config kBwdSm90Hdim256Lag = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true,
-                                             false, true, true, false, false, false, false, false, true};
-constexpr BwdSm90Config kBwdSm90Hdim256LagDk = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true,
-                                               false, true, true, false, false, false, true, false, true};
 // The deterministic mode's config per head dim (the two configs of a head dim share block_m
 // and block_n: the workspace and can_implement read the default's). Every head dim runs its
 // default config in this mode too. d = 256, the pair: against the single-CTA config in this
@@ -240,19 +208,13 @@ constexpr BwdSm90Config kBwdSm90Hdim256Single = {256, 64, 80, 2, 1, 24, 240, fal
 // (docs/perf-log.md); between, the midpoint.
 constexpr int kBwdSm90PairMinRows = 3072;
 
-// How a step number becomes (q head, Q block) (bwd_sm90_iter, bwd_sm90_scheduler.cuh).
-// no_division_without_gqa: without GQA the walk has one q head, so the quotient it / m_count is
-// 0; testing p.group == 1 (uniform) skips the run-time division (~30 dependent instructions at
-// every step's top, between one step's dK and the next step's S). A value, so that
-// scripts/build_candidates.sh can swap it: kBwdSm90Walk=kBwdSm90WalkNoDiv.
-struct BwdSm90WalkConfig {
-  bool no_division_without_gqa;
-};
-constexpr BwdSm90WalkConfig kBwdSm90Walk = {false};
-// Candidate, not yet measured (docs/perf-log.md, "The backward's walk without a division").
-constexpr BwdSm90WalkConfig kBwdSm90WalkNoDiv = {true};
 // Measured slower and removed: the d = 256 pair on 64-key blocks with two Q stages (and its
 // single-CTA companion), -8..-14% (docs/perf-log.md, "dV after dS at d = 64, measured").
+// The d = 256 pair's step as dV^T, dK^T, then dQ^T (the one Q stage handed back while dQ^T
+// runs): -0.1..+1.9%, noise; with dQ^T peer queued behind dQ^T own -0.5..-2.9%; its dQ^T one
+// step late (the partner's dS^T a step ahead; one more consumer barrier and both CTAs' free
+// waits) -1.3..-3.7%, with dV^T / dK^T first -2.7..-4.9% (docs/perf-log.md, "Measured
+// 2026-12-06, second run").
 // At d = 256 (one CTA and the pair): the last CTA to add into a dQaccum tile converting it to
 // dQ in the main kernel, no postprocess, 3-11% slower (causal calls converting too: 8-14%); the
 // per-step count and verdict cost more than the postprocess (docs/perf-log.md, "The split

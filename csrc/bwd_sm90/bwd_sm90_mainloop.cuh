@@ -157,12 +157,6 @@ struct BwdSm90Traits {
   static constexpr int kPairAtoms = kAtomCols / 2;  // dQ^T atom-columns per CTA of a pair
   static constexpr bool kPairGhost = kCfg.pair_ghost;
   static constexpr bool kAddsBeforeWait = kCfg.adds_before_wait;
-  static constexpr bool kPairDkFirst = kCfg.pair_dk_first;
-  static_assert(!kPairDkFirst || kCfg.pair_dq, "pair_dk_first: the pair's step order");
-  static constexpr bool kPairDqPeerQueued = kCfg.pair_dq_peer_queued;
-  static_assert(!kPairDqPeerQueued || kPairDkFirst, "pair_dq_peer_queued: with pair_dk_first");
-  static constexpr bool kPairDqLag = kCfg.pair_dq_lag;
-  static_assert(!kPairDqLag || (kCfg.pair_dq && !kPairDqPeerQueued), "pair_dq_lag: the pair's step order");
   static_assert(!kPairGhost || kPair, "pair_ghost: the pair's upper CTA");
   // Swizzled tiles start on 1024 bytes (the stat rows before may end anywhere).
   static constexpr uint32_t kOffKPeer = (kOffRows + kRowsBytes + 1023) / 1024 * 1024;
@@ -224,7 +218,6 @@ struct BwdSm90Traits {
   static constexpr uint32_t kDqThreads = 128 + 32;
   static_assert(kBarDqFree0 + kConsumerWgs <= 16, "16 named barriers per CTA");
   // single_hand: every consumer warpgroup's (5)-(7) of the last step have read P^T and dS^T.
-  // pair_dq_lag: every consumer warpgroup's lagged dQ^T of the last step has read dS^T.
   static constexpr uint32_t kBarHandFree = 15;
   static_assert(!kSingleHand || (!kByKeys && !kPair && kBarDqFree0 + kConsumerWgs <= kBarHandFree),
                 "single_hand: split by head dim, one CTA; its barrier id clear of the dQ warps'");
@@ -639,65 +632,6 @@ __device__ __forceinline__ void ds_values(const float (&s)[kN], float (&dp)[kN],
 #pragma unroll
   for (int r = 0; r < kN; ++r) dp[r] = s[r] * (dp[r] - ((r & 2) ? dsum1 : dsum0));
 }
-// pair_dq_lag (bwd_sm90.h): the step whose dQ^T a consumer thread still has to compute (it < 0:
-// none), its dQaccum tile, and whether the partner sent its dS^T that step.
-struct PairLag {
-  int it = -1;
-  int64_t tile = 0;
-  bool peer = false;
-};
-
-// The lagged step's dQ^T atom-column issued (own keys, then the partner's once its dS^T is in;
-// the lower of a pair_ghost pair counts the upper's sends per buffer), no commit.
-template <class T>
-__device__ __forceinline__ void pair_lag_issue(float (&dq)[T::kBlockM / 2], uint8_t* smem,
-                                               const PairLag& lag, int dq_atom, int wg, int& received0,
-                                               int& received1) {
-  const int b = lag.it & 1;
-  uint64_t* pair_bar = reinterpret_cast<uint64_t*>(smem + T::kOffPairBar);
-  fh::wgmma_fence();  // a wgmma after a branch (C7519)
-  gemm_dq<T>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, smem + T::kOffDs + b * T::kHandBytes);
-  if (lag.peer) {
-    if (T::kPairGhost && (blockIdx.x & 1) == 0) {
-      const int n = b ? received1++ : received0++;
-      fh::mbar_wait(pair_bar + b, n & 1);
-    } else {
-      fh::mbar_wait(pair_bar + b, (lag.it >> 1) & 1);
-    }
-    fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
-    gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes, smem + T::kOffDsPeer + b * T::kHandBytes,
-               true);
-  }
-}
-
-// Its wgmmas retired: this warp's reads of the partner's buffer are done (one of the 8 free
-// arrivals, from either CTA of the pair), then the adds.
-template <class T, bool kDet>
-__device__ __forceinline__ void pair_lag_finish(const BwdSm90Params& p, uint8_t* smem, const PairLag& lag,
-                                                int dq_atom, int t, const float (&dq)[T::kBlockM / 2]) {
-  uint64_t* pair_bar = reinterpret_cast<uint64_t*>(smem + T::kOffPairBar);
-  const uint32_t pair_rank = blockIdx.x & 1;
-  if (lag.peer && threadIdx.x % 32 == 0) fh::mbar_arrive_cluster(pair_bar + 2 + (lag.it & 1), pair_rank ^ 1);
-  add_dq_in_turn<T, kDet>(p, lag.tile, dq_atom, t, dq);
-}
-
-// The lagged step alone, its wgmmas waited for: before an upper ghost step (which reads its own
-// step's dS^T at once) and after the walk.
-template <class T, bool kDet>
-__device__ __forceinline__ void pair_lag_drain(const BwdSm90Params& p, uint8_t* smem, PairLag& lag,
-                                               int dq_atom, int wg, int t, int& received0, int& received1) {
-  if (lag.it < 0) return;
-  float dq[T::kBlockM / 2];
-  fh::zero_acc(dq);  // overwritten by the first wgmma; defined for the "+f" operands
-  fh::wgmma_fence_operand(dq);
-  pair_lag_issue<T>(dq, smem, lag, dq_atom, wg, received0, received1);
-  fh::wgmma_commit();
-  fh::wgmma_wait<0>();
-  fh::wgmma_fence_operand(dq);
-  pair_lag_finish<T, kDet>(p, smem, lag, dq_atom, t, dq);
-  lag.it = -1;
-}
-
 // ---------------------------------------------------------------- consumer warpgroups ---
 // wg: which consumer warpgroup (0 .. W - 1), a run-time value; kOwn: the head-dim atom-columns of
 // (5)-(7) this instance holds accumulators for, a compile-time value (the arrays' size). Where
@@ -753,11 +687,6 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   const BwdSm90StatRows<T, kDet> stat_rows{p, w, reinterpret_cast<float*>(smem + T::kOffRows), wg * 128 + t};
   if constexpr (T::kStatsByConsumers) stat_rows.prologue();
 
-  // pair_dq_lag (PairLag): the step whose dQ^T is still to compute; the upper's sends per
-  // buffer (its free barriers' phases).
-  [[maybe_unused]] PairLag lag;
-  [[maybe_unused]] int sent0 = 0, sent1 = 0;
-
   fh::PipelineState<T::kQStages> sq;
   fh::PipelineState<T::kDoStages> sd;
   for (int it = 0; it < w.n_iters; ++it) {
@@ -773,7 +702,6 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     if constexpr (T::kPairGhost) {
       if (ghost_step && pair_rank == 1) {
         // A ghost step; the hand-off barrier still marks it for the buffers' step parity.
-        if constexpr (T::kPairDqLag) pair_lag_drain<T, kDet>(p, smem, lag, dq_atom, wg, t, received0, received1);
         pair_ghost_step<T, kDet>(p, smem, it, tile, wg, true);
         continue;  // no Q / dO stage was loaded for it
       }
@@ -867,16 +795,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       // pair_ghost, upper CTA: no wait. The lower sends every step, and its send of step it - 1
       // follows its hand-off barrier of it - 1, by which both its warpgroups retired their reads
       // of what this CTA sent before; this CTA waited for that send (full) before getting here.
-      if constexpr (T::kPairDqLag) {
-        // pair_dq_lag: both CTAs wait (the partner reads this buffer's last tile one step late,
-        // after its own send, so no lockstep covers it; tests/cpu/test_pair_protocol.py,
-        // steps_lag). The phase: this CTA's sends into the buffer so far, less one.
-        int prev = it >> 1;
-        if (T::kPairGhost && pair_rank == 1) prev = (it & 1) ? sent1++ : sent0++;
-        if (prev > 0) fh::mbar_wait(pair_bar + 2 + (it & 1), (prev - 1) & 1);
-        // And every warpgroup's lagged dQ^T of step it - 1 read this buffer (step it - 2's).
-        if (it >= 2) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
-      } else if (it >= 2 && !(T::kPairGhost && pair_rank == 1)) {
+      if (it >= 2 && !(T::kPairGhost && pair_rank == 1)) {
         fh::mbar_wait(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
       }
     }
@@ -901,112 +820,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     // (32 registers: dV^T/dK^T + 2 x 32 in flight made ptxas serialize and spill at d = 256):
     // the first is added while dV^T / dK^T run, the second after them. Groups retire in order:
     // dV frees dO_i, dK frees Q_i.
-    if constexpr (kPairOn && T::kPairDqLag) {
-      // pair_dq_lag (bwd_sm90.h): this step's dV^T and dK^T, the previous step's dQ^T over both
-      // blocks' keys. One wgmma wait count on every path (an empty group in a walk's first step).
-      float dq[T::kBlockM / 2];
-      fh::zero_acc(dq);
-      fh::wgmma_fence_operand(dq);
-      const bool lagged = lag.it >= 0;
-      if constexpr (T::kPairDkFirst) {
-        fh::wgmma_fence();
-#pragma unroll
-        for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dv[u], do_s + (first + u) * T::kQAtomBytes, p_t);
-#pragma unroll
-        for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
-        fh::wgmma_commit();
-        if (lagged) pair_lag_issue<T>(dq, smem, lag, dq_atom, wg, received0, received1);
-        fh::wgmma_commit();
-        fh::wgmma_wait<1>();
-        if (warp_leader) {
-          pipe_do->consumer_release(sd);
-          pipe_q->consumer_release(sq);
-        }
-        fh::wgmma_wait<0>();
-        fh::wgmma_fence_operand(dq);
-        if (lagged) pair_lag_finish<T, kDet>(p, smem, lag, dq_atom, t, dq);
-      } else {
-        // The lagged dQ^T first: its adds run while dV^T and dK^T are on the tensor cores.
-        if (lagged) pair_lag_issue<T>(dq, smem, lag, dq_atom, wg, received0, received1);
-        fh::wgmma_commit();
-        fh::wgmma_fence();  // a wgmma after a branch (C7519)
-#pragma unroll
-        for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dv[u], do_s + (first + u) * T::kQAtomBytes, p_t);
-        fh::wgmma_commit();
-#pragma unroll
-        for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
-        fh::wgmma_commit();
-        fh::wgmma_wait<2>();
-        fh::wgmma_fence_operand(dq);
-        if (lagged) pair_lag_finish<T, kDet>(p, smem, lag, dq_atom, t, dq);
-        if constexpr (T::kAddsBeforeWait) fh::keep_waits_below(seqlen_k);  // (wgmma.h)
-        fh::wgmma_wait<1>();
-        if (warp_leader) pipe_do->consumer_release(sd);
-        fh::wgmma_wait<0>();
-        if (warp_leader) pipe_q->consumer_release(sq);
-      }
-      lag = {it, tile, !(T::kPairGhost && partner_ghost)};
-    } else if constexpr (kPairOn && T::kPairDkFirst) {
-      // pair_dk_first (bwd_sm90.h): dV^T, dK^T, then (7) over both blocks' keys. Q_i and dO_i are
-      // free once the first group (dV^T and dK^T) completes, while dQ^T still runs. (The adds
-      // follow the last wait here, so adds_before_wait has nothing to hold.)
-      float dq[T::kBlockM / 2];
-      fh::zero_acc(dq);
-      fh::wgmma_fence_operand(dq);
-      fh::wgmma_fence();
-#pragma unroll
-      for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dv[u], do_s + (first + u) * T::kQAtomBytes, p_t);
-#pragma unroll
-      for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
-      fh::wgmma_commit();
-      gemm_dq<T>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, ds_t);
-      fh::wgmma_commit();
-      const bool peer = !(T::kPairGhost && partner_ghost);
-      // The partner's dS^T: the phase of this buffer's full barrier (pair_ghost, lower CTA: the
-      // upper's sends into it so far), then (7) over the partner's keys into the same dq.
-      auto dq_peer = [&] {
-        if (T::kPairGhost && pair_rank == 0) {
-          const int n = (it & 1) ? received1++ : received0++;
-          fh::mbar_wait(pair_bar + (it & 1), n & 1);
-        } else {
-          fh::mbar_wait(pair_bar + (it & 1), (it >> 1) & 1);
-        }
-        fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
-        gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
-                   smem + T::kOffDsPeer + (it & 1) * T::kHandBytes, true);
-      };
-      // One wgmma wait count on every path: ptxas cannot predicate a wgmma wait, and a count
-      // that differed by branch would run both.
-      if constexpr (T::kPairDqPeerQueued) {
-        if (peer) dq_peer();
-        fh::wgmma_commit();  // empty without the partner's dS^T
-        fh::wgmma_wait<1>();  // dV^T, dK^T, dQ^T own
-        if (warp_leader) {
-          pipe_do->consumer_release(sd);
-          pipe_q->consumer_release(sq);
-        }
-      } else {
-        // dV^T and dK^T done: hand Q_i and dO_i back before waiting for the partner's dS^T, so
-        // the next loads start while dQ^T runs.
-        fh::wgmma_wait<1>();
-        if (warp_leader) {
-          pipe_do->consumer_release(sd);
-          pipe_q->consumer_release(sq);
-        }
-        if (peer) {
-          dq_peer();
-          fh::wgmma_commit();
-        }
-      }
-      fh::wgmma_wait<0>();
-      fh::wgmma_fence_operand(dq);
-      // This warp's reads of the partner's buffer are done: one of its 8 free arrivals
-      // (pair_ghost: the upper waits for none).
-      if (peer && warp_leader && !(T::kPairGhost && pair_rank == 0)) {
-        fh::mbar_arrive_cluster(pair_bar + 2 + (it & 1), pair_rank ^ 1);
-      }
-      add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
-    } else if constexpr (kPairOn) {
+    if constexpr (kPairOn) {
       // (7) for atom-column dq_atom over both blocks' keys: K_own^T dS_own^T, then (after dV^T,
       // which needs no partner) K_peer^T dS_peer^T once the partner's dS^T is in; dK^T last.
       // dQ^T is complete after the first three groups: released, added while dK^T runs.
@@ -1110,7 +924,6 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     sq.advance();
     sd.advance();
   }
-  if constexpr (kPairOn && T::kPairDqLag) pair_lag_drain<T, kDet>(p, smem, lag, dq_atom, wg, t, received0, received1);
 #pragma unroll
   for (int u = 0; u < kAcc; ++u) {
     fh::wgmma_fence_operand(acc_dv[u]);

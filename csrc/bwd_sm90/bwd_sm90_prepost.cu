@@ -1,7 +1,7 @@
 // Pre- and postprocess kernels of the Hopper backward, templated on head dim and dtype (those
 // the build compiles, sm90_family.h).
 //
-// (0) preprocess, one warp per Q row (or d / 8 lanes per row, BwdPreprocessConfig):
+// (0) preprocess, d / 8 lanes per Q row (d = 192: one warp per row):
 //     D_i = rowsum(dO_i * O_i) and LSE_i * log2(e), written to workspace rows padded to whole main-kernel steps (padding: D = 0, LSE = +inf, so padded
 //     rows give P = exp2(S * scale_log2 - inf) = 0 and the main kernel needs no row bounds for
 //     them), and the zeroing of the dQaccum tiles (and turn counters) the main kernel adds into.
@@ -130,17 +130,21 @@ __global__ void __launch_bounds__(kPreThreads)
   }
 }
 
-// The preprocess with rows_by_lanes (BwdPreprocessConfig, bwd_sm90_prepost.h): kLanes = d / 8
-// lanes per row, each loading 16 bytes of O and of dO, so a warp takes 32 / kLanes rows and the
-// row's sum needs log2(kLanes) shuffles. Every lane stays to the shuffles (a row past rows_end
-// only skips its stores: the group's lanes share a warp with other rows).
+// The preprocess by lanes: kLanes = d / 8 lanes per row, each loading 16 bytes of O and of dO,
+// so a warp takes 32 / kLanes rows (d = 64 / 128 / 256: 4 / 2 / 1) and the row's sum needs
+// log2(kLanes) shuffles; d = 192 (24 lanes would not divide a warp) keeps one warp per row with
+// 4-byte loads (the kernel above). At d = 64 that warp issued ~220 instructions per row, more
+// than the row's bytes take; by lanes measured +3.7..+7.0% on the whole d = 64 backward at
+// 512-2048, neutral elsewhere (docs/perf-log.md, "Measured 2026-12-06, second run"). Every lane
+// stays to the shuffles (a row past rows_end only skips its stores: the group's lanes share a
+// warp with other rows).
 template <int kHeadDim>
 constexpr int pre_lanes() {
   return kHeadDim / 8;
 }
 template <int kHeadDim>
 constexpr bool pre_by_lanes() {
-  return kBwdPreprocess.rows_by_lanes && 32 % pre_lanes<kHeadDim>() == 0;
+  return 32 % pre_lanes<kHeadDim>() == 0;
 }
 template <int kHeadDim>
 constexpr int pre_rows_per_cta() {
@@ -317,17 +321,6 @@ struct PickPost {
 using PreKernel = void (*)(const flashback_bwd_params, int, DqTiles, float*, float*, float*, int*);
 using PostKernel = void (*)(const flashback_bwd_params, DqTiles, const float*);
 
-#ifdef FLASHBACK_PREPOST_CANDIDATES
-// csrc/candidates/sm90_prepost_candidates.cu compiles this file again with this macro, for the
-// `flashback_candidates` target (never linked): the preprocess by lanes, which the table's
-// BwdPreprocessConfig does not instantiate, compiled at the head dims it serves.
-template __global__ void bwd_sm90_preprocess_lanes_kernel<64, Dtype::kBf16>(
-    const flashback_bwd_params, int, DqTiles, float*, float*, float*, int*);
-template __global__ void bwd_sm90_preprocess_lanes_kernel<128, Dtype::kBf16>(
-    const flashback_bwd_params, int, DqTiles, float*, float*, float*, int*);
-template __global__ void bwd_sm90_preprocess_lanes_kernel<256, Dtype::kBf16>(
-    const flashback_bwd_params, int, DqTiles, float*, float*, float*, int*);
-#endif
 
 }  // namespace
 

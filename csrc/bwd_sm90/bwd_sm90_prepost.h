@@ -57,20 +57,6 @@ inline int64_t dq_tiles_total(const flashback_bwd_params& p, int m_blocks, int s
                                    : int64_t{p.batch} * p.nheads * m_blocks;
 }
 
-// How the preprocess spreads rows over lanes. rows_by_lanes: d / 8 lanes per row, each with one
-// 16-byte load of O and of dO (d = 64 / 128 / 256: 4 / 2 / 1 rows per warp), instead of one warp
-// per row with 4-byte loads; d = 192 (24 lanes would not divide a warp) keeps one warp per row.
-// At d = 64 the one-row warp issues ~220 instructions per row, ~114 M per call at 16384 tokens x
-// 32 heads: more than the 62 us its bytes take (a reading of the SASS; docs/perf-log.md, "The
-// short backward's preprocess: a candidate"). A value, so that scripts/build_candidates.sh can swap
-// it: kBwdPreprocess=kBwdPreprocessLanes.
-struct BwdPreprocessConfig {
-  bool rows_by_lanes;
-};
-constexpr BwdPreprocessConfig kBwdPreprocess = {false};
-// Candidate, not yet measured.
-constexpr BwdPreprocessConfig kBwdPreprocessLanes = {true};
-
 // m_blocks, step_tiles: as dq_tiles_of. The preprocess also zeroes the dQaccum tiles (and, with
 // dq_turn non-null, the deterministic mode's turn counters) of every sequence's steps, which
 // are all the main kernel adds into.

@@ -103,7 +103,11 @@ __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
 template <bool kDet = false>
 __device__ __forceinline__ void bwd_sm90_iter(const BwdSm90Params& p, const BwdSm90Work& w,
                                               int it, int& head, int& m_block, int& pos) {
-  const int g = kBwdSm90Walk.no_division_without_gqa && p.group == 1 ? 0 : it / w.m_count;
+  // Without GQA the walk has one q head: testing p.group == 1 (uniform) skips the run-time
+  // division (~30 dependent instructions at every step's top, between one step's dK and the
+  // next step's S). Measured +0.1..+4.0% at d = 64 / 128 / 192, 512-4096 (d = 64 most),
+  // d = 256 -0.5..+1.3% (docs/perf-log.md, "Measured 2026-12-06, second run").
+  const int g = p.group == 1 ? 0 : it / w.m_count;
   pos = it - g * w.m_count;
   int local = pos;
   if constexpr (kDet) {

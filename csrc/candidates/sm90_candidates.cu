@@ -12,37 +12,11 @@ namespace sm90 {
       const flashback_bwd_params&, cudaStream_t);
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg2)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256Dk)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256DkQ)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256Lag)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256LagDk)
 #undef FLASHBACK_BWD_CANDIDATE
-// The deterministic mode runs the d = 256 default config too: its instances of the candidates.
-template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim256Dk, Dtype::kBf16>, true>(
-    const flashback_bwd_params&, cudaStream_t);
-template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim256DkQ, Dtype::kBf16>, true>(
-    const flashback_bwd_params&, cudaStream_t);
-template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim256Lag, Dtype::kBf16>, true>(
-    const flashback_bwd_params&, cudaStream_t);
-template cudaError_t run_bwd_sm90_config<BwdSm90Traits<kBwdSm90Hdim256LagDk, Dtype::kBf16>, true>(
-    const flashback_bwd_params&, cudaStream_t);
 #define FLASHBACK_FWD_CANDIDATE(C)                                           \
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
       const flashback_fwd_params&, cudaStream_t);
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128N176)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256QV)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128QV)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256Fin)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256MultiFin)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128Fin)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192MultiFin)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64Fin)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256MultiCo)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192MultiCo)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullCo)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64Co)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256MultiCoFin)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192MultiCoFin)
 #undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

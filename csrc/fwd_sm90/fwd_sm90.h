@@ -80,13 +80,10 @@ struct FwdSm90Config {
   // (H200, per call): d = 128 causal +3.5..+8.1%, d = 64 +0.1..+2.6%, d = 192 -2.9..+2.5% (its
   // short calls +0.3..+1.0%), d = 256 mixed: on at d = 64-192.
   bool split_mask_loop = false;
-  // Without o_over_v: a tile's first loads go K_0, Q, V_0 instead of K_0, V_0, Q, so the first
-  // S (which needs K_0 and Q) does not wait behind V_0 (at d = 256 40 KB of the 144 KB a tile
-  // loads before its first S). The one-CTA-per-tile configs start every tile with these loads.
-  bool q_before_v = false;
   // The row sums, 1 / l and LSE computed between the issue of the tile's last P V and the wait
   // for it (the row statistics are final after the last softmax), instead of after the wait,
   // with the tensor cores idle: ~100 instructions per warp per tile off the tile's tail.
+  // Measured with copy_out_early and fast_tile_decode on the d = 256 Multi config (below).
   bool finalize_in_pv = false;
   // The per-thread copy-out of O (no TMA store) as one batch: each thread reads its 16-byte
   // chunk t % 8 of rows t / 8 + 16 k of every atom-column (the swizzle then constant per thread,
@@ -131,53 +128,22 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim64Full = kFwdSm90Hdim64;
 // d = 128 without the mask (persistent up to 4096 keys, else one CTA per tile): O by TMA read
 // -2.2..-5.4% at 8k / 16k in three per-call runs at the card's power cap, -2.3 / -0.0% at
 // 2k / 4k (+1.0..+2.2% in GPU time after an idle sleep), so this config copies O out per
-// thread (docs/perf-log.md, "O by TMA").
-constexpr FwdSm90Config kFwdSm90Hdim128Full = {128, 128, 2, 2, 24, 240, false, true};
+// thread (docs/perf-log.md, "O by TMA"), as one batch (copy_out_early): +2.1 / +1.0 / +0.1% at
+// 512 / 1024 / 2048, -1.0 / +2.0 / -0.3% at 4k / 8k / 16k (noise there) (docs/perf-log.md,
+// "Measured 2026-12-06, second run").
+constexpr FwdSm90Config kFwdSm90Hdim128Full = {128, 128, 2, 2, 24, 240, false, true, false, false,
+                                              false, false, false, false, true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim192Full = kFwdSm90Hdim192;
 static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // Candidate, measured slower: d = 128 with 176-key blocks (FA3's public non-causal d = 128
 // tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB; non-causal
 // -1.2..-1.8% against 128 keys (docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
-// Candidates, not yet measured (docs/perf-log.md, "The forward's per-tile cost: three
-// candidates"): the d = 256 one-CTA-per-tile row (causal from 2048 keys, non-causal from 4096)
-// and the d = 128 row with q_before_v; the d = 256 rows (one CTA per tile and Multi), the d = 128
-// and d = 64 rows and the d = 192 Multi config with finalize_in_pv.
-constexpr FwdSm90Config kFwdSm90Hdim256QV = {256, 80, 2, 2, 24, 240, false, true, true, false,
-                                            true, true, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim128QV = {128, 128, 2, 2, 24, 240, false, true, false, false,
-                                            true, true, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim256Fin = {256, 80, 2, 2, 24, 240, false, true, true, false,
-                                             true, true, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim256MultiFin = {256, 80, 2, 2, 24, 240, false, true, true, true,
-                                                  true, false, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim128Fin = {128, 128, 2, 2, 24, 240, false, true, false, false,
-                                             true, true, true, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim192MultiFin = {192, 112, 2, 2, 24, 240, false, true, true, true,
-                                                  true, false, true, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim64Fin = {64, 128, 3, 2, 24, 160, true, true, false, false, false,
-                                            false, true, false, true};
-// Candidates, not yet measured (same section): copy_out_early on the configs that copy O out per
-// thread: the d = 192 / 256 Multi configs (persistent, o_over_v), the d = 128 non-causal one, d = 64.
-constexpr FwdSm90Config kFwdSm90Hdim256MultiCo = {256, 80, 2, 2, 24, 240, false, true, true, true,
-                                                 true, false, false, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim192MultiCo = {192, 112, 2, 2, 24, 240, false, true, true, true,
-                                                 true, false, true, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim128FullCo = {128, 128, 2, 2, 24, 240, false, true, false, false,
-                                                false, false, false, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim64Co = {64, 128, 3, 2, 24, 160, true, true, false, false, false,
-                                           false, true, false, false, true};
-// The Multi configs with every tail candidate (copy_out_early, finalize_in_pv and
-// fast_tile_decode; the d = 256 one for kFwdSm90Hdim256GridLong).
-constexpr FwdSm90Config kFwdSm90Hdim256MultiCoFin = {256, 80, 2, 2, 24, 240, false, true, true, true,
-                                                    true, false, false, false, true, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim192MultiCoFin = {192, 112, 2, 2, 24, 240, false, true, true, true,
-                                                    true, false, true, false, true, true, true};
 // split_mask_loop at d = 256 (its causal row and its Multi row) measured -0.7..+2.1% causal,
 // -3.4..+0.7% non-causal at 4k-16k, -0.8..+0.5% at 512-2048 (docs/perf-log.md, "The split loops,
 // the dQ conversion and the late PDL wait measured"): off there.
 // The config of a head dim's calls whose tiles a persistent grid walks (fwd_sm90_multi_tile:
-// non-causal up to 2048 keys, 4096 at d = 64 / 128, every length at d = 192; causal up to 1024
+// non-causal up to 2048 keys, 4096 at d = 64 / 128, every length at d = 192; causal up to 2048
 // keys at d = 256, every length at d = 192, where the counter feeds the tiles), causal or not; where it
 // is the causal config's object, the two configs above serve those calls. d = 192 / 256:
 // o_over_v, so a CTA's next Q loads during its tile's end. Measured (H200, bf16, A B A B, 16384
@@ -192,7 +158,12 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim64Multi = kFwdSm90Hdim64;
 static constexpr const FwdSm90Config& kFwdSm90Hdim128Multi = kFwdSm90Hdim128;
 constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, true, true, true, true,
                                                false, true};
-constexpr FwdSm90Config kFwdSm90Hdim256Multi = {256, 80, 2, 2, 24, 240, false, true, true, true, true};
+// d = 256 with finalize_in_pv, copy_out_early and fast_tile_decode (the tile's tail ~450
+// instructions shorter), on the counter to 2048 keys causal: +1.9% at causal 2048 (one CTA per
+// tile before), +0.1 / +0.3% at causal 512 / 1024, +0.1 / +0.3 / -0.5% non-causal 512-2048; to
+// 4096 keys it read -0.2% at 4096 (docs/perf-log.md, "Measured 2026-12-06, second run").
+constexpr FwdSm90Config kFwdSm90Hdim256Multi = {256, 80, 2, 2, 24, 240, false, true, true, true,
+                                               true, false, false, true, true, true};
 
 // Which grid serves a head dim's calls, by seqlen_k (varlen: the longest sequence). Tiles are
 // (Q block, head, batch); a persistent grid (one CTA per SM) hides each tile's fixed costs (the
@@ -231,11 +202,7 @@ constexpr int kAllKeys = 0x7fffffff;
 constexpr FwdSm90Grid kFwdSm90Hdim64Grid = {4096, kAllKeys, kAllKeys, 2048};
 constexpr FwdSm90Grid kFwdSm90Hdim128Grid = {4096, kAllKeys, kAllKeys, 2048};
 constexpr FwdSm90Grid kFwdSm90Hdim192Grid = {kAllKeys, kAllKeys, kAllKeys, 0};
-constexpr FwdSm90Grid kFwdSm90Hdim256Grid = {2048, 1024, 1024, 0};
-// Candidate (docs/perf-log.md, "The forward's per-tile cost"): d = 256 causal calls on the
-// counter and the Multi config up to 4096 keys, for the Multi config with the per-tile
-// candidates (kFwdSm90Hdim256MultiCoFin, above), which take ~450 instructions off its tile's tail.
-constexpr FwdSm90Grid kFwdSm90Hdim256GridLong = {2048, 4096, 4096, 0};
+constexpr FwdSm90Grid kFwdSm90Hdim256Grid = {2048, 2048, 2048, 0};
 
 // Measured slower and removed (docs/perf-log.md): a persistent CTA's tiles as one software
 // pipeline (cross_tile, d = 128: -6..+1% main sweep, -8..-17% short), ping-pong at d = 128 / 192
@@ -246,7 +213,13 @@ constexpr FwdSm90Grid kFwdSm90Hdim256GridLong = {2048, 4096, 4096, 0};
 // d = 128 with ping-pong and pv_wait_below together (-0.0..-3.1%), O rescaled between the GEMM
 // issues (rescale_between, d = 64 / 128 mean -0.5%, d = 192 / 256 -1.4..+2.6%, noise), the
 // d = 128 P V wait after half the exponentials (pv_wait_split, -2.3..+1.5%), the mask as one
-// compare per element against a per-row limit (-1.1..+1.0%; kept in the backward).
+// compare per element against a per-row limit (-1.1..+1.0%; kept in the backward). Not kept
+// for want of a gain (main and short sweeps within noise, "Measured 2026-12-06" and its second
+// run): a tile's loads as K_0, Q, V_0 on the one-CTA-per-tile rows (q_before_v, -0.4..+0.6%
+// short, -3.3..+1.3% main), finalize_in_pv alone on every head dim (-1.6..+0.9% short), copy_out_early
+// on the d = 64 row and the d = 192 / 256 Multi configs (-1.1..+1.1% short), the d = 192 Multi
+// config with all three tail changes (-0.3..+0.9% short, -4.0..+1.1% main), the d = 256
+// counter to 4096 keys (-0.2% at 4096).
 
 struct FwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k

@@ -69,8 +69,6 @@ struct FwdSm90Traits {
   static constexpr bool kLateTileFetch = kCfg.late_tile_fetch;
   static constexpr bool kTmaStoreO = kCfg.tma_store_o;
   static constexpr bool kSplitMaskLoop = kCfg.split_mask_loop;
-  static constexpr bool kQBeforeV = kCfg.q_before_v;
-  static_assert(!kQBeforeV || !kCfg.o_over_v, "q_before_v: o_over_v orders its loads so already");
   static constexpr bool kFinalizeInPv = kCfg.finalize_in_pv;
   static constexpr bool kCopyOutEarly = kCfg.copy_out_early;
   static constexpr bool kFastTileDecode = kCfg.fast_tile_decode;
@@ -120,7 +118,7 @@ struct FwdSm90Maps {
 // ------------------------------------------------------------------------------ producer ---
 // One thread, one tile: K_0 and V_0 first (they stream while the consumers finish the previous
 // tile), then Q (once its stage is free: the previous user's O has left), then K_j and V_j of
-// every further step; o_over_v and q_before_v: K_0, Q, then V_0. The ring states carry over
+// every further step; o_over_v: K_0, Q, then V_0. The ring states carry over
 // from tile to tile.
 template <class T>
 __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const FwdSm90Maps& m,
@@ -161,8 +159,6 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
   if constexpr (T::kOOverV) {
     if (w.n_count > 0) load_k(0);
     if (w.n_count == 0) pipe_o->producer_acquire(sq);
-  } else if constexpr (T::kQBeforeV) {
-    if (w.n_count > 0) load_k(0);  // V_0 after Q, into the same stage
   } else {
     if (w.n_count > 0) load_kv(0);
   }
@@ -177,7 +173,7 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
     if (w.n_count > 0) pipe_o->producer_acquire(sq);
   }
   sq.advance();
-  if constexpr (T::kOOverV || T::kQBeforeV) {
+  if constexpr (T::kOOverV) {
     if (w.n_count > 0) {
       load_v(0);
       st.advance();
