@@ -57,8 +57,8 @@ __device__ __forceinline__ uint16_t from_float(float x) {
   }
 }
 
-// Lane l of a row's warp reads elements 2 (l + 32 i), +1 for i < d / 64: coalesced 128-byte
-// words for every head dim (192 included, which 16-byte lanes would not divide). A warp takes
+// d = 192 (the head dim 16-byte lanes would not divide; the others run by lanes, below): lane l
+// of a row's warp reads elements 2 (l + 32 i), +1 for i < d / 64, coalesced 128-byte words. A warp takes
 // one row and issues every load of it, LSE included, before any arithmetic: the kernel is a
 // few memory latencies per CTA. (Four rows per warp, for more bytes in flight, measured
 // -0.5..+0.4% at d = 256: docs/perf-log.md, "The runbook measured".) It also zeroes dQaccum and

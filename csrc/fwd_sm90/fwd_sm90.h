@@ -150,7 +150,7 @@ constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, t
 // tokens) against the configs above: d = 192 +5.7 / +4.2% causal 512 / 1024, +6.0 / +2.9 / +2.0%
 // non-causal 512 / 1024 / 2048; d = 256 +4.5 / +2.9% causal, +4.9 / +3.3 / +1.9% non-causal. On
 // the counter at causal 2048 (one CTA per tile without it) it read +2.4% at d = 192 but -2.9% at
-// d = 256, and -5..-10% causal at 4k-16k while the counter fetched early; with the late fetch
+// d = 256 (before the late fetch and the shortened tail: +1.9% now), and -5..-10% causal at 4k-16k while the counter fetched early; with the late fetch
 // d = 192 +0.2..+2.2% at 2k-16k, so d = 192 takes it at every length (docs/perf-log.md,
 // "o_over_v at short sequences, measured", "O by TMA"). O by TMA: -0.3..-1.1% with o_over_v,
 // so not here.
@@ -197,7 +197,8 @@ constexpr int kAllKeys = 0x7fffffff;
 //   -0.2 / -0.4%). d = 256 at 4k-16k: +1.4 / +1.0 / -0.8% against one CTA per tile without O by
 //   TMA, which one CTA per tile now has (+0.9 / +2.0 / +1.4%): not taken.
 // - The Multi configs (o_over_v, d = 192 / 256) on the counter: -5..-10% causal at 4k-16k, while
-//   the counter still fetched early; +2.4% at d = 192 2048, -2.9% at d = 256. With the late
+//   the counter still fetched early; +2.4% at d = 192 2048, -2.9% at d = 256 (+1.9% with the late
+//   fetch and the shortened tail, kFwdSm90Hdim256Multi). With the late
 //   fetch, d = 192 +2.2 / +0.9 / +0.4 / +0.2% at 2k / 4k / 8k / 16k against its main config.
 constexpr FwdSm90Grid kFwdSm90Hdim64Grid = {4096, kAllKeys, kAllKeys, 2048};
 constexpr FwdSm90Grid kFwdSm90Hdim128Grid = {4096, kAllKeys, kAllKeys, 2048};

@@ -79,8 +79,10 @@ def _cases():
             Case(2, 1000, 113, 4, 2, 256, causal),         # seqlen_q > seqlen_k: empty rows if causal
             Case(1, 17, 4095, 2, 2, 256, causal),
             Case(1, 4095, 17, 2, 1, 256, causal),
-            # Causal: seqlen_k past the counter-fed bound (1024 at d = 256), so one CTA per tile
-            # runs, and its first two Q blocks hold rows but see no key (n_count = 0).
+            # Causal: seqlen_k past the counter-fed bound (2048 at d = 256), so one CTA per tile
+            # runs, and its first two Q blocks hold rows but see no key (n_count = 0); then the
+            # same at the bound, on the counter and the Multi config (o_over_v's keyless tile).
+            Case(1, 2560, 2304, 2, 2, 256, causal),
             Case(1, 2304, 2048, 2, 2, 256, causal),
             Case(1, 1, 1000, 2, 2, 256, causal),
             # seqlen_k 1, not causal: dQ = dK = 0 exactly, so the bar is its 1e-5 floor. dP - D is
