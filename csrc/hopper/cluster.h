@@ -99,6 +99,12 @@ FB_DEVICE uint32_t ld_shared_cluster_u32(uint32_t cluster_addr) {
 FB_DEVICE void st_shared_cluster_u32(uint32_t cluster_addr, uint32_t v) {
   asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(cluster_addr), "r"(v) : "memory");
 }
+// 16 bytes at a 16-byte aligned mapa address: a thread's piece of a tile sent from registers.
+FB_DEVICE void st_shared_cluster_v4(uint32_t cluster_addr, uint4 v) {
+  asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(cluster_addr), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
 
 // Cluster barrier, split in two so independent work can go between arrive and wait. Each
 // thread arrives once per phase; wait covers all non-exited threads of the cluster. Release /

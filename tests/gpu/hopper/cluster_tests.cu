@@ -67,6 +67,75 @@ __global__ void cluster_bulk_swap_kernel(const uint4* in, uint4* out) {
   fh::cluster_sync();  // no CTA exits while its partner may still arrive on its barriers
 }
 
+// How long a tile takes to reach the partner CTA of a pair: the two CTAs bounce `bytes` back and
+// forth `rounds` times, CTA 0 timing the round trips with clock64 (cycles[pair]). mode 0: one
+// thread bulk-copies the tile from shared memory into the partner's (complete_tx on its
+// barrier), as the d = 256 pair sends dS^T; mode 1: every thread stores its 16-byte pieces
+// straight into the partner's shared memory (st.shared::cluster.v4) and arrives on the
+// partner's barrier with release at cluster scope, the receiver waiting with acquire at cluster
+// scope: the path for values that are still in registers (a partial sum of S, say). CTA 1
+// echoes what it received. A round's data may be overwritten only after the echo came back,
+// which the echo's arrival says (mode 0: the copy's bytes landed, so its reads are done; mode 1:
+// every partner thread arrived after its loads and stores). Afterwards each CTA writes what it
+// last received to out[pair][rank].
+constexpr int kPingMaxBytes = 40960;
+__global__ void cluster_pingpong_kernel(const uint4* in, uint4* out, long long* cycles, int bytes,
+                                        int rounds, int mode) {
+  extern __shared__ __align__(128) uint4 ping_smem[];
+  uint4* send = ping_smem;
+  uint4* recv = ping_smem + kPingMaxBytes / 16;
+  __shared__ alignas(8) uint64_t full;
+  const uint32_t rank = fh::cluster_ctarank();
+  const uint32_t peer = rank ^ 1;
+  const int t = threadIdx.x;
+  const int vecs = bytes / 16;
+  const int pair = blockIdx.x / 2;
+  for (int i = t; i < vecs; i += blockDim.x) send[i] = in[size_t(pair) * vecs + i];
+  if (t == 0) {
+    fh::mbar_init(&full, mode == 0 ? 1 : blockDim.x);
+    fh::fence_mbarrier_init();
+  }
+  fh::fence_proxy_async_shared();  // send's generic stores -> the bulk copy's reads
+  fh::cluster_sync();              // barriers initialised and send filled in both CTAs
+  // Mode 0: one thread sends and waits; mode 1: every thread sends its pieces and waits.
+  auto send_to_peer = [&](const uint4* src) {
+    if (mode == 0) {
+      if (t == 0) fh::bulk_copy_to_cta(recv, src, bytes, &full, peer);
+    } else {
+      for (int i = t; i < vecs; i += blockDim.x) {
+        fh::st_shared_cluster_v4(fh::mapa_shared(fh::smem_u32(&recv[i]), peer), src[i]);
+      }
+      fh::mbar_arrive_cluster_release(&full, peer);
+    }
+  };
+  auto arm = [&] {
+    if (mode == 0 && t == 0) fh::mbar_arrive_expect_tx(&full, bytes);
+  };
+  auto wait_full = [&](int r) {
+    if (mode == 0) {
+      if (t == 0) fh::mbar_wait(&full, r & 1);
+    } else {
+      fh::mbar_wait_cluster(&full, r & 1);
+    }
+  };
+  long long start = clock64();
+  for (int r = 0; r < rounds; ++r) {
+    arm();
+    if (rank == 0) {
+      send_to_peer(send);
+      wait_full(r);
+    } else {
+      wait_full(r);
+      send_to_peer(recv);  // the echo: from the tile just received (mode 0 reads it by the copy)
+    }
+  }
+  const long long stop = clock64();
+  if (rank == 0 && t == 0) cycles[pair] = stop - start;
+  __syncthreads();  // mode 0: thread 0 waited for the last phase for the whole CTA
+  for (int i = t; i < vecs; i += blockDim.x) out[(size_t(pair) * 2 + rank) * vecs + i] = recv[i];
+  fh::cluster_sync();  // no CTA exits while its partner may still copy into it or arrive on it
+}
+
 // 384 threads, 168 registers each at entry (65536 / 384 rounded down to 8). Warpgroup 0 drops to
 // 40, warpgroups 1-2 rise to 232: 128*40 + 256*232 = 64512 <= 384*168. Consumers then hold 128
 // loaded values live at once; every thread writes a result.
@@ -107,6 +176,23 @@ FBH_EXPORT int fbh_cluster_dsmem(const float* in, float* out_read, float* out_wr
 FBH_EXPORT int fbh_cluster_bulk_swap(const void* in, void* out, int npairs) {
   FBH_TRY(fh::launch_with_cluster(cluster_bulk_swap_kernel, dim3(2 * npairs), dim3(128), 0, 0,
                                   dim3(2, 1, 1), static_cast<const uint4*>(in), static_cast<uint4*>(out)));
+  return (int)cudaGetLastError();
+}
+
+// in: [npairs][bytes]; out: [npairs][2][bytes] (each CTA's last received tile: the input);
+// cycles: int64 [npairs], CTA 0's clock64 cycles for `rounds` round trips. bytes: a multiple of
+// 16 up to 40960; mode 0 bulk copy, 1 per-thread DSMEM stores with release / acquire at cluster
+// scope.
+FBH_EXPORT int fbh_cluster_pingpong(const void* in, void* out, long long* cycles, int bytes, int rounds,
+                                    int mode, int npairs, int threads) {
+  if (bytes <= 0 || bytes % 16 != 0 || bytes > kPingMaxBytes || rounds < 1 || (mode != 0 && mode != 1)) {
+    return (int)cudaErrorInvalidValue;
+  }
+  const size_t smem = 2 * kPingMaxBytes;
+  FBH_TRY(cudaFuncSetAttribute(cluster_pingpong_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  FBH_TRY(fh::launch_with_cluster(cluster_pingpong_kernel, dim3(2 * npairs), dim3(threads), smem, 0,
+                                  dim3(2, 1, 1), static_cast<const uint4*>(in), static_cast<uint4*>(out),
+                                  cycles, bytes, rounds, mode));
   return (int)cudaGetLastError();
 }
 

@@ -45,6 +45,29 @@ def test_cluster_bulk_swap(hlib):
     assert torch.equal(out, x[:, partner])
 
 
+@pytest.mark.parametrize("mode", [0, 1])
+@pytest.mark.parametrize("nbytes", [2048, 10240, 40960])
+def test_cluster_pingpong(hlib, mode, nbytes):
+    # A tile bounced between the two CTAs of each pair, by bulk copy (mode 0) or by per-thread
+    # DSMEM stores with release / acquire at cluster scope (mode 1): both CTAs end holding the
+    # input, and CTA 0 timed a positive number of cycles (bench_dsmem.py reports them).
+    npairs, rounds = 3, 5
+    x = torch.randint(-2**31, 2**31 - 1, (npairs, nbytes // 4), dtype=torch.int32, device="cuda")
+    out = torch.full((npairs, 2, nbytes // 4), -1, dtype=torch.int32, device="cuda")
+    cycles = torch.zeros(npairs, dtype=torch.int64, device="cuda")
+    rc = hlib.fbh_cluster_pingpong(ptr(x), ptr(out), ptr(cycles), nbytes, rounds, mode, npairs, 128)
+    check(hlib, rc, "fbh_cluster_pingpong")
+    assert torch.equal(out[:, 0], x) and torch.equal(out[:, 1], x)
+    assert bool((cycles > 0).all())
+
+
+def test_cluster_pingpong_rejects_bad_arguments(hlib):
+    buf = torch.zeros(16, dtype=torch.int32, device="cuda")
+    cycles = torch.zeros(1, dtype=torch.int64, device="cuda")
+    for nbytes, mode in ((24, 0), (40976, 0), (64, 2)):
+        assert hlib.fbh_cluster_pingpong(ptr(buf), ptr(buf), ptr(cycles), nbytes, 1, mode, 1, 128) != 0
+
+
 def test_setmaxnreg_split(hlib):
     n_live = 128
     x = torch.randn(128 + 256 * n_live, device="cuda")
