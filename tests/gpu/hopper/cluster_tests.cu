@@ -188,7 +188,10 @@ FBH_EXPORT int fbh_cluster_pingpong(const void* in, void* out, long long* cycles
   if (bytes <= 0 || bytes % 16 != 0 || bytes > kPingMaxBytes || rounds < 1 || (mode != 0 && mode != 1)) {
     return (int)cudaErrorInvalidValue;
   }
-  const size_t smem = 2 * kPingMaxBytes;
+  // 128 KB, of which the kernel uses 80: two such CTAs cannot share an SM, so each pair's tile
+  // crosses between SMs (with 80 KB both CTAs of a cluster could land on one SM).
+  const size_t smem = 128 * 1024;
+  static_assert(2 * kPingMaxBytes <= 128 * 1024, "send and recv fit");
   FBH_TRY(cudaFuncSetAttribute(cluster_pingpong_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   FBH_TRY(fh::launch_with_cluster(cluster_pingpong_kernel, dim3(2 * npairs), dim3(threads), smem, 0,
                                   dim3(2, 1, 1), static_cast<const uint4*>(in), static_cast<uint4*>(out),
