@@ -623,7 +623,11 @@ __device__ __forceinline__ void p_values(const BwdSm90Params& p, float (&s)[kN],
   for (int r = 0; r < kN; ++r) {
     const float l = (r & 2) ? lse1 : lse0;
     const bool masked = kMasked && 8 * (r >> 2) + (r & 1) >= lim[(r >> 1) & 1];
-    s[r] = masked ? 0.f : fh::exp2_approx(s[r] * p.scale_log2 - l);
+    if constexpr (kBwdSm90Mask.exp_of_select) {
+      s[r] = fh::exp2_approx(masked ? -INFINITY : s[r] * p.scale_log2 - l);
+    } else {
+      s[r] = masked ? 0.f : fh::exp2_approx(s[r] * p.scale_log2 - l);
+    }
   }
 }
 // (4) dS = P * (dP - D), into dp.

@@ -79,6 +79,16 @@ def test_value_candidates_substitute(tmp_path):
     new = path.read_text()
     assert "constexpr WalkConfig kWalk = {true, 2};" in new, new
     assert "constexpr WalkConfig kWalkSkip = {true, 2};" in new, new
+    # The value candidates in the headers now.
+    for row, cand, rel in [("kBwdSm90Mask", "kBwdSm90MaskSel", "csrc/bwd_sm90/bwd_sm90.h")]:
+        real = tmp_path / rel
+        real.write_text(open(os.path.join(ROOT, rel)).read())
+        r = subprocess.run([sys.executable, str(tmp_path / "sub.py"), str(tmp_path), row, cand],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, (cand, r.stdout, r.stderr)
+        m = re.search(r"constexpr (\w+) %s = (\{[^}]*\});" % cand, real.read_text())
+        assert m and f"constexpr {m.group(1)} {row} = {m.group(2)};" in real.read_text(), cand
+        real.unlink()
     # A candidate the headers lack is an error, not a silent no-op.
     r = subprocess.run([sys.executable, str(tmp_path / "sub.py"), str(tmp_path), "kWalk", "kWalkNone"],
                        capture_output=True, text=True)
