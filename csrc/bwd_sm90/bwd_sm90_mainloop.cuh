@@ -600,6 +600,13 @@ __device__ __forceinline__ void copy_out_dkv(const BwdSm90Params& p, const BwdSm
       seqlen_k, tid);
 }
 
+// P of one element: exp2(s * scale_log2 - lse), 0 where masked; in the form kBwdSm90Mask
+// (bwd_sm90.h) names. Shared by the split by head dim (p_values) and by keys (p_t_exps).
+__device__ __forceinline__ float p_element(bool masked, float s, float scale_log2, float lse) {
+  if constexpr (kBwdSm90Mask.exp_of_select) return fh::exp2_approx(masked ? -INFINITY : s * scale_log2 - lse);
+  return masked ? 0.f : fh::exp2_approx(s * scale_log2 - lse);
+}
+
 // Registers as bwd_sm90_consumer's: element r of s / dp is key key0 + 8 (r >> 2) + (r & 1) and
 // query q0 + 8 ((r >> 1) & 1), whose LSE / D are lse1 / dsum1 when r & 2.
 // (2) P: keys past seqlen_k and (causal) after the query's diagonal give 0 (kMasked); query rows
@@ -623,11 +630,7 @@ __device__ __forceinline__ void p_values(const BwdSm90Params& p, float (&s)[kN],
   for (int r = 0; r < kN; ++r) {
     const float l = (r & 2) ? lse1 : lse0;
     const bool masked = kMasked && 8 * (r >> 2) + (r & 1) >= lim[(r >> 1) & 1];
-    if constexpr (kBwdSm90Mask.exp_of_select) {
-      s[r] = fh::exp2_approx(masked ? -INFINITY : s[r] * p.scale_log2 - l);
-    } else {
-      s[r] = masked ? 0.f : fh::exp2_approx(s[r] * p.scale_log2 - l);
-    }
+    s[r] = p_element(masked, s[r], p.scale_log2, l);
   }
 }
 // (4) dS = P * (dP - D), into dp.

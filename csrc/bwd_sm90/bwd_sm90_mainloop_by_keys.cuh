@@ -149,12 +149,7 @@ __device__ __forceinline__ void p_t_exps(const BwdSm90Params& p, float (&s)[kS],
     for (int e = 0; e < 4; ++e) {
       const int r = 4 * j + e;
       const bool masked = kMasked && 8 * j + (e & 1) < qlim[e >> 1];
-      const float l_e = (e & 1) ? l.y : l.x;
-      if constexpr (kBwdSm90Mask.exp_of_select) {
-        s[r] = fh::exp2_approx(masked ? -INFINITY : s[r] * p.scale_log2 - l_e);
-      } else {
-        s[r] = masked ? 0.f : fh::exp2_approx(s[r] * p.scale_log2 - l_e);
-      }
+      s[r] = p_element(masked, s[r], p.scale_log2, (e & 1) ? l.y : l.x);
     }
   }
 }

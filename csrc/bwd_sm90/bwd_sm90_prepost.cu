@@ -1,10 +1,11 @@
 // Pre- and postprocess kernels of the Hopper backward, templated on head dim and dtype (those
 // the build compiles, sm90_family.h).
 //
-// (0) preprocess, d / 8 lanes per Q row (d = 192: one warp per row):
-//     D_i = rowsum(dO_i * O_i) and LSE_i * log2(e), written to workspace rows padded to whole main-kernel steps (padding: D = 0, LSE = +inf, so padded
-//     rows give P = exp2(S * scale_log2 - inf) = 0 and the main kernel needs no row bounds for
-//     them), and the zeroing of the dQaccum tiles (and turn counters) the main kernel adds into.
+// (0) preprocess, d / 8 lanes per Q row (d = 192: one warp per row): D_i = rowsum(dO_i * O_i) and
+//     LSE_i * log2(e), written to workspace rows padded to whole main-kernel steps (padding: D = 0,
+//     LSE = +inf, so padded rows give P = exp2(S * scale_log2 - inf) = 0 and the main kernel needs
+//     no row bounds for them), and the zeroing of the dQaccum tiles (and turn counters) the main
+//     kernel adds into.
 // postprocess, one CTA per (64-row tile, head, batch): dQ = scale * dQaccum to bf16 / fp16. dQaccum
 //     holds each 64 x d tile in the order the main kernel's dQ^T accumulators add it (see
 //     bwd_sm90_epilogue.cuh), so that its atomics cover whole 128-byte lines; this kernel maps
@@ -57,13 +58,13 @@ __device__ __forceinline__ uint16_t from_float(float x) {
   }
 }
 
-// d = 192 (the head dim 16-byte lanes would not divide; the others run by lanes, below): lane l
-// of a row's warp reads elements 2 (l + 32 i), +1 for i < d / 64, coalesced 128-byte words. A warp takes
-// one row and issues every load of it, LSE included, before any arithmetic: the kernel is a
-// few memory latencies per CTA. (Four rows per warp, for more bytes in flight, measured
-// -0.5..+0.4% at d = 256: docs/perf-log.md, "The runbook measured".) It also zeroes dQaccum and
-// the deterministic mode's turn counters, which a memset did before it (+0.5..+1.0% at
-// seqlen 512-2048).
+// d = 192 (the head dim 16-byte lanes would not divide; the others run by lanes, below): lane l of
+// a row's warp reads elements 2 (l + 32 i), +1 for i < d / 64, coalesced 128-byte words. A warp
+// takes one row and issues every load of it, LSE included, before any arithmetic: the kernel is a
+// few memory latencies per CTA. (Four rows per warp, for more bytes in flight, measured -0.5..+0.4%
+// at d = 256: docs/perf-log.md, "The runbook measured".) It also zeroes dQaccum and the
+// deterministic mode's turn counters, which a memset did before it (+0.5..+1.0% at seqlen
+// 512-2048).
 template <int kHeadDim, Dtype E>
 __global__ void __launch_bounds__(kPreThreads)
     bwd_sm90_preprocess_kernel(const flashback_bwd_params p, int rows_padded, DqTiles tiles,
@@ -320,7 +321,6 @@ struct PickPost {
 };
 using PreKernel = void (*)(const flashback_bwd_params, int, DqTiles, float*, float*, float*, int*);
 using PostKernel = void (*)(const flashback_bwd_params, DqTiles, const float*);
-
 
 }  // namespace
 

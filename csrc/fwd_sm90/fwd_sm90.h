@@ -143,17 +143,17 @@ constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, t
 // -3.4..+0.7% non-causal at 4k-16k, -0.8..+0.5% at 512-2048 (docs/perf-log.md, "The split loops,
 // the dQ conversion and the late PDL wait measured"): off there.
 // The config of a head dim's calls whose tiles a persistent grid walks (fwd_sm90_multi_tile:
-// non-causal up to 2048 keys, 4096 at d = 64 / 128, every length at d = 192; causal up to 2048
-// keys at d = 256, every length at d = 192, where the counter feeds the tiles), causal or not; where it
-// is the causal config's object, the two configs above serve those calls. d = 192 / 256:
-// o_over_v, so a CTA's next Q loads during its tile's end. Measured (H200, bf16, A B A B, 16384
-// tokens) against the configs above: d = 192 +5.7 / +4.2% causal 512 / 1024, +6.0 / +2.9 / +2.0%
-// non-causal 512 / 1024 / 2048; d = 256 +4.5 / +2.9% causal, +4.9 / +3.3 / +1.9% non-causal. On
-// the counter at causal 2048 (one CTA per tile without it) it read +2.4% at d = 192 but -2.9% at
-// d = 256 (before the late fetch and the shortened tail: +1.9% now), and -5..-10% causal at 4k-16k while the counter fetched early; with the late fetch
-// d = 192 +0.2..+2.2% at 2k-16k, so d = 192 takes it at every length (docs/perf-log.md,
-// "o_over_v at short sequences, measured", "O by TMA"). O by TMA: -0.3..-1.1% with o_over_v,
-// so not here.
+// non-causal up to 2048 keys, 4096 at d = 64 / 128, every length at d = 192; causal up to 2048 keys
+// at d = 256, every length at d = 192, where the counter feeds the tiles), causal or not; where it
+// is the causal config's object, the two configs above serve those calls. d = 192 / 256: o_over_v,
+// so a CTA's next Q loads during its tile's end. Measured (H200, bf16, A B A B, 16384 tokens)
+// against the configs above: d = 192 +5.7 / +4.2% causal 512 / 1024, +6.0 / +2.9 / +2.0% non-causal
+// 512 / 1024 / 2048; d = 256 +4.5 / +2.9% causal, +4.9 / +3.3 / +1.9% non-causal. On the counter at
+// causal 2048 (one CTA per tile without it) it read +2.4% at d = 192 but -2.9% at d = 256 (before
+// the late fetch and the shortened tail: +1.9% now), and -5..-10% causal at 4k-16k while the
+// counter fetched early; with the late fetch d = 192 +0.2..+2.2% at 2k-16k, so d = 192 takes it at
+// every length (docs/perf-log.md, "o_over_v at short sequences, measured", "O by TMA"). O by TMA:
+// -0.3..-1.1% with o_over_v, so not here.
 static constexpr const FwdSm90Config& kFwdSm90Hdim64Multi = kFwdSm90Hdim64;
 static constexpr const FwdSm90Config& kFwdSm90Hdim128Multi = kFwdSm90Hdim128;
 constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, true, true, true, true,
