@@ -203,20 +203,6 @@ static constexpr const BwdSm90Config& kBwdSm90Hdim192Single = kBwdSm90Hdim192;
 // +0.5..+1.8% deterministic; stats_by_consumers there -0.6..-2.4% (docs/perf-log.md, "The
 // single-CTA d = 256 backward measured").
 constexpr BwdSm90Config kBwdSm90Hdim256Single = {256, 64, 80, 2, 1, 24, 240, false, 2, false, false, true};
-// The masked step's exponentials (p_values, p_t_exps: the blocks that cross the diagonal or
-// seqlen_k). As `masked ? 0 : exp2(s * scale - lse)` ptxas if-converts each element into
-// predicated instructions and reloads the scale from the constant bank under the predicate (a
-// predicated LDC before each FFMA: 64 per masked step at d = 64, 32 at d = 128, 16-20 at d = 192 /
-// 256). exp_of_select: `exp2(masked ? -inf : s * scale - lse)`, the same bits (ex2.approx of -inf
-// is +0), an FSEL per element and no predication: SASS 8-40 instructions shorter per kernel, the
-// LDCs gone; the exponentials of masked elements then issue too. A value, for
-// scripts/build_candidates.sh: kBwdSm90Mask=kBwdSm90MaskSel.
-struct BwdSm90MaskConfig {
-  bool exp_of_select;
-};
-constexpr BwdSm90MaskConfig kBwdSm90Mask = {false};
-// Candidate, not yet measured (docs/perf-log.md, "The masked step's exponentials").
-constexpr BwdSm90MaskConfig kBwdSm90MaskSel = {true};
 
 // Query rows a CTA walks (seqlen_q x the GQA group) from which a pair config runs. Measured
 // at d = 256: the single CTA faster by 1.7-12% at 512-2048 rows, the pair faster from 4096

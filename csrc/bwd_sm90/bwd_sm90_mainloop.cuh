@@ -600,10 +600,10 @@ __device__ __forceinline__ void copy_out_dkv(const BwdSm90Params& p, const BwdSm
       seqlen_k, tid);
 }
 
-// P of one element: exp2(s * scale_log2 - lse), 0 where masked; in the form kBwdSm90Mask
-// (bwd_sm90.h) names. Shared by the split by head dim (p_values) and by keys (p_t_exps).
+// P of one element: exp2(s * scale_log2 - lse), 0 where masked. Shared by the split by head dim
+// (p_values) and by keys (p_t_exps). The form exp2(masked ? -inf : ...) (same bits; no predicated
+// constant loads in SASS) measured -1.1..+1.4% (docs/perf-log.md, "Measured 2026-12-06, third run").
 __device__ __forceinline__ float p_element(bool masked, float s, float scale_log2, float lse) {
-  if constexpr (kBwdSm90Mask.exp_of_select) return fh::exp2_approx(masked ? -INFINITY : s * scale_log2 - lse);
   return masked ? 0.f : fh::exp2_approx(s * scale_log2 - lse);
 }
 

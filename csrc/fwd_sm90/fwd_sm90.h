@@ -165,6 +165,20 @@ constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, 
 constexpr FwdSm90Config kFwdSm90Hdim256Multi = {256, 80, 2, 2, 24, 240, false, true, true, true,
                                                true, false, false, true, true, true};
 
+// The producer's order within a tile (fwd_sm90_producer), for every config. Today K_j and V_j
+// go in pairs, so K_{j+2}, whose stage is free once S_j has been waited for, queues behind V_{j+1},
+// whose stage frees only after P_{j-1} V_{j-1} at the end of step j: K gets one step's lead. ncu
+// (d = 256 causal 4096, b4 h8, H100): the consumers' K wait holds 4.8% of the stall samples against
+// FA3's 1.4%, the wait for Q and K_0 at a tile's start 5.0% against 1.8%. k_ahead: K_0, Q, then
+// K_{j+1} before V_j (K one and a half steps ahead; Q before V_0 on the one-CTA-per-tile configs).
+// A value, for scripts/build_candidates.sh: kFwdSm90Order=kFwdSm90OrderKAhead.
+struct FwdSm90LoadOrder {
+  bool k_ahead;
+};
+constexpr FwdSm90LoadOrder kFwdSm90Order = {false};
+// Candidate, not yet measured (docs/perf-log.md, "The forward's K loads one block ahead").
+constexpr FwdSm90LoadOrder kFwdSm90OrderKAhead = {true};
+
 // Which grid serves a head dim's calls, by seqlen_k (varlen: the longest sequence). Tiles are
 // (Q block, head, batch); a persistent grid (one CTA per SM) hides each tile's fixed costs (the
 // first Q and K loads, the epilogue) under the previous tile, +8..+21% at seqlen 512-1024 and

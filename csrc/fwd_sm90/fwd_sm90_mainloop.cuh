@@ -118,8 +118,9 @@ struct FwdSm90Maps {
 // ------------------------------------------------------------------------------ producer ---
 // One thread, one tile: K_0 and V_0 first (they stream while the consumers finish the previous
 // tile), then Q (once its stage is free: the previous user's O has left), then K_j and V_j of
-// every further step; o_over_v: K_0, Q, then V_0. The ring states carry over
-// from tile to tile.
+// every further step; o_over_v: K_0, Q, then V_0. kFwdSm90Order.k_ahead (fwd_sm90.h): K_0, Q,
+// then K_{j+1} before V_j. The ring states carry over from tile to tile (K's and V's advance
+// alike per tile, so one state is carried).
 template <class T>
 __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const FwdSm90Maps& m,
                                                   const FwdSm90Work& w, uint8_t* smem,
@@ -129,26 +130,28 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
                                                   fh::TmaPipeline<T::kStages>* pipe_v,
                                                   fh::PipelineState<T::kStages>& st) {
   const int kv_head = w.head / p.group;
-  // K_j and V_j into stage st (load_kv: both, then the next stage).
-  auto load_k = [&](int j) {
-    pipe_k->producer_acquire(st);
-    pipe_k->producer_expect(st, T::kKvTileBytes);
-    tma_tile<T::kAtomCols>(smem + T::kOffK + st.stage * T::kKvTileBytes, T::kKvAtomBytes, m.k,
-                           pipe_k->full_barrier(st), p.head_inner & 2, w.row_k + j * T::kBlockN, kv_head,
+  using State = fh::PipelineState<T::kStages>;
+  // K_j / V_j into stage `at`.
+  auto load_k = [&](int j, const State& at) {
+    pipe_k->producer_acquire(at);
+    pipe_k->producer_expect(at, T::kKvTileBytes);
+    tma_tile<T::kAtomCols>(smem + T::kOffK + at.stage * T::kKvTileBytes, T::kKvAtomBytes, m.k,
+                           pipe_k->full_barrier(at), p.head_inner & 2, w.row_k + j * T::kBlockN, kv_head,
                            w.map_batch);
   };
-  auto load_v = [&](int j) {
-    pipe_v->producer_acquire(st);
-    pipe_v->producer_expect(st, T::kKvTileBytes);
-    tma_tile<T::kAtomCols>(smem + T::kOffV + st.stage * T::kKvTileBytes, T::kKvAtomBytes, m.v,
-                           pipe_v->full_barrier(st), p.head_inner & 4, w.row_k + j * T::kBlockN, kv_head,
+  auto load_v = [&](int j, const State& at) {
+    pipe_v->producer_acquire(at);
+    pipe_v->producer_expect(at, T::kKvTileBytes);
+    tma_tile<T::kAtomCols>(smem + T::kOffV + at.stage * T::kKvTileBytes, T::kKvAtomBytes, m.v,
+                           pipe_v->full_barrier(at), p.head_inner & 4, w.row_k + j * T::kBlockN, kv_head,
                            w.map_batch);
   };
   auto load_kv = [&](int j) {
-    load_k(j);
-    load_v(j);
+    load_k(j, st);
+    load_v(j, st);
     st.advance();
   };
+  constexpr bool kKAhead = kFwdSm90Order.k_ahead;
   // o_over_v: K_0 and Q stream in while the previous tile finishes; V_0 waits until its O has
   // left the V stages. (Every tile, n_count = 0 too, passes the O-free barrier once: its
   // consumers stage an O as well.) A tile without keys needs only its Q before its consumers
@@ -156,9 +159,15 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
   // next before the wait polls (a parity wait cannot tell phase k + 1 from k - 1), so there the
   // wait comes first.
   auto* pipe_o = reinterpret_cast<fh::TmaPipeline<1>*>(smem + T::kOffPipeO);
-  if constexpr (T::kOOverV) {
-    if (w.n_count > 0) load_k(0);
-    if (w.n_count == 0) pipe_o->producer_acquire(sq);
+  State sk = st;  // k_ahead: K's state, one block ahead of st (V's) within the tile
+  if constexpr (T::kOOverV || kKAhead) {
+    if (w.n_count > 0) {
+      load_k(0, st);
+      sk.advance();
+    }
+    if constexpr (T::kOOverV) {
+      if (w.n_count == 0) pipe_o->producer_acquire(sq);
+    }
   } else {
     if (w.n_count > 0) load_kv(0);
   }
@@ -173,13 +182,26 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
     if (w.n_count > 0) pipe_o->producer_acquire(sq);
   }
   sq.advance();
-  if constexpr (T::kOOverV) {
-    if (w.n_count > 0) {
-      load_v(0);
+  if constexpr (kKAhead) {
+    // K_{j+1} waits for the release of K_{j-1} (after S_{j-1}), V_j for that of V_{j-2} (after
+    // P_{j-2} V_{j-2}, half a step later): issued first, K_{j+1} no longer queues behind V_j.
+    for (int j = 0; j < w.n_count; ++j) {
+      if (j + 1 < w.n_count) {
+        load_k(j + 1, sk);
+        sk.advance();
+      }
+      load_v(j, st);
       st.advance();
     }
+  } else {
+    if constexpr (T::kOOverV) {
+      if (w.n_count > 0) {
+        load_v(0, st);
+        st.advance();
+      }
+    }
+    for (int j = 1; j < w.n_count; ++j) load_kv(j);
   }
-  for (int j = 1; j < w.n_count; ++j) load_kv(j);
 }
 
 // ------------------------------------------------------------------------------ consumer ---
