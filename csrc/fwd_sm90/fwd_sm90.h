@@ -165,20 +165,6 @@ constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, 
 constexpr FwdSm90Config kFwdSm90Hdim256Multi = {256, 80, 2, 2, 24, 240, false, true, true, true,
                                                true, false, false, true, true, true};
 
-// The producer's order within a tile (fwd_sm90_producer), for every config. Today K_j and V_j
-// go in pairs, so K_{j+2}, whose stage is free once S_j has been waited for, queues behind V_{j+1},
-// whose stage frees only after P_{j-1} V_{j-1} at the end of step j: K gets one step's lead. ncu
-// (d = 256 causal 4096, b4 h8, H100): the consumers' K wait holds 4.8% of the stall samples against
-// FA3's 1.4%, the wait for Q and K_0 at a tile's start 5.0% against 1.8%. k_ahead: K_0, Q, then
-// K_{j+1} before V_j (K one and a half steps ahead; Q before V_0 on the one-CTA-per-tile configs).
-// A value, for scripts/build_candidates.sh: kFwdSm90Order=kFwdSm90OrderKAhead.
-struct FwdSm90LoadOrder {
-  bool k_ahead;
-};
-constexpr FwdSm90LoadOrder kFwdSm90Order = {false};
-// Candidate, not yet measured (docs/perf-log.md, "The forward's K loads one block ahead").
-constexpr FwdSm90LoadOrder kFwdSm90OrderKAhead = {true};
-
 // Which grid serves a head dim's calls, by seqlen_k (varlen: the longest sequence). Tiles are
 // (Q block, head, batch); a persistent grid (one CTA per SM) hides each tile's fixed costs (the
 // first Q and K loads, the epilogue) under the previous tile, +8..+21% at seqlen 512-1024 and
@@ -196,6 +182,10 @@ struct FwdSm90Grid {
   // Causal without a counter (no stream-ordered memory pool): the static stride up to this
   // seqlen_k, else one CTA per tile.
   int causal_static_keys;
+  // The producer issues K_{j+1} before V_j (FwdSm90Params::k_ahead) up to this seqlen_k, causal /
+  // not; else K_j and V_j in pairs.
+  int causal_k_ahead_keys;
+  int full_k_ahead_keys;
 };
 constexpr int kAllKeys = 0x7fffffff;
 // Measured (H200, bf16; docs/perf-log.md "Forward tiles from a counter at every head dim", "The
@@ -214,10 +204,20 @@ constexpr int kAllKeys = 0x7fffffff;
 //   the counter still fetched early; +2.4% at d = 192 2048, -2.9% at d = 256 (+1.9% with the late
 //   fetch and the shortened tail, kFwdSm90Hdim256Multi). With the late
 //   fetch, d = 192 +2.2 / +0.9 / +0.4 / +0.2% at 2k / 4k / 8k / 16k against its main config.
-constexpr FwdSm90Grid kFwdSm90Hdim64Grid = {4096, kAllKeys, kAllKeys, 2048};
-constexpr FwdSm90Grid kFwdSm90Hdim128Grid = {4096, kAllKeys, kAllKeys, 2048};
-constexpr FwdSm90Grid kFwdSm90Hdim192Grid = {kAllKeys, kAllKeys, kAllKeys, 0};
-constexpr FwdSm90Grid kFwdSm90Hdim256Grid = {2048, 2048, 2048, 0};
+// - K_{j+1} before V_j (k_ahead; docs/perf-log.md "The forward's K loads one block ahead"): in
+//   pairs, K_{j+2} (its stage free once S_j has been waited for) queued behind V_{j+1} (free only
+//   after P_{j-1} V_{j-1}, at the end of step j), so K had one step's lead; ncu at d = 256 causal
+//   4096 (H100) put 4.8% of the stall samples on the K wait against FA3's 1.4%, and 5.0% on the
+//   tile's first Q / K against 1.8%. Measured in one order for every call (H100, bf16, A B x 3,
+//   GPU time): d = 256 causal +0.8..+3.9% at 512-16k, non-causal +3.3 / +1.5 / +0.4 / +1.8% at
+//   512-4096, -0.3 / -2.9% at 8k / 16k; d = 192 causal +1.9..+2.8% at 512-2048, +1.0 / 0.0 / -1.4%
+//   at 4k / 8k / 16k, non-causal +2.6 / +1.2% at 512 / 1024, -0.7..-3.3% beyond; d = 128 causal
+//   +2.1 / +2.2 / +0.7% at 512-2048, -0.4..-6.5% beyond, non-causal -2.8..+1.4% (noise);
+//   d = 64 -1.7..+4.6% (noise): on where it gained.
+constexpr FwdSm90Grid kFwdSm90Hdim64Grid = {4096, kAllKeys, kAllKeys, 2048, 0, 0};
+constexpr FwdSm90Grid kFwdSm90Hdim128Grid = {4096, kAllKeys, kAllKeys, 2048, 2048, 0};
+constexpr FwdSm90Grid kFwdSm90Hdim192Grid = {kAllKeys, kAllKeys, kAllKeys, 0, 4096, 1024};
+constexpr FwdSm90Grid kFwdSm90Hdim256Grid = {2048, 2048, 2048, 0, kAllKeys, 4096};
 
 // Measured slower and removed (docs/perf-log.md): a persistent CTA's tiles as one software
 // pipeline (cross_tile, d = 128: -6..+1% main sweep, -8..-17% short), ping-pong at d = 128 / 192
@@ -255,6 +255,7 @@ struct FwdSm90Params {
   const int* cu_seqlens_q;
   const int* cu_seqlens_k;
   int total_q;
+  int k_ahead;  // the producer issues K_{j+1} before V_j (FwdSm90Grid); else K_j, V_j in pairs
   int* tile_counter;  // dynamic_tiles: a zeroed int; CTA c's k-th fetch gets tile gridDim.x + n
                       // (n: the fetches before it); null: the static stride
   // fast_tile_decode: the tile decode's divisors (grouped_tile_fast, sm90_common.h): l2_group x
@@ -278,6 +279,9 @@ bool fwd_sm90_persistent(const flashback_fwd_params& p);
 // Whether a config with dynamic_tiles takes this call's tiles from a counter (a persistent
 // grid; the head dim's FwdSm90Grid).
 bool fwd_sm90_dynamic(const flashback_fwd_params& p);
+
+// Whether the producer loads K one block ahead of V for this call (the head dim's FwdSm90Grid).
+bool fwd_sm90_k_ahead(const flashback_fwd_params& p);
 
 // Whether a CTA of this call walks more than one tile (persistent or counter-fed): the head
 // dim's Multi config serves it.

@@ -195,6 +195,7 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
   kp.l2_group = p.causal ? static_cast<int>(std::max<int64_t>(
       1, std::min<int64_t>(pairs, (int64_t{32} << 20) * kp.group / kv_bytes_per_pair))) : 1;
   kp.causal = p.causal ? 1 : 0;
+  kp.k_ahead = fwd_sm90_k_ahead(p) ? 1 : 0;
   // tma_store_o: a map for out with boxes of one warpgroup's 64 rows, where out's layout suits
   // TMA (the API asks only for 16-byte alignment); else every thread copies O out.
   CUtensorMap map_o;

@@ -118,7 +118,7 @@ struct FwdSm90Maps {
 // ------------------------------------------------------------------------------ producer ---
 // One thread, one tile: K_0 and V_0 first (they stream while the consumers finish the previous
 // tile), then Q (once its stage is free: the previous user's O has left), then K_j and V_j of
-// every further step; o_over_v: K_0, Q, then V_0. kFwdSm90Order.k_ahead (fwd_sm90.h): K_0, Q,
+// every further step; o_over_v: K_0, Q, then V_0. p.k_ahead (FwdSm90Grid says where): K_0, Q,
 // then K_{j+1} before V_j. The ring states carry over from tile to tile (K's and V's advance
 // alike per tile, so one state is carried).
 template <class T>
@@ -151,7 +151,6 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
     load_v(j, st);
     st.advance();
   };
-  constexpr bool kKAhead = kFwdSm90Order.k_ahead;
   // o_over_v: K_0 and Q stream in while the previous tile finishes; V_0 waits until its O has
   // left the V stages. (Every tile, n_count = 0 too, passes the O-free barrier once: its
   // consumers stage an O as well.) A tile without keys needs only its Q before its consumers
@@ -160,7 +159,7 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
   // wait comes first.
   auto* pipe_o = reinterpret_cast<fh::TmaPipeline<1>*>(smem + T::kOffPipeO);
   State sk = st;  // k_ahead: K's state, one block ahead of st (V's) within the tile
-  if constexpr (T::kOOverV || kKAhead) {
+  if (T::kOOverV || p.k_ahead) {
     if (w.n_count > 0) {
       load_k(0, st);
       sk.advance();
@@ -182,7 +181,7 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
     if (w.n_count > 0) pipe_o->producer_acquire(sq);
   }
   sq.advance();
-  if constexpr (kKAhead) {
+  if (p.k_ahead) {
     // K_{j+1} waits for the release of K_{j-1} (after S_{j-1}), V_j for that of V_{j-2} (after
     // P_{j-2} V_{j-2}, half a step later): issued first, K_{j+1} no longer queues behind V_j.
     for (int j = 0; j < w.n_count; ++j) {
