@@ -218,6 +218,14 @@ constexpr FwdSm90Grid kFwdSm90Hdim64Grid = {4096, kAllKeys, kAllKeys, 2048, 0, 0
 constexpr FwdSm90Grid kFwdSm90Hdim128Grid = {4096, kAllKeys, kAllKeys, 2048, 2048, 0};
 constexpr FwdSm90Grid kFwdSm90Hdim192Grid = {kAllKeys, kAllKeys, kAllKeys, 0, 4096, 1024};
 constexpr FwdSm90Grid kFwdSm90Hdim256Grid = {2048, 2048, 2048, 0, kAllKeys, 4096};
+// A head dim's row, at compile time (the producer keeps one load order where its row has k_ahead
+// nowhere).
+constexpr FwdSm90Grid fwd_sm90_grid_row(int head_dim) {
+  return head_dim == 64 ? kFwdSm90Hdim64Grid
+         : head_dim == 128 ? kFwdSm90Hdim128Grid
+         : head_dim == 192 ? kFwdSm90Hdim192Grid
+                           : kFwdSm90Hdim256Grid;
+}
 
 // Measured slower and removed (docs/perf-log.md): a persistent CTA's tiles as one software
 // pipeline (cross_tile, d = 128: -6..+1% main sweep, -8..-17% short), ping-pong at d = 128 / 192

@@ -43,6 +43,9 @@ struct FwdSm90Traits {
   static constexpr int kStages = kCfg.kv_stages;
   static constexpr int kThreads = 128 * (1 + kConsumerWgs);  // producer + consumers
   static constexpr int kConsumerWarps = 4 * kConsumerWgs;    // arrivals that free a stage
+  // Whether any call of the head dim has the producer load K one block ahead (p.k_ahead).
+  static constexpr bool kKAheadAny = fwd_sm90_grid_row(kHeadDim).causal_k_ahead_keys > 0 ||
+                                     fwd_sm90_grid_row(kHeadDim).full_k_ahead_keys > 0;
   static_assert(kHeadDim % 64 == 0 && kHeadDim >= 64 && kHeadDim <= 256,
                 "d is a whole number of 64-element atom-columns, at most 256 (the O wgmma's N)");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "block_n: k16 steps of P V, N of S");
@@ -158,8 +161,9 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
   // next before the wait polls (a parity wait cannot tell phase k + 1 from k - 1), so there the
   // wait comes first.
   auto* pipe_o = reinterpret_cast<fh::TmaPipeline<1>*>(smem + T::kOffPipeO);
+  const bool k_ahead = T::kKAheadAny && p.k_ahead;
   State sk = st;  // k_ahead: K's state, one block ahead of st (V's) within the tile
-  if (T::kOOverV || p.k_ahead) {
+  if (T::kOOverV || k_ahead) {
     if (w.n_count > 0) {
       load_k(0, st);
       sk.advance();
@@ -181,7 +185,7 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
     if (w.n_count > 0) pipe_o->producer_acquire(sq);
   }
   sq.advance();
-  if (p.k_ahead) {
+  if (k_ahead) {
     // K_{j+1} waits for the release of K_{j-1} (after S_{j-1}), V_j for that of V_{j-2} (after
     // P_{j-2} V_{j-2}, half a step later): issued first, K_{j+1} no longer queues behind V_j.
     for (int j = 0; j < w.n_count; ++j) {
