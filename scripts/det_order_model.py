@@ -10,9 +10,15 @@ unit adds into a Q tile only after every higher unit that sees the tile has (the
 order); the model counts the steps a unit waits for that. Prints the makespans and their
 ratio, per seqlen of the benchmark's causal sweep.
 
-    python3 scripts/det_order_model.py [--slots 66] [--unit-keys 160]
+An event-driven form (`event_makespan`) adds steps of random length 1 +- jitter and a third
+order, the candidate kBwdSm90DetOrderFromEnd: units launch longest-first as in the default, walk
+their Q blocks from the last down to their diagonal, and a tile's adds go from unit 0 up.
+
+    python3 scripts/det_order_model.py [--slots 66] [--unit-keys 160] [--jitter 0,0.1,0.3]
 """
 import argparse
+import heapq
+import random
 
 
 def makespan(seqlen, pairs, l2_group, slots, unit_keys, det, block_m=64, ascending=False):
@@ -46,17 +52,101 @@ def makespan(seqlen, pairs, l2_group, slots, unit_keys, det, block_m=64, ascendi
     return t, waits
 
 
+# (each head's units launched last-first, walks from the last Q block down, a tile's adds from
+# the "top" unit down / the "bottom" unit up / None: in any order)
+ORDERS = {
+    "default": (False, False, None),
+    "prod": (True, False, "top"),
+    "from_end": (False, True, "bottom"),
+}
+
+
+def event_makespan(seqlen, pairs, l2_group, slots, unit_keys, order, jitter=0.0, seed=1, block_m=64):
+    """Makespan of the causal grid with `slots` units resident, each step of length 1 + U(-j, j)
+    and a unit's dQ add at the end of its step. order: a name of ORDERS ("default": no add order,
+    longest-first launch, upward walks; "prod": adds from the highest unit down, each head's units
+    last-first, upward walks; "from_end": adds from unit 0 up, longest-first, walks from the last
+    Q block down) or such a tuple. A unit whose add is not next on its tile waits (holding its
+    slot) until it is. Returns (makespan, units left waiting: > 0 is a deadlock)."""
+    last_first, from_end, adds = ORDERS[order] if isinstance(order, str) else order
+    rng = random.Random(seed)
+    m_blocks = seqlen // block_m
+    units = (seqlen + unit_keys - 1) // unit_keys
+    first = [u * unit_keys // block_m for u in range(units)]
+    launch = []  # bwd_sm90_work's grouping: l2_group pairs, the block index slower than the pair
+    for g0 in range(0, pairs, l2_group):
+        group = range(g0, min(pairs, g0 + l2_group))
+        for b in range(units):
+            launch += [(p, units - 1 - b if last_first else b) for p in group]
+    walks = []
+    for p, u in launch:
+        tiles = list(range(first[u], m_blocks))
+        walks.append((p, u, tiles[::-1] if from_end else tiles))
+    # The adders of tile m are the units u with first[u] <= m, ranked from the top or the bottom.
+    def rank(m, u):
+        if adds == "top":
+            return max(v for v in range(units) if first[v] <= m) - u
+        return u
+    added = {}      # (pair, tile) -> adds made
+    waiting = {}    # (pair, tile) -> {rank: (unit index, time ready)}
+    events = []     # (time the unit's step ends, tie-break, unit index)
+    at = [0] * len(walks)
+    seq, next_unit, finish = 0, 0, 0.0
+
+    def begin_step(i, t):
+        nonlocal seq
+        heapq.heappush(events, (t + 1.0 + (rng.uniform(-jitter, jitter) if jitter else 0.0), seq, i))
+        seq += 1
+
+    while next_unit < len(walks) and next_unit < slots:
+        begin_step(next_unit, 0.0)
+        next_unit += 1
+    while events:
+        t, _, i = heapq.heappop(events)
+        while True:  # i adds at t; then maybe the tile's next adder, already waiting, at once
+            p, u, tiles = walks[i]
+            key = (p, tiles[at[i]])
+            if adds is not None and rank(tiles[at[i]], u) != added.get(key, 0):
+                waiting.setdefault(key, {})[rank(tiles[at[i]], u)] = i
+                break
+            added[key] = added.get(key, 0) + 1
+            at[i] += 1
+            if at[i] < len(tiles):
+                begin_step(i, t)
+            else:
+                finish = max(finish, t)
+                if next_unit < len(walks):
+                    begin_step(next_unit, t)
+                    next_unit += 1
+            nxt = waiting.get(key, {}).pop(added[key], None)
+            if nxt is None:
+                break
+            i = nxt
+    return finish, sum(len(w) for w in waiting.values())
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--slots", type=int, default=66, help="units resident at once (66 pairs of CTAs)")
     ap.add_argument("--unit-keys", type=int, default=160, help="keys per unit (160: a pair of 80-key blocks)")
+    ap.add_argument("--jitter", default="0,0.1,0.3", help="step-length jitters for the event model")
     a = ap.parse_args()
-    for seqlen, pairs, l2 in ((4096, 32, 4), (8192, 16, 2), (16384, 8, 1)):  # d = 256, 8 heads, 16k tokens
+    sweep = ((4096, 32, 4), (8192, 16, 2), (16384, 8, 1))  # d = 256, 8 heads, 16k tokens
+    for seqlen, pairs, l2 in sweep:
         base, _ = makespan(seqlen, pairs, l2, a.slots, a.unit_keys, False)
         det, waits = makespan(seqlen, pairs, l2, a.slots, a.unit_keys, True)
         asc, asc_waits = makespan(seqlen, pairs, l2, a.slots, a.unit_keys, True, ascending=True)
         print(f"seqlen {seqlen}: default {base} steps, deterministic {det} ({waits} unit-steps of waiting), "
               f"ratio {base / det:.3f}; ascending adds {asc} ({asc_waits} waiting), ratio {base / asc:.3f}")
+    print("event model, fraction of the default's makespan (same jitter and seed):")
+    for seqlen, pairs, l2 in sweep:
+        for j in (float(x) for x in a.jitter.split(",")):
+            base, _ = event_makespan(seqlen, pairs, l2, a.slots, a.unit_keys, "default", j)
+            row = []
+            for order in ("prod", "from_end"):
+                t, stuck = event_makespan(seqlen, pairs, l2, a.slots, a.unit_keys, order, j)
+                row.append(f"{order} {base / t:.3f}" + (" (deadlock)" if stuck else ""))
+            print(f"  seqlen {seqlen} jitter {j}: " + ", ".join(row))
 
 
 if __name__ == "__main__":

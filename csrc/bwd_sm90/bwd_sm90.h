@@ -190,6 +190,23 @@ static constexpr const BwdSm90Config& kBwdSm90Hdim64Det = kBwdSm90Hdim64;
 static constexpr const BwdSm90Config& kBwdSm90Hdim128Det = kBwdSm90Hdim128;
 static constexpr const BwdSm90Config& kBwdSm90Hdim192Det = kBwdSm90Hdim192;
 static constexpr const BwdSm90Config& kBwdSm90Hdim256Det = kBwdSm90Hdim256;
+// The deterministic causal order, for every head dim. Production (from_the_end = false): the
+// units (K/V blocks, or a pair's two) of a (batch, kv head) launch last-first and walk their Q
+// blocks upwards; a tile's adds go from the highest unit down. Launching the longest walks last
+// makes them the grid's tail: scripts/det_order_model.py puts it at 0.937 of the default's
+// makespan before any real wait (measured 0.88-0.90). from_the_end: units launch longest-first, as
+// in the default mode, walk their Q blocks from the last down to their diagonal, and a tile's
+// adds go from unit 0 up (a unit waits only for lower units, launched before it, so no residency
+// can deadlock). Units of a head reach a tile nearly together, unit u one step behind unit u - 1
+// after the first tile, and finish no later than unit 0's longer walk: the model reads 1.000 of
+// the default without jitter, 0.99 / 0.97 with steps of 1 +- 0.1 / 0.3. A value, for
+// scripts/build_candidates.sh: kBwdSm90DetOrder=kBwdSm90DetOrderFromEnd.
+struct BwdSm90DetOrder {
+  bool from_the_end;
+};
+constexpr BwdSm90DetOrder kBwdSm90DetOrder = {false};
+// Candidate, not yet measured (docs/perf-log.md, "The deterministic causal walk from the end").
+constexpr BwdSm90DetOrder kBwdSm90DetOrderFromEnd = {true};
 // The single-CTA config of a head dim whose configs are pairs: it runs both modes where the
 // pair does not pay (short walks: fewer than kBwdSm90PairMinRows query rows per CTA, measured
 // 1.7-12% faster than the pair at seqlen 512-2048) or cannot run (no 2-CTA cluster fits, or

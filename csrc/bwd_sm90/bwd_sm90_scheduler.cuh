@@ -39,7 +39,8 @@ struct BwdSm90Work {
 //
 // Deterministic mode (kDet) changes two things so that the fixed order of the dQ adds
 // (bwd_sm90_dq_rank) rarely makes a CTA wait:
-//   causal: the K/V blocks of a pair run last-first. A tile's adds go from the highest K/V block
+//   causal (kBwdSm90DetOrder, bwd_sm90.h, has a candidate order): the K/V blocks of a pair run
+//     last-first. A tile's adds go from the highest K/V block
 //     that sees it down to block 0; walking its Q blocks upwards, block n + 1 reaches any tile
 //     at least one step before block n (its first tile is at least one block later), and it
 //     was launched earlier, so a CTA only ever waits for CTAs of lower blockIdx.
@@ -66,7 +67,7 @@ __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
   const int cta = p.block_base + static_cast<int>(kPair ? blockIdx.x / 2 : blockIdx.x);
   const int grid_units = (p.n_blocks + kUnitBlocks - 1) / kUnitBlocks;
   const GroupedTile tile = grouped_tile(cta, p.l2_group, grid_units, p.nheads_k * p.batch);
-  w.unit = (kDet && p.causal) ? grid_units - 1 - tile.block : tile.block;
+  w.unit = (kDet && p.causal && !kBwdSm90DetOrder.from_the_end) ? grid_units - 1 - tile.block : tile.block;
   w.n_block = kPair ? 2 * w.unit + static_cast<int>(blockIdx.x & 1) : w.unit;
   w.kv_head = tile.pair % p.nheads_k;
   w.batch = tile.pair / p.nheads_k;
@@ -111,8 +112,12 @@ __device__ __forceinline__ void bwd_sm90_iter(const BwdSm90Params& p, const BwdS
   pos = it - g * w.m_count;
   int local = pos;
   if constexpr (kDet) {
-    local += w.shift;
-    if (local >= w.m_count) local -= w.m_count;
+    if (kBwdSm90DetOrder.from_the_end && p.causal) {
+      local = w.m_count - 1 - pos;  // from the last Q block down to the diagonal
+    } else {
+      local += w.shift;
+      if (local >= w.m_count) local -= w.m_count;
+    }
   }
   m_block = w.m_begin + local;
   head = w.kv_head * p.group + g;
@@ -132,8 +137,9 @@ template <int kBlockM, int kUnitKeys>
 __device__ __forceinline__ int bwd_sm90_dq_rank(const BwdSm90Params& p, const BwdSm90Work& w,
                                                 int m_block, int pos) {
   if (p.causal) {
-    // Units 0 .. u_max see the tile (unit u does iff its m_begin <= m_block); the adds run
-    // from u_max down.
+    // Units 0 .. u_max see the tile (unit u does iff its m_begin <= m_block, which grows with
+    // u). kBwdSm90DetOrder.from_the_end: the adds run from unit 0 up; else from u_max down.
+    if (kBwdSm90DetOrder.from_the_end) return w.unit;
     const int rows_end = kBlockM * (m_block + 1) + (w.seq.seqlen_k - w.seq.seqlen_q);  // > 0 here
     const int u_max = min(w.units - 1, (rows_end - 1) / kUnitKeys);
     return u_max - w.unit;

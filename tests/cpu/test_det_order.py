@@ -1,5 +1,5 @@
 """The deterministic Hopper backward's add order (csrc/bwd_sm90/bwd_sm90_scheduler.cuh), modelled
-on the CPU: for every dQ tile the units that add into it (K/V blocks, or with pair_dq clusters of
+on the CPU (causal: production's and the candidate kBwdSm90DetOrderFromEnd's): for every dQ tile the units that add into it (K/V blocks, or with pair_dq clusters of
 two blocks) get the ranks 0, 1, .. exactly once, and a run of the grid with only so many CTAs
 resident at a time, each waiting for its rank on every tile, finishes (no CTA waits for one that
 cannot run). Python transcriptions of bwd_sm90_work, bwd_sm90_iter and bwd_sm90_dq_rank; dense
@@ -18,7 +18,7 @@ def work(cta, p, unit_blocks):
     rest = cta - g * group * grid_units
     group_pairs = min(group, pairs - g * group)
     block, pair = rest // group_pairs, g * group + rest % group_pairs
-    unit = grid_units - 1 - block if p["causal"] else block
+    unit = grid_units - 1 - block if p["causal"] and not p.get("from_end") else block
     sq, sk, bm, bn = p["seqlen_q"], p["seqlen_k"], p["block_m"], p["block_n"]
     m_blocks = -(-sq // bm)
     n_blocks = -(-sk // bn)
@@ -38,19 +38,25 @@ def work(cta, p, unit_blocks):
     return w
 
 
-def walk(w, group):
-    """bwd_sm90_iter<true>: (q head in the group, Q block, position) per step."""
+def walk(w, group, from_end=False):
+    """bwd_sm90_iter<true>: (q head in the group, Q block, position) per step; from_end
+    (kBwdSm90DetOrder.from_the_end, causal): the Q blocks from the last down."""
     for it in range(group * w["m_count"]):
         g, pos = divmod(it, w["m_count"])
-        local = pos + w["shift"]
-        if local >= w["m_count"]:
-            local -= w["m_count"]
+        if from_end:
+            local = w["m_count"] - 1 - pos
+        else:
+            local = pos + w["shift"]
+            if local >= w["m_count"]:
+                local -= w["m_count"]
         yield g, w["m_begin"] + local, pos
 
 
 def rank(p, w, m_block, pos, unit_keys):
     """bwd_sm90_dq_rank<block_m, unit_keys>."""
     if p["causal"]:
+        if p.get("from_end"):
+            return w["unit"]
         rows_end = p["block_m"] * (m_block + 1) + (p["seqlen_k"] - p["seqlen_q"])
         return min(w["units"] - 1, (rows_end - 1) // unit_keys) - w["unit"]
     M = w["m_blocks"]
@@ -78,7 +84,7 @@ def run_grid(p, unit_blocks, resident):
     for cta in range(ctas):
         w = work(cta, p, unit_blocks)
         s = []
-        for g, m, pos in walk(w, p["group"]):
+        for g, m, pos in walk(w, p["group"], p["causal"] and p.get("from_end", False)):
             tile = (w["pair"], g, m)
             r = rank(p, w, m, pos, unit_keys)
             s.append((tile, r))
@@ -114,8 +120,8 @@ CASES = [
 
 
 @pytest.mark.parametrize("unit_blocks", [1, 2])
-@pytest.mark.parametrize("causal", [True, False])
-def test_det_order_ranks_and_progress(unit_blocks, causal):
+@pytest.mark.parametrize("causal,from_end", [(True, False), (True, True), (False, False)])
+def test_det_order_ranks_and_progress(unit_blocks, causal, from_end):
     block_m, block_n = 64, 80
     for (sq, sk), pairs, group in itertools.product(CASES, (1, 3), (1, 2)):
         n_blocks = -(-sk // block_n)
@@ -124,7 +130,7 @@ def test_det_order_ranks_and_progress(unit_blocks, causal):
             for det_chunk in ((1,) if causal else (1, 2, 3, 5)):
                 p = dict(seqlen_q=sq, seqlen_k=sk, block_m=block_m, block_n=block_n, causal=causal,
                          n_blocks=n_blocks, pairs=pairs, group=group, l2_group=l2_group,
-                         det_chunk=det_chunk)
+                         det_chunk=det_chunk, from_end=from_end)
                 # Causal: any residency (a CTA only waits for earlier ones). Non-causal: a chunk
                 # is resident at once, the launch's promise (det_chunk = what fits).
                 for resident in ((1, 2, units * pairs) if causal else (det_chunk,)):
