@@ -39,11 +39,12 @@ struct BwdSm90Work {
 //
 // Deterministic mode (kDet) changes two things so that the fixed order of the dQ adds
 // (bwd_sm90_dq_rank) rarely makes a CTA wait:
-//   causal (kBwdSm90DetOrder, bwd_sm90.h, has a candidate order): the K/V blocks of a pair run
-//     last-first. A tile's adds go from the highest K/V block
-//     that sees it down to block 0; walking its Q blocks upwards, block n + 1 reaches any tile
-//     at least one step before block n (its first tile is at least one block later), and it
-//     was launched earlier, so a CTA only ever waits for CTAs of lower blockIdx.
+//   causal: the K/V blocks of a pair run last-first. A tile's adds go from the highest K/V
+//     block that sees it down to block 0; walking its Q blocks upwards, block n + 1 reaches any
+//     tile at least one step before block n (its first tile is at least one block later), and
+//     it was launched earlier, so a CTA only ever waits for CTAs of lower blockIdx. (The
+//     candidate kBwdSm90DetOrderFromEnd, bwd_sm90.h: longest-first, walks from the last Q block
+//     down, adds from block 0 up; a CTA again waits only for lower blockIdx.)
 //   non-causal: every block sees every tile, so a plain walk would have all blocks of a head
 //     on the same tile at once, each waiting for the previous one. Instead the grid is cut into
 //     chunks of p.det_chunk CTAs (what is resident at once, and as all CTAs
