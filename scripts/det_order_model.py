@@ -53,35 +53,43 @@ def makespan(seqlen, pairs, l2_group, slots, unit_keys, det, block_m=64, ascendi
 
 
 # (each head's units launched last-first, walks from the last Q block down, a tile's adds from
-# the "top" unit down / the "bottom" unit up / None: in any order)
+# the "top" unit down / the "bottom" unit up / None: in any order, the GQA group's q heads the
+# inner loop of a walk)
 ORDERS = {
-    "default": (False, False, None),
-    "prod": (True, False, "top"),
-    "from_end": (False, True, "bottom"),
+    "default": (False, False, None, False),
+    "prod": (True, False, "top", False),
+    "from_end": (False, True, "bottom", True),
 }
 
 
-def event_makespan(seqlen, pairs, l2_group, slots, unit_keys, order, jitter=0.0, seed=1, block_m=64):
+def event_makespan(seqlen, pairs, l2_group, slots, unit_keys, order, jitter=0.0, seed=1, block_m=64,
+                   group=1):
     """Makespan of the causal grid with `slots` units resident, each step of length 1 + U(-j, j)
     and a unit's dQ add at the end of its step. order: a name of ORDERS ("default": no add order,
     longest-first launch, upward walks; "prod": adds from the highest unit down, each head's units
     last-first, upward walks; "from_end": adds from unit 0 up, longest-first, walks from the last
-    Q block down) or such a tuple. A unit whose add is not next on its tile waits (holding its
-    slot) until it is. Returns (makespan, units left waiting: > 0 is a deadlock)."""
-    last_first, from_end, adds = ORDERS[order] if isinstance(order, str) else order
+    Q block down, q heads inner) or such a tuple. `group` q heads per kv head (GQA): a unit walks
+    every head's tiles. A unit whose add is not next on its tile waits (holding its slot) until
+    it is. Returns (makespan, units left waiting: > 0 is a deadlock)."""
+    last_first, from_end, adds, heads_inner = ORDERS[order] if isinstance(order, str) else order
     rng = random.Random(seed)
     m_blocks = seqlen // block_m
     units = (seqlen + unit_keys - 1) // unit_keys
     first = [u * unit_keys // block_m for u in range(units)]
     launch = []  # bwd_sm90_work's grouping: l2_group pairs, the block index slower than the pair
     for g0 in range(0, pairs, l2_group):
-        group = range(g0, min(pairs, g0 + l2_group))
+        in_group = range(g0, min(pairs, g0 + l2_group))
         for b in range(units):
-            launch += [(p, units - 1 - b if last_first else b) for p in group]
+            launch += [(p, units - 1 - b if last_first else b) for p in in_group]
     walks = []
     for p, u in launch:
-        tiles = list(range(first[u], m_blocks))
-        walks.append((p, u, tiles[::-1] if from_end else tiles))
+        blocks = list(range(first[u], m_blocks))
+        blocks = blocks[::-1] if from_end else blocks
+        if heads_inner:
+            tiles = [(g, m) for m in blocks for g in range(group)]
+        else:
+            tiles = [(g, m) for g in range(group) for m in blocks]
+        walks.append((p, u, tiles))
     # The adders of tile m are the units u with first[u] <= m, ranked from the top or the bottom.
     def rank(m, u):
         if adds == "top":
@@ -106,8 +114,9 @@ def event_makespan(seqlen, pairs, l2_group, slots, unit_keys, order, jitter=0.0,
         while True:  # i adds at t; then maybe the tile's next adder, already waiting, at once
             p, u, tiles = walks[i]
             key = (p, tiles[at[i]])
-            if adds is not None and rank(tiles[at[i]], u) != added.get(key, 0):
-                waiting.setdefault(key, {})[rank(tiles[at[i]], u)] = i
+            r = rank(tiles[at[i]][1], u)
+            if adds is not None and r != added.get(key, 0):
+                waiting.setdefault(key, {})[r] = i
                 break
             added[key] = added.get(key, 0) + 1
             at[i] += 1
@@ -130,6 +139,7 @@ def main():
     ap.add_argument("--slots", type=int, default=66, help="units resident at once (66 pairs of CTAs)")
     ap.add_argument("--unit-keys", type=int, default=160, help="keys per unit (160: a pair of 80-key blocks)")
     ap.add_argument("--jitter", default="0,0.1,0.3", help="step-length jitters for the event model")
+    ap.add_argument("--group", type=int, default=1, help="GQA q heads per kv head (event model)")
     a = ap.parse_args()
     sweep = ((4096, 32, 4), (8192, 16, 2), (16384, 8, 1))  # d = 256, 8 heads, 16k tokens
     for seqlen, pairs, l2 in sweep:
@@ -141,10 +151,10 @@ def main():
     print("event model, fraction of the default's makespan (same jitter and seed):")
     for seqlen, pairs, l2 in sweep:
         for j in (float(x) for x in a.jitter.split(",")):
-            base, _ = event_makespan(seqlen, pairs, l2, a.slots, a.unit_keys, "default", j)
+            base, _ = event_makespan(seqlen, pairs, l2, a.slots, a.unit_keys, "default", j, group=a.group)
             row = []
             for order in ("prod", "from_end"):
-                t, stuck = event_makespan(seqlen, pairs, l2, a.slots, a.unit_keys, order, j)
+                t, stuck = event_makespan(seqlen, pairs, l2, a.slots, a.unit_keys, order, j, group=a.group)
                 row.append(f"{order} {base / t:.3f}" + (" (deadlock)" if stuck else ""))
             print(f"  seqlen {seqlen} jitter {j}: " + ", ".join(row))
 

@@ -195,11 +195,13 @@ static constexpr const BwdSm90Config& kBwdSm90Hdim256Det = kBwdSm90Hdim256;
 // blocks upwards; a tile's adds go from the highest unit down. Launching the longest walks last
 // makes them the grid's tail: scripts/det_order_model.py puts it at 0.937 of the default's
 // makespan before any real wait (measured 0.88-0.90). from_the_end: units launch longest-first, as
-// in the default mode, walk their Q blocks from the last down to their diagonal, and a tile's
-// adds go from unit 0 up (a unit waits only for lower units, launched before it, so no residency
-// can deadlock). Units of a head reach a tile nearly together, unit u one step behind unit u - 1
-// after the first tile, and finish no later than unit 0's longer walk: the model reads 1.000 of
-// the default without jitter, 0.99 / 0.97 with steps of 1 +- 0.1 / 0.3. A value, for
+// in the default mode, walk their Q blocks from the last down to their diagonal (the GQA
+// group's q heads inner), and a tile's adds go from unit 0 up (a unit waits only for lower units,
+// launched before it, so no residency can deadlock). Units of a head reach a tile nearly
+// together, unit u one step behind unit u - 1 after the first tile, and finish no later than
+// unit 0's longer walk: the model reads 1.000 of the default without jitter, 0.99 / 0.97 with
+// steps of 1 +- 0.1 / 0.3, at GQA groups 1-8 too. The upper CTA's ghost steps of a pair then come
+// last in a walk and wait for their turn like any step. A value, for
 // scripts/build_candidates.sh: kBwdSm90DetOrder=kBwdSm90DetOrderFromEnd.
 struct BwdSm90DetOrder {
   bool from_the_end;

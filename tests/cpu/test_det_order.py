@@ -40,15 +40,16 @@ def work(cta, p, unit_blocks):
 
 def walk(w, group, from_end=False):
     """bwd_sm90_iter<true>: (q head in the group, Q block, position) per step; from_end
-    (kBwdSm90DetOrder.from_the_end, causal): the Q blocks from the last down."""
+    (kBwdSm90DetOrder.from_the_end, causal): the Q blocks from the last down, q heads inner."""
     for it in range(group * w["m_count"]):
-        g, pos = divmod(it, w["m_count"])
         if from_end:
-            local = w["m_count"] - 1 - pos
-        else:
-            local = pos + w["shift"]
-            if local >= w["m_count"]:
-                local -= w["m_count"]
+            pos, g = divmod(it, group)
+            yield g, w["m_begin"] + w["m_count"] - 1 - pos, pos
+            continue
+        g, pos = divmod(it, w["m_count"])
+        local = pos + w["shift"]
+        if local >= w["m_count"]:
+            local -= w["m_count"]
         yield g, w["m_begin"] + local, pos
 
 

@@ -31,6 +31,18 @@ def test_from_end_keeps_the_default_makespan_and_never_deadlocks():
 def test_a_unit_waiting_for_one_that_cannot_launch_is_a_deadlock():
     # Adds from the top with the longest walks launched first: with one slot, unit 0 waits on its
     # second tile for unit 1, which never gets a slot. Production's pairing is safe there.
-    t, stuck = m.event_makespan(1024, 1, 1, 1, 160, (False, False, "top"))
+    t, stuck = m.event_makespan(1024, 1, 1, 1, 160, (False, False, "top", False))
     assert stuck == 1
     assert m.event_makespan(1024, 1, 1, 1, 160, "prod")[1] == 0
+
+
+def test_gqa_heads_inner_keeps_from_end_at_the_default():
+    # With the q heads outer, a higher unit (a shorter walk) reaches the next head's tiles before
+    # the lower units and waits there; with them inner (what bwd_sm90_iter does) it does not.
+    for group in (2, 4):
+        base, _ = m.event_makespan(4096, 8, 2, 66, 160, "default", group=group)
+        inner, stuck = m.event_makespan(4096, 8, 2, 66, 160, "from_end", group=group)
+        outer, stuck_outer = m.event_makespan(4096, 8, 2, 66, 160, (False, True, "bottom", False), group=group)
+        assert stuck == 0 and stuck_outer == 0
+        assert inner <= base * 1.02, (group, inner, base)
+        assert outer > inner * 1.05, (group, outer, inner)

@@ -386,7 +386,8 @@ def test_deterministic_cooperative_launches_give_the_same_bits(tmp_path):
 def test_bwd_without_the_pair_gives_the_same_dk_dv(tmp_path, dtype, deterministic):
     """FLASHBACK_BWD_PAIR=0 runs the d = 256 backward on one CTA per K/V block (what runs short
     walks, and where no 2-CTA cluster fits), =1 in 2-CTA pairs. Causal, dK and dV are summed in
-    the same order either way (each CTA walks its Q blocks upwards; the pair's upper block only
+    the same order either way (each CTA walks its Q blocks in the same order, upwards, or in a
+    deterministic order from the end, the same for both; the pair's upper block only
     adds causally masked steps, whose products are exact zeros, or skips them), so they must be
     bitwise equal; dQ (atomics, or in the deterministic mode another fixed order) within
     rounding. (Deterministic non-causal walks start at a shift per unit, which differs between
