@@ -44,8 +44,9 @@ struct FwdSm90Config {
   bool pv_wait_below = false;
   // One Q stage (d >= 192): the tile's O staged over the V stages instead of its Q stage, so Q is
   // freed once the tile's last S has been waited for and the next tile's Q (and K_0) load during
-  // this tile's last P V and epilogue; the producer holds the next tile's V_0 until the O has
-  // left (an "O free" barrier per tile). A persistent grid (tiles from the counter when causal)
+  // this tile's last P V and epilogue; the producer holds the next tile's V_0 (and, with
+  // k_ahead, K_1, which it issues after the wait) until the O has left (an "O free" barrier per
+  // tile). A persistent grid (tiles from the counter when causal)
   // then starts no tile with a bare Q load. On at d = 192 / 256 for the calls a persistent grid
   // serves (the Multi configs below); -5..-10% causal at 4k-16k (on the counter there).
   bool o_over_v = false;
@@ -214,16 +215,17 @@ constexpr int kAllKeys = 0x7fffffff;
 //   the counter still fetched early; +2.4% at d = 192 2048, -2.9% at d = 256 (+1.9% with the late
 //   fetch and the shortened tail, kFwdSm90Hdim256Multi). With the late
 //   fetch, d = 192 +2.2 / +0.9 / +0.4 / +0.2% at 2k / 4k / 8k / 16k against its main config.
-// - K_{j+1} before V_j (k_ahead; docs/perf-log.md "The forward's K loads one block ahead"): in
-//   pairs, K_{j+2} (its stage free once S_j has been waited for) queued behind V_{j+1} (free only
-//   after P_{j-1} V_{j-1}, at the end of step j), so K had one step's lead; ncu at d = 256 causal
-//   4096 (H100) put 4.8% of the stall samples on the K wait against FA3's 1.4%, and 5.0% on the
-//   tile's first Q / K against 1.8%. Measured in one order for every call (H100, bf16, A B x 3,
-//   GPU time): d = 256 causal +0.8..+3.9% at 512-16k, non-causal +3.3 / +1.5 / +0.4 / +1.8% at
-//   512-4096, -0.3 / -2.9% at 8k / 16k; d = 192 causal +1.9..+2.8% at 512-2048, +1.0 / 0.0 / -1.4%
-//   at 4k / 8k / 16k, non-causal +2.6 / +1.2% at 512 / 1024, -0.7..-3.3% beyond; d = 128 causal
-//   +2.1 / +2.2 / +0.7% at 512-2048, -0.4..-6.5% beyond, non-causal -2.8..+1.4% (noise);
-//   d = 64 -1.7..+4.6% (noise): on where it gained.
+// - K_{j+1} before V_j (k_ahead; docs/perf-log.md "The forward's K loads one block ahead"). The
+//   consumers' step j issues S_{j+1} and P_j V_j; K_j's stage frees once S_j has been waited for
+//   (in step j - 1), V_j's only after P_j V_j (end of step j). In pairs, K_{j+2} queued behind
+//   V_{j+1}, whose stage frees at the end of step j - 1, so K had one step's lead; ncu at d = 256
+//   causal 4096 (H100) put 4.8% of the stall samples on the K wait against FA3's 1.4%, and 5.0%
+//   on the tile's first Q / K against 1.8%. Measured in one order for every call (H100, bf16,
+//   A B x 3, GPU time, 512 / 1k / 2k / 4k / 8k / 16k): d = 256 causal +0.8..+3.4%, non-causal
+//   +3.3 / +1.5 / +0.4 / +1.4 / +0.4 / -3.9%; d = 192 causal +2.3 / +1.9 / +2.8 / +0.9 / +0.5 /
+//   -1.4%, non-causal +2.6 / +1.2%, then -0.7..-2.7%; d = 128 causal +2.1 / +2.2 / +0.7%, then
+//   -0.5..-3.5%, non-causal -1.6..+0.8% (noise); d = 64 -1.7..+4.6% (noise). On where it gained
+//   (the 16k column swings 3-6% between repeats of one build).
 constexpr FwdSm90Grid kFwdSm90Hdim64Grid = {4096, kAllKeys, kAllKeys, 2048, 0, 0};
 constexpr FwdSm90Grid kFwdSm90Hdim128Grid = {4096, kAllKeys, kAllKeys, 2048, 2048, 0};
 constexpr FwdSm90Grid kFwdSm90Hdim192Grid = {kAllKeys, kAllKeys, kAllKeys, 0, 4096, 1024};
