@@ -54,7 +54,10 @@ for n, lib in enumerate(libs, 1):
     if not files:
         continue
     data = json.load(open(files[-1]))
-    merged["runs"].append({"build": n, "library": lib, "file": files[-1], **data})
+    # Paths relative to $OUT (the file) and to the working directory (the library), so that a
+    # committed compare.json names no machine's directories.
+    merged["runs"].append({"build": n, "library": os.path.relpath(lib) if os.path.isabs(lib) else lib,
+                           "file": os.path.relpath(files[-1], out), **data})
     for r in data["results"]:
         key = (r["headdim"], r.get("dtype", "bf16"), r["direction"], r["causal"], r["seqlen"])
         rows.setdefault(key, {})[(n, r["impl"])] = statistics.median(r["tflops"])

@@ -3,7 +3,7 @@
 # on the same shape (FA3's flash_attn_interface must be importable). One text report per case
 # under $OUT: every metric of `--set full` (the raw page) for both kernels.
 #
-#   OUT=/tmp/p scripts/profile_pair.sh "128 bwd causal" "128 fwd causal" "64 bwd noncausal"
+#   OUT=logs/p scripts/profile_pair.sh "128 bwd causal" "128 fwd causal" "64 bwd noncausal"
 #
 # Each case: head dim, fwd or bwd, causal or noncausal; shape batch 2 x seqlen 8192,
 # nheads = 2048 / head dim (the benchmark sweep's middle point).
