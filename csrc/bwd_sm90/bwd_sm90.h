@@ -209,6 +209,21 @@ struct BwdSm90DetOrder {
 constexpr BwdSm90DetOrder kBwdSm90DetOrder = {false};
 // Candidate, not yet measured (docs/perf-log.md, "The deterministic causal walk from the end").
 constexpr BwdSm90DetOrder kBwdSm90DetOrderFromEnd = {true};
+// The deterministic mode's dQ adds where a config sends dQ^T through shared memory (dq_smem:
+// d = 64 by keys, d = 128). Production (dq_warp = false): the consumers add from registers inside
+// turns a producer warp keeps, and wait for each turn. dq_warp: as in the default mode, the
+// consumers store the partial and go on, and the dQ warp of each warpgroup takes the turn itself:
+// it waits until the tile's counter (one per warpgroup's atom-column, or per step tile by keys)
+// holds its rank, issues the bulk reduce, hands the buffer back once it is read, and releases
+// the turn once the reduce's global writes are done. The consumers then wait only when their dQ
+// warp falls a whole buffer behind. Not at d = 192 (three warpgroups, two counters per tile). A
+// value, for scripts/build_candidates.sh: kBwdSm90DetDq=kBwdSm90DetDqWarp.
+struct BwdSm90DetDq {
+  bool dq_warp;
+};
+constexpr BwdSm90DetDq kBwdSm90DetDq = {false};
+// Candidate, not yet measured (docs/perf-log.md, "The deterministic dQ warp").
+constexpr BwdSm90DetDq kBwdSm90DetDqWarp = {true};
 // The single-CTA config of a head dim whose configs are pairs: it runs both modes where the
 // pair does not pay (short walks: fewer than kBwdSm90PairMinRows query rows per CTA, measured
 // 1.7-12% faster than the pair at seqlen 512-2048) or cannot run (no 2-CTA cluster fits, or

@@ -130,6 +130,10 @@ struct BwdSm90Traits {
   static constexpr bool kDqViaSmem = kCfg.dq_smem;
   static_assert(!kDqViaSmem || kByKeys || (kOwn0 == 1 && kOwn1 == 1),
                 "dq_smem: one dQ^T atom-column per warpgroup, one dQ warp each");
+  // The deterministic mode's dQ adds through the dQ warps too (kBwdSm90DetDq, bwd_sm90.h): one
+  // turn counter per warpgroup's atom-column (by head dim) or per step tile (by keys).
+  static constexpr bool kDetDqWarp =
+      kBwdSm90DetDq.dq_warp && kDqViaSmem && (kByKeys || kConsumerWgs <= kDqTurnsPerTile);
   static constexpr uint32_t kDqBufBytes = kDqAtomFloats * 4;  // 16 KB
   static constexpr uint32_t kOffDqBuf = kOffDs + kHandBufs * kHandBytes;
   // By keys a thread needs LSE and D of 32 query columns, too many to hold from the step's
@@ -558,17 +562,31 @@ __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const
 // Per step: wait until the partial is in the buffer (kBarDqFull0 + w), issue the reduce, wait
 // until it has read the buffer, hand the buffer back (kBarDqFree0 + w; not after the last step,
 // which nobody waits for). Before exit, wait for the adds themselves.
-template <class T>
+// kDet (T::kDetDqWarp): the warp also keeps the turns of its warpgroup's adds: before the
+// reduce it waits until the tile's counter holds its rank, and after the buffer went back it
+// waits for the reduce's global writes and hands the turn on (the async-proxy fences order the
+// reduce after the acquire and before the release).
+template <class T, bool kDet>
 __device__ __forceinline__ void bwd_sm90_dq_warp(const BwdSm90Params& p, const BwdSm90Work& w,
                                                  const uint8_t* smem, int wg) {
   const bool leader = (threadIdx.x % 32) == 0;
   const uint8_t* buf = smem + T::kOffDqBuf + wg * T::kDqBufBytes;
   for (int it = 0; it < w.n_iters; ++it) {
-    int head, m_block;
-    bwd_sm90_iter<false>(p, w, it, head, m_block);
+    int head, m_block, pos;
+    bwd_sm90_iter<kDet>(p, w, it, head, m_block, pos);
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles);
+    int* turn = nullptr;
+    if constexpr (kDet) {
+      turn = T::kByKeys ? p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles + wg) *
+                                          kDqTurnsPerTile
+                        : p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block) * kDqTurnsPerTile + wg;
+    }
     fh::named_bar_sync(T::kBarDqFull0 + wg, T::kDqThreads);
     if (leader) {
+      if constexpr (kDet) {
+        dq_turn_acquire(turn, bwd_sm90_dq_rank<T::kBlockM, T::kBlockN>(p, w, m_block, pos));
+        fh::fence_proxy_async_global();
+      }
       // By keys warpgroup w's partial is all of step tile w; by head dim its atom-column of
       // the step's tile.
       float* dst = T::kByKeys
@@ -580,6 +598,13 @@ __device__ __forceinline__ void bwd_sm90_dq_warp(const BwdSm90Params& p, const B
     }
     __syncwarp();
     if (it + 1 < w.n_iters) fh::named_bar_arrive(T::kBarDqFree0 + wg, T::kDqThreads);
+    if constexpr (kDet) {
+      if (leader) {
+        fh::bulk_wait_group<0>();
+        fh::fence_proxy_async_global();
+        dq_turn_release(turn);
+      }
+    }
   }
   if (leader) fh::bulk_wait_group<0>();
 }
@@ -655,7 +680,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
                                                   const int wg) {
   static_assert(kOwn == T::kOwn0 || kOwn == T::kOwn1, "an instance holds one warpgroup's share");
   static_assert(kOwn <= 2, "at most two dQ^T atom-columns per warpgroup (the loop below)");
-  constexpr bool kDqSmem = !kDet && T::kDqViaSmem;  // the ordered adds stay in registers
+  // Deterministic, the ordered adds stay in registers unless the dQ warps keep the turns.
+  constexpr bool kDqSmem = T::kDqViaSmem && (!kDet || T::kDetDqWarp);
   constexpr bool kPairOn = T::kPair;  // pair_dq
   constexpr int kAcc = kOwn > 0 ? kOwn : 1;  // arrays need a size; unused when kOwn = 0
   // Whether this warpgroup computes (5)-(7): false only for warpgroup 1 at d = 64.
@@ -920,7 +946,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         pipe_q->consumer_release(sq);
       }
     }
-    if constexpr (kDet) {
+    if constexpr (kDet && !T::kDetDqWarp) {
       // Phases this warpgroup has no atom-column for still take part in the turn barriers.
 #pragma unroll
       for (int h = !has_cols ? 0 : kPairOn ? 1 : kOwn; h < T::kDqPhases; ++h) {

@@ -196,7 +196,9 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
                                                           const int wg) {
   constexpr int kS = T::kBlockM / 2;   // S^T, dP^T registers (64 keys x block_m queries)
   constexpr int kK = T::kBlockM / 16;  // k16 steps of (5), (6): fragments per operand
-  constexpr bool kDqSmem = !kDet && T::kDqViaSmem;  // the ordered adds stay in registers
+  // Deterministic, the ordered adds stay in registers unless the dQ warps keep the turns.
+  constexpr bool kDqSmem = T::kDqViaSmem && (!kDet || T::kDetDqWarp);
+  constexpr bool kTurns = kDet && !T::kDetDqWarp;  // the consumers wait for turn warps
   const int t = threadIdx.x % 128;
   const bool warp_leader = (threadIdx.x % 32) == 0;
   const int n0 = w.n_block * T::kBlockN;
@@ -330,7 +332,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
     if constexpr (T::kDqBeforeDk) {
       fh::wgmma_wait<1>();  // dQ^T; dK may still run
       fh::wgmma_fence_operand(dq);
-      dq_tile_out<T, kDqSmem, kDet>(p, w, smem, it, head, m_block, wg, t, dq);
+      dq_tile_out<T, kDqSmem, kTurns>(p, w, smem, it, head, m_block, wg, t, dq);
       fh::wgmma_wait<0>();  // dK, whose A fragments (da) stay live until here
 #pragma unroll
       for (int c = 0; c < kK; ++c) {
@@ -348,7 +350,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
       }
       fh::wgmma_wait<0>();
       fh::wgmma_fence_operand(dq);
-      dq_tile_out<T, kDqSmem, kDet>(p, w, smem, it, head, m_block, wg, t, dq);
+      dq_tile_out<T, kDqSmem, kTurns>(p, w, smem, it, head, m_block, wg, t, dq);
     }
     sq.advance();
     sd.advance();

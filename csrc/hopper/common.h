@@ -46,6 +46,13 @@ FB_DEVICE void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// The same between the generic and the async proxy for global memory: a bulk reduce into global
+// memory completed by cp.async.bulk.wait_group is ordered before a later release of this thread
+// (and an acquire before a later bulk reduce) only through this fence (hopper-facts.md section 4).
+FB_DEVICE void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
 // Makes mbarrier.init visible to the async proxy (TMA complete_tx) and to other CTAs of the
 // cluster. Follow with __syncthreads() or a cluster barrier before anyone uses the barrier.
 FB_DEVICE void fence_mbarrier_init() {

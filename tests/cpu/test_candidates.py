@@ -81,6 +81,7 @@ def test_value_candidates_substitute(tmp_path):
     assert "constexpr WalkConfig kWalkSkip = {true, 2};" in new, new
     # The value candidates waiting in the headers.
     for row, cand, rel in [("kBwdSm90DetOrder", "kBwdSm90DetOrderFromEnd", "csrc/bwd_sm90/bwd_sm90.h"),
+                           ("kBwdSm90DetDq", "kBwdSm90DetDqWarp", "csrc/bwd_sm90/bwd_sm90.h"),
                            ("kFwdSm90Hdim256Grid", "kFwdSm90Hdim256GridLong", "csrc/fwd_sm90/fwd_sm90.h")]:
         real = tmp_path / rel
         real.parent.mkdir(parents=True, exist_ok=True)

@@ -115,6 +115,22 @@ def test_bulk_reduce_add_f32(hlib, n, ncta):
     torch.testing.assert_close(dst, expect, rtol=1e-6, atol=1e-5)
 
 
+@pytest.mark.parametrize("n,ncta", [(4096, 8), (1000, 5)])
+def test_ordered_bulk_reduce_is_the_sequential_sum(hlib, n, ncta):
+    """Bulk reduces handed on by acquire / release turns (the deterministic dQ warp's pattern)
+    land in turn order: the result is the fp32 sum taken in that order, bitwise."""
+    src = torch.randn(ncta, n, device="cuda") * 1e3
+    dst = torch.randn(n, device="cuda")
+    expect = dst.clone()
+    for b in range(ncta):
+        expect = expect + src[b]
+    turn = torch.zeros(1, dtype=torch.int32, device="cuda")
+    rc = hlib.fbh_ordered_bulk_reduce_add_f32(ptr(src), ptr(dst), ptr(turn), n, ncta)
+    check(hlib, rc, "fbh_ordered_bulk_reduce_add_f32")
+    assert int(turn.item()) == ncta
+    assert torch.equal(dst, expect), f"{int((dst != expect).sum())} elements differ from the ordered sum"
+
+
 @pytest.mark.parametrize("n", [64, 1000, 16])
 def test_bulk_load(hlib, n):
     src = torch.randn(n, device="cuda")

@@ -1,6 +1,7 @@
 // TMA tests: tensor-map encoding (rank 2..5, bf16/fp32, 128B swizzle or none), tile loads
 // completing on an mbarrier (raw shared-memory bytes dumped for the swizzle check), tile stores,
-// tensor reduce-add, non-tensor bulk reduce-add of fp32, and multicast loads in a cluster.
+// tensor reduce-add, non-tensor bulk reduce-add of fp32 (also in a fixed order across CTAs, by
+// acquire / release turns), and multicast loads in a cluster.
 #include "test_common.h"
 
 namespace fh = flashback::hopper;
@@ -97,6 +98,30 @@ __global__ void bulk_reduce_kernel(const float* src, float* dst, int n) {
     fh::bulk_reduce_add_f32(dst, buf, n * 4);
     fh::bulk_commit_group();
     fh::bulk_wait_group<0>();
+  }
+}
+
+// The deterministic dQ warp's pattern: CTA b waits until *turn == b (acquire), bulk-reduces its
+// row src[b] into dst, waits for the global writes, and hands the turn on (release); the proxy
+// fences order the async-proxy reduce after the acquire and before the release. dst then holds
+// the sequential fp32 sum in CTA order, bitwise. Every CTA must be resident (ncta small).
+__global__ void ordered_bulk_reduce_kernel(const float* src, float* dst, int* turn, int n) {
+  extern __shared__ uint8_t smem_raw[];
+  float* buf = fh::align_smem<float>(smem_raw, 128);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) buf[i] = src[blockIdx.x * n + i];
+  fh::fence_proxy_async_shared();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int seen;
+    do {
+      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(turn) : "memory");
+    } while (seen != static_cast<int>(blockIdx.x));
+    fh::fence_proxy_async_global();
+    fh::bulk_reduce_add_f32(dst, buf, n * 4);
+    fh::bulk_commit_group();
+    fh::bulk_wait_group<0>();
+    fh::fence_proxy_async_global();
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(turn) : "memory");
   }
 }
 
@@ -266,6 +291,16 @@ FBH_EXPORT int fbh_bulk_reduce_add_f32(const float* src, float* dst, int n, int 
   const size_t smem = n * 4 + 128;
   FBH_TRY(fbh_test::allow_smem(reinterpret_cast<const void*>(bulk_reduce_kernel), smem));
   bulk_reduce_kernel<<<ncta, 256, smem>>>(src, dst, n);
+  return (int)cudaGetLastError();
+}
+
+// src: fp32 [ncta][n]; dst: fp32 [n] += src_0, then += src_1, ... in that order; turn: one
+// zeroed int. n multiple of 4; ncta at most the SM count (all CTAs resident).
+FBH_EXPORT int fbh_ordered_bulk_reduce_add_f32(const float* src, float* dst, int* turn, int n, int ncta) {
+  if (n % 4 != 0 || ncta < 1 || ncta > 64) return (int)cudaErrorInvalidValue;
+  const size_t smem = n * 4 + 128;
+  FBH_TRY(fbh_test::allow_smem(reinterpret_cast<const void*>(ordered_bulk_reduce_kernel), smem));
+  ordered_bulk_reduce_kernel<<<ncta, 256, smem>>>(src, dst, turn, n);
   return (int)cudaGetLastError();
 }
 
