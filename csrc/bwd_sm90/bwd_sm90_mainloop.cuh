@@ -604,6 +604,7 @@ __device__ __forceinline__ void bwd_sm90_dq_warp(const BwdSm90Params& p, const B
         fh::fence_proxy_async_global();
         dq_turn_release(turn);
       }
+      __syncwarp();  // converged before the next step's bar.sync
     }
   }
   if (leader) fh::bulk_wait_group<0>();

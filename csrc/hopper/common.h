@@ -46,9 +46,11 @@ FB_DEVICE void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-// The same between the generic and the async proxy for global memory: a bulk reduce into global
-// memory completed by cp.async.bulk.wait_group is ordered before a later release of this thread
-// (and an acquire before a later bulk reduce) only through this fence (hopper-facts.md section 4).
+// The same between the generic and the async proxy for global memory. Used around a turn handed
+// on between CTAs: after the acquire, before a bulk reduce into global memory (async proxy), and
+// after the reduce's cp.async.bulk.wait_group 0, before the release. Whether the wait's
+// completion already orders the reduce for the release is not settled here, so both fences stay
+// (hopper-facts.md section 6).
 FB_DEVICE void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
