@@ -67,24 +67,16 @@ __device__ __forceinline__ void store_dq_partial(uint8_t* buf, int t, const floa
 // of its own chunk, which fits on the GPU at once (bwd_sm90_scheduler.cuh) -- assuming, as
 // FA2/FA3's deterministic modes do, that CTAs are dispatched in blockIdx order (observed
 // behaviour, not documented by CUDA) and that the kernel can have every SM.
-__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
 // Spins until `turn` holds `n`, with the mbarrier waits' hang guard (FLASHBACK_MBAR_SPIN): a
 // broken order traps instead of hanging.
 __device__ __forceinline__ void dq_turn_acquire(const int* turn, int n) {
 #if defined(FLASHBACK_MBAR_TIMEOUT_CYCLES)
   using hopper::mbar_timeout_trap;  // named by the macro
 #endif
-  FLASHBACK_MBAR_SPIN(ld_acquire_gpu(turn) == n);
+  FLASHBACK_MBAR_SPIN(hopper::ld_acquire_gpu(turn) == n);
 }
 
-__device__ __forceinline__ void dq_turn_release(int* turn) {
-  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(turn) : "memory");
-}
+__device__ __forceinline__ void dq_turn_release(int* turn) { hopper::red_release_gpu_add(turn, 1); }
 
 // dV^T or dK^T of one warpgroup (kOwn head-dim atom-columns from `first`, m64 x kBlockN each),
 // times `scale`, as 16-bit into a staging tile [key][d] (rows of `row_bytes`): stmatrix.trans

@@ -55,6 +55,17 @@ FB_DEVICE void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
+// A global int read with acquire, and an add to it with release, at GPU scope: a counter that
+// hands a turn from CTA to CTA (the deterministic backward's dQ turns).
+FB_DEVICE int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+FB_DEVICE void red_release_gpu_add(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
 // Makes mbarrier.init visible to the async proxy (TMA complete_tx) and to other CTAs of the
 // cluster. Follow with __syncthreads() or a cluster barrier before anyone uses the barrier.
 FB_DEVICE void fence_mbarrier_init() {

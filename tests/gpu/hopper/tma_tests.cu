@@ -112,18 +112,16 @@ __global__ void ordered_bulk_reduce_kernel(const float* src, float* dst, int* tu
   fh::fence_proxy_async_shared();
   __syncthreads();
   if (threadIdx.x == 0) {
-    int seen;
     const long long start = clock64();
-    do {
-      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(turn) : "memory");
+    while (fh::ld_acquire_gpu(turn) != static_cast<int>(blockIdx.x)) {
       if (clock64() - start > (1ll << 34)) __trap();  // a lost turn fails the test, not hangs it
-    } while (seen != static_cast<int>(blockIdx.x));
+    }
     fh::fence_proxy_async_global();
     fh::bulk_reduce_add_f32(dst, buf, n * 4);
     fh::bulk_commit_group();
     fh::bulk_wait_group<0>();
     fh::fence_proxy_async_global();
-    asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(turn) : "memory");
+    fh::red_release_gpu_add(turn, 1);
   }
 }
 
