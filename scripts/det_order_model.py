@@ -11,7 +11,7 @@ order); the model counts the steps a unit waits for that. Prints the makespans a
 ratio, per seqlen of the benchmark's causal sweep.
 
 An event-driven form (`event_makespan`) adds steps of random length 1 +- jitter and a third
-order, the candidate kBwdSm90DetOrderFromEnd: units launch longest-first as in the default, walk
+order, det_from_the_end (production at d = 128-256): units launch longest-first as in the default, walk
 their Q blocks from the last down to their diagonal, and a tile's adds go from unit 0 up.
 
     python3 scripts/det_order_model.py [--slots 66] [--unit-keys 160] [--jitter 0,0.1,0.3]

@@ -120,6 +120,37 @@ struct BwdSm90Config {
   // (5) dV after (4), since dV reads every P^T fragment. By keys only: split by head dim the same
   // block (half the exponentials above the dP wait) measured -1.2..+3.9% at d = 128-256, noise.
   bool ds_in_branch = false;
+  // Deterministic mode, causal: the order of the walks and of the ordered dQ adds. false: the
+  // units (K/V blocks, or a pair's two) of a (batch, kv head) launch last-first and walk their
+  // Q blocks upwards; a tile's adds go from the highest unit down. Launching the longest walks
+  // last makes them the grid's tail (scripts/det_order_model.py: 0.937 of the default's
+  // makespan before any real wait). true: units launch longest-first, as in the default mode,
+  // walk their Q blocks from the last down to their diagonal (the GQA group's q heads inner),
+  // and a tile's adds go from unit 0 up (a unit waits only for lower units, launched before it,
+  // so no residency can deadlock). Units of a head reach a tile nearly together, unit u one
+  // step behind unit u - 1, and finish no later than unit 0's longer walk (the model: 1.00 of
+  // the default without jitter, 0.97-0.99 with it, at GQA groups 1-8 too); a pair's upper-CTA
+  // ghost steps then come last in a walk and wait for their turn like any step. Measured (H100,
+  // deterministic causal, A B A B): d = 256 +9.7 / +22.5 / +12.5 / +7.2 / +3.9 / +2.1% at 512 /
+  // 1k / 2k / 4k / 8k / 16k; d = 128 +2.0..+8.1%; d = 192 +2.6..+10.4% to 4096, -2.5 / -2.2% at
+  // 8k / 16k; d = 64 (by keys) -2.6..-6.4%: on at d = 128, 192, 256 (docs/perf-log.md,
+  // "Measured 2026-12-06, fourth run").
+  bool det_from_the_end = false;
+  // Deterministic mode where dq_smem is on and each warpgroup can have a turn counter of its
+  // own (d = 64 by keys, d = 128 by head dim; not three warpgroups against two counters per
+  // tile). false: the consumers add from registers inside turns that a producer warp keeps,
+  // and wait for each turn. true: as in the default mode, the consumers store the partial and go
+  // on, and the dQ warp of each warpgroup takes the turn itself: waits until the tile's counter
+  // (per atom-column, or per step tile by keys) holds its rank, issues the bulk reduce, hands
+  // the buffer back once it is read, and releases the turn once the reduce's global writes are
+  // done; the consumers wait only when their dQ warp falls a whole buffer behind. Same sums in
+  // the same order (gradients bitwise equal to the other way's). Measured (H100, deterministic,
+  // A B A B, production order): d = 64 causal -1.9 / -0.7 / +0.9 / +3.2 / +5.0 / +5.7% at 512 ..
+  // 16k, non-causal -2.5..+6.0%; d = 128 causal -0.7..+0.4% to 4096, +3.7 / +7.8% at 8k / 16k,
+  // non-causal +0.0..+2.3%. d = 128 with det_from_the_end as well, against det_from_the_end
+  // alone: causal -2.0 / -1.8 / -2.1 / -0.6% at 512-4096, +3.4 / +4.2% at 8k / 16k; on at d = 64
+  // and 128, both as tested (docs/perf-log.md, "Measured 2026-12-06, fourth run").
+  bool det_dq_warp = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -160,8 +191,9 @@ struct BwdSm90Config {
 // block): +3.2 / +2.1 / +1.4% causal, +3.0 / +2.8 / +3.3% non-causal; the deterministic mode
 // unchanged (-0.4..+0.2%) (docs/perf-log.md, "dV after dS at d = 64, measured").
 constexpr BwdSm90Config kBwdSm90Hdim64 = {64, 128, 128, 2, 2, 24, 240, true, 2, true, false, false,
-                                         false, false, false, false, false, true, true};
-constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, false, false, true};
+                                         false, false, false, false, false, true, true, false, true};
+constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, false, false, true,
+                                          false, false, false, false, false, true, true};
 // d = 192: three consumer warpgroups of one atom-column each (64 x 96), dQ^T through shared
 // memory, one P^T / dS^T buffer (single_hand) for the room of a second Q stage: K, V 2 x 36 KB,
 // Q 2 x 24 KB, dO 24 KB, P^T and dS^T 2 x 12 KB, dQ buffers 3 x 16 KB: 216 KB. Measured against
@@ -172,12 +204,13 @@ constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240, true, 2,
 // -0.4..-1.6% against the stage rows, for a racecheck-clean instance (docs/perf-log.md, "Five
 // candidates measured, one kept").
 constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
-                                          false, true, false, false, true};
+                                          false, true, false, false, true, false, false, true};
 // d = 256 runs the 2-CTA pair (pair_dq, with pair_ghost): its dS^T buffers take the room of
 // the second Q stage. Measured on the H200 against one CTA with two Q stages: +0.9 / +4.4 /
 // +5.2% causal 4k / 8k / 16k, -0.5 / +0.5 / +1.9% non-causal; one Q stage alone costs 4-7%;
 // pair_ghost on top +0..+2.6%; q_atom_barriers (with adds_before_wait) +2.7..+5.3% (docs/perf-log.md).
-constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true};
+constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
+                                          false, false, false, true};
 // The deterministic mode's config per head dim (the two configs of a head dim share block_m
 // and block_n: the workspace and can_implement read the default's). Every head dim runs its
 // default config in this mode too. d = 256, the pair: against the single-CTA config in this
@@ -190,40 +223,6 @@ static constexpr const BwdSm90Config& kBwdSm90Hdim64Det = kBwdSm90Hdim64;
 static constexpr const BwdSm90Config& kBwdSm90Hdim128Det = kBwdSm90Hdim128;
 static constexpr const BwdSm90Config& kBwdSm90Hdim192Det = kBwdSm90Hdim192;
 static constexpr const BwdSm90Config& kBwdSm90Hdim256Det = kBwdSm90Hdim256;
-// The deterministic causal order, for every head dim. Production (from_the_end = false): the
-// units (K/V blocks, or a pair's two) of a (batch, kv head) launch last-first and walk their Q
-// blocks upwards; a tile's adds go from the highest unit down. Launching the longest walks last
-// makes them the grid's tail: scripts/det_order_model.py puts it at 0.937 of the default's
-// makespan before any real wait (measured 0.88-0.90). from_the_end: units launch longest-first, as
-// in the default mode, walk their Q blocks from the last down to their diagonal (the GQA
-// group's q heads inner), and a tile's adds go from unit 0 up (a unit waits only for lower units,
-// launched before it, so no residency can deadlock). Units of a head reach a tile nearly
-// together, unit u one step behind unit u - 1 after the first tile, and finish no later than
-// unit 0's longer walk: the model reads 1.000 of the default without jitter, 0.99 / 0.97 with
-// steps of 1 +- 0.1 / 0.3, at GQA groups 1-8 too. The upper CTA's ghost steps of a pair then come
-// last in a walk and wait for their turn like any step. A value, for
-// scripts/build_candidates.sh: kBwdSm90DetOrder=kBwdSm90DetOrderFromEnd.
-struct BwdSm90DetOrder {
-  bool from_the_end;
-};
-constexpr BwdSm90DetOrder kBwdSm90DetOrder = {false};
-// Candidate, not yet measured (docs/perf-log.md, "The deterministic causal walk from the end").
-constexpr BwdSm90DetOrder kBwdSm90DetOrderFromEnd = {true};
-// The deterministic mode's dQ adds where a config sends dQ^T through shared memory (dq_smem:
-// d = 64 by keys, d = 128). Production (dq_warp = false): the consumers add from registers inside
-// turns a producer warp keeps, and wait for each turn. dq_warp: as in the default mode, the
-// consumers store the partial and go on, and the dQ warp of each warpgroup takes the turn itself:
-// it waits until the tile's counter (one per warpgroup's atom-column, or per step tile by keys)
-// holds its rank, issues the bulk reduce, hands the buffer back once it is read, and releases
-// the turn once the reduce's global writes are done. The consumers then wait only when their dQ
-// warp falls a whole buffer behind. Not at d = 192 (three warpgroups, two counters per tile). A
-// value, for scripts/build_candidates.sh: kBwdSm90DetDq=kBwdSm90DetDqWarp.
-struct BwdSm90DetDq {
-  bool dq_warp;
-};
-constexpr BwdSm90DetDq kBwdSm90DetDq = {false};
-// Candidate, not yet measured (docs/perf-log.md, "The deterministic dQ warp").
-constexpr BwdSm90DetDq kBwdSm90DetDqWarp = {true};
 // The single-CTA config of a head dim whose configs are pairs: it runs both modes where the
 // pair does not pay (short walks: fewer than kBwdSm90PairMinRows query rows per CTA, measured
 // 1.7-12% faster than the pair at seqlen 512-2048) or cannot run (no 2-CTA cluster fits, or
@@ -236,7 +235,8 @@ static constexpr const BwdSm90Config& kBwdSm90Hdim192Single = kBwdSm90Hdim192;
 // at 512-2048 against four global loads per thread at the step's top: +1.2..+2.5% default mode,
 // +0.5..+1.8% deterministic; stats_by_consumers there -0.6..-2.4% (docs/perf-log.md, "The
 // single-CTA d = 256 backward measured").
-constexpr BwdSm90Config kBwdSm90Hdim256Single = {256, 64, 80, 2, 1, 24, 240, false, 2, false, false, true};
+constexpr BwdSm90Config kBwdSm90Hdim256Single = {256, 64, 80, 2, 1, 24, 240, false, 2, false, false, true,
+                                                false, false, false, false, false, false, false, true};
 
 // Query rows a CTA walks (seqlen_q x the GQA group) from which a pair config runs. Measured
 // at d = 256: the single CTA faster by 1.7-12% at 512-2048 rows, the pair faster from 4096

@@ -130,10 +130,14 @@ struct BwdSm90Traits {
   static constexpr bool kDqViaSmem = kCfg.dq_smem;
   static_assert(!kDqViaSmem || kByKeys || (kOwn0 == 1 && kOwn1 == 1),
                 "dq_smem: one dQ^T atom-column per warpgroup, one dQ warp each");
-  // The deterministic mode's dQ adds through the dQ warps too (kBwdSm90DetDq, bwd_sm90.h): one
+  // The deterministic mode's dQ adds through the dQ warps too (det_dq_warp, bwd_sm90.h): one
   // turn counter per warpgroup's atom-column (by head dim) or per step tile (by keys).
-  static constexpr bool kDetDqWarp =
-      kBwdSm90DetDq.dq_warp && kDqViaSmem && (kByKeys || kConsumerWgs <= kDqTurnsPerTile);
+  static constexpr bool kDetDqWarp = kCfg.det_dq_warp;
+  static_assert(!kDetDqWarp || (kDqViaSmem && (kByKeys || kConsumerWgs <= kDqTurnsPerTile)),
+                "det_dq_warp: dQ through shared memory and a turn counter per warpgroup");
+  // The deterministic causal order (det_from_the_end, bwd_sm90.h); every walker of a CTA
+  // (producer, consumers, dQ and turn warps) passes it to the scheduler's functions.
+  static constexpr bool kDetFromEnd = kCfg.det_from_the_end;
   static constexpr uint32_t kDqBufBytes = kDqAtomFloats * 4;  // 16 KB
   static constexpr uint32_t kOffDqBuf = kOffDs + kHandBufs * kHandBytes;
   // By keys a thread needs LSE and D of 32 query columns, too many to hold from the step's
@@ -260,7 +264,7 @@ struct BwdSm90StatRows {
   __device__ __forceinline__ bool loads() const { return ct < 2 * T::kBlockM; }
   __device__ __forceinline__ float load(int step) const {
     int head, m_block;
-    bwd_sm90_iter<kDet>(p, w, step, head, m_block);
+    bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, step, head, m_block);
     // A step's kStepTiles workspace tiles are consecutive.
     const int64_t row = dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles) * kDqTileRows +
                         ct % T::kBlockM;
@@ -335,7 +339,7 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
   bool v_pending = true;  // pair_ghost: V comes with the first step that is not a ghost's
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block;
-    bwd_sm90_iter<kDet>(p, w, it, head, m_block);
+    bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, it, head, m_block);
     if constexpr (T::kPairGhost) {
       if ((blockIdx.x & 1) && bwd_sm90_upper_masked<T>(p, w, m_block)) continue;  // no Q, dO
     }
@@ -538,7 +542,7 @@ __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const
   const bool leader = (threadIdx.x % 32) == 0;
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block, pos;
-    bwd_sm90_iter<true>(p, w, it, head, m_block, pos);
+    bwd_sm90_iter<true, T::kDetFromEnd>(p, w, it, head, m_block, pos);
     // By keys phase h is the step's tile h (one counter each), else both phases share a tile
     // (pair_dq: one phase, counter r for the head-dim half of the pair's rank r).
     const int counter = T::kPair ? static_cast<int>(blockIdx.x & 1) : h;
@@ -547,7 +551,7 @@ __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const
                                       kDqTurnsPerTile
                     : p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block) * kDqTurnsPerTile + counter;
     constexpr int kUnitKeys = (T::kPair ? 2 : 1) * T::kBlockN;
-    if (leader) dq_turn_acquire(turn, bwd_sm90_dq_rank<T::kBlockM, kUnitKeys>(p, w, m_block, pos));
+    if (leader) dq_turn_acquire(turn, bwd_sm90_dq_rank<T::kBlockM, kUnitKeys, T::kDetFromEnd>(p, w, m_block, pos));
     __syncwarp();
     fh::named_bar_arrive(T::kBarTurn0 + h, T::kTurnThreads);
     fh::named_bar_sync(T::kBarAdded0 + h, T::kTurnThreads);
@@ -573,7 +577,7 @@ __device__ __forceinline__ void bwd_sm90_dq_warp(const BwdSm90Params& p, const B
   const uint8_t* buf = smem + T::kOffDqBuf + wg * T::kDqBufBytes;
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block, pos;
-    bwd_sm90_iter<kDet>(p, w, it, head, m_block, pos);
+    bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, it, head, m_block, pos);
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles);
     int* turn = nullptr;
     if constexpr (kDet) {
@@ -584,7 +588,7 @@ __device__ __forceinline__ void bwd_sm90_dq_warp(const BwdSm90Params& p, const B
     fh::named_bar_sync(T::kBarDqFull0 + wg, T::kDqThreads);
     if (leader) {
       if constexpr (kDet) {
-        dq_turn_acquire(turn, bwd_sm90_dq_rank<T::kBlockM, T::kBlockN>(p, w, m_block, pos));
+        dq_turn_acquire(turn, bwd_sm90_dq_rank<T::kBlockM, T::kBlockN, T::kDetFromEnd>(p, w, m_block, pos));
         fh::fence_proxy_async_global();
       }
       // By keys warpgroup w's partial is all of step tile w; by head dim its atom-column of
@@ -725,7 +729,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   fh::PipelineState<T::kDoStages> sd;
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block;
-    bwd_sm90_iter<kDet>(p, w, it, head, m_block);
+    bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, it, head, m_block);
     const int m0 = m_block * T::kBlockM;
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);  // dQaccum, stats, turns
     // stats_by_consumers: the next step's row, stored before this step's hand-off barrier.
@@ -989,7 +993,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_ghost(const BwdSm90Params& p, 
   if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);  // the partner's K half
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block;
-    bwd_sm90_iter<kDet>(p, w, it, head, m_block);
+    bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, it, head, m_block);
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);
     pair_ghost_step<T, kDet>(p, smem, it, tile, wg, false);  // no hand-off buffers in use
   }

@@ -223,7 +223,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
   fh::PipelineState<T::kDoStages> sd;
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block;
-    bwd_sm90_iter<kDet>(p, w, it, head, m_block);
+    bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, it, head, m_block);
     const int m0 = m_block * T::kBlockM;
     // stats_by_consumers: the next step's row, stored before this step's hand-off barrier.
     float next_row = 0.f;

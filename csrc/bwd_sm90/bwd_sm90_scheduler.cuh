@@ -39,12 +39,15 @@ struct BwdSm90Work {
 //
 // Deterministic mode (kDet) changes two things so that the fixed order of the dQ adds
 // (bwd_sm90_dq_rank) rarely makes a CTA wait:
-//   causal: the K/V blocks of a pair run last-first. A tile's adds go from the highest K/V
-//     block that sees it down to block 0; walking its Q blocks upwards, block n + 1 reaches any
-//     tile at least one step before block n (its first tile is at least one block later), and
-//     it was launched earlier, so a CTA only ever waits for CTAs of lower blockIdx. (The
-//     candidate kBwdSm90DetOrderFromEnd, bwd_sm90.h: longest-first, walks from the last Q block
-//     down, adds from block 0 up; a CTA again waits only for lower blockIdx.)
+//   causal, det_from_the_end (kFromEnd; d = 128, 192, 256): the K/V blocks launch
+//     longest-first, as in the default mode, and walk their Q blocks from the last one down to
+//     their diagonal; a tile's adds go from block 0 up. Block n + 1 reaches a tile about when
+//     block n does (a step behind it after the first collision) and its walk is shorter, so it
+//     finishes no later; it waits only for lower blocks, launched before it.
+//     Otherwise (d = 64): the K/V blocks of a pair run last-first. A tile's adds go from the
+//     highest K/V block that sees it down to block 0; walking its Q blocks upwards, block n + 1
+//     reaches any tile at least one step before block n (its first tile is at least one block
+//     later), and it was launched earlier, so a CTA only ever waits for CTAs of lower blockIdx.
 //   non-causal: every block sees every tile, so a plain walk would have all blocks of a head
 //     on the same tile at once, each waiting for the previous one. Instead the grid is cut into
 //     chunks of p.det_chunk CTAs (what is resident at once, and as all CTAs
@@ -57,19 +60,19 @@ struct BwdSm90Work {
 // kPair (pair_dq, clusters of two): the order above over units of two K/V blocks; CTA r of a
 // cluster (blockIdx.x & 1) takes block 2 j + r of unit j. Both walk the lower block's Q blocks
 // in lockstep (the upper one's steps on the lower's diagonal blocks, the first of each q head's
-// walk, or the last with kBwdSm90DetOrderFromEnd, are masked for it), and both are active while the
+// walk, or the last with det_from_the_end, are masked for it), and both are active while the
 // lower block holds keys (the upper may lie past seqlen_k: all its keys masked). Deterministic,
 // the unit is what the add order ranks (each CTA of it has its own counter, for its half of the
 // head dim); the arguments above hold for units as for blocks (a unit's first Q block is its
 // lower block's).
-template <int kBlockM, int kBlockN, bool kDet = false, bool kPair = false>
+template <int kBlockM, int kBlockN, bool kDet = false, bool kPair = false, bool kFromEnd = false>
 __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
   constexpr int kUnitBlocks = kPair ? 2 : 1;
   BwdSm90Work w;
   const int cta = p.block_base + static_cast<int>(kPair ? blockIdx.x / 2 : blockIdx.x);
   const int grid_units = (p.n_blocks + kUnitBlocks - 1) / kUnitBlocks;
   const GroupedTile tile = grouped_tile(cta, p.l2_group, grid_units, p.nheads_k * p.batch);
-  w.unit = (kDet && p.causal && !kBwdSm90DetOrder.from_the_end) ? grid_units - 1 - tile.block : tile.block;
+  w.unit = (kDet && p.causal && !kFromEnd) ? grid_units - 1 - tile.block : tile.block;
   w.n_block = kPair ? 2 * w.unit + static_cast<int>(blockIdx.x & 1) : w.unit;
   w.kv_head = tile.pair % p.nheads_k;
   w.batch = tile.pair / p.nheads_k;
@@ -103,10 +106,10 @@ __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
 
 // Iteration `it` of the walk -> (q head, Q block); `pos` gets the step's position in this
 // head's walk (0 .. m_count - 1).
-template <bool kDet = false>
+template <bool kDet = false, bool kFromEnd = false>
 __device__ __forceinline__ void bwd_sm90_iter(const BwdSm90Params& p, const BwdSm90Work& w,
                                               int it, int& head, int& m_block, int& pos) {
-  if (kDet && kBwdSm90DetOrder.from_the_end && p.causal) {
+  if (kDet && kFromEnd && p.causal) {
     // From the last Q block down to the diagonal, the GQA group's q heads inner: with heads
     // outer, unit u (a walk shorter than unit u - 1's) would reach head g's last Q block early
     // and wait there for the lower units, (g - 1) u steps (det_order_model.py: 0.78-0.91 of the
@@ -131,24 +134,24 @@ __device__ __forceinline__ void bwd_sm90_iter(const BwdSm90Params& p, const BwdS
   m_block = w.m_begin + local;
   head = w.kv_head * p.group + g;
 }
-template <bool kDet = false>
+template <bool kDet = false, bool kFromEnd = false>
 __device__ __forceinline__ void bwd_sm90_iter(const BwdSm90Params& p, const BwdSm90Work& w,
                                               int it, int& head, int& m_block) {
   int pos;
-  bwd_sm90_iter<kDet>(p, w, it, head, m_block, pos);
+  bwd_sm90_iter<kDet, kFromEnd>(p, w, it, head, m_block, pos);
 }
 
 // Deterministic mode: how many units (K/V blocks, or pairs of them: kUnitKeys = block_n or
 // 2 block_n keys) add into Q tile `m_block` (of any q head) before unit w.unit, which is at
 // position `pos` of its walk there. The turn counter of the tile must hold this value before
 // the unit adds.
-template <int kBlockM, int kUnitKeys>
+template <int kBlockM, int kUnitKeys, bool kFromEnd>
 __device__ __forceinline__ int bwd_sm90_dq_rank(const BwdSm90Params& p, const BwdSm90Work& w,
                                                 int m_block, int pos) {
   if (p.causal) {
     // Units 0 .. u_max see the tile (unit u does iff its m_begin <= m_block, which grows with
-    // u). kBwdSm90DetOrder.from_the_end: the adds run from unit 0 up; else from u_max down.
-    if (kBwdSm90DetOrder.from_the_end) return w.unit;
+    // u). kFromEnd (det_from_the_end): the adds run from unit 0 up; else from u_max down.
+    if constexpr (kFromEnd) return w.unit;
     const int rows_end = kBlockM * (m_block + 1) + (w.seq.seqlen_k - w.seq.seqlen_q);  // > 0 here
     const int u_max = min(w.units - 1, (rows_end - 1) / kUnitKeys);
     return u_max - w.unit;

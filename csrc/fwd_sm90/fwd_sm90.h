@@ -97,10 +97,6 @@ struct FwdSm90Config {
   // multiply-shift divisors instead of three integer divisions (~20 instructions each), which a
   // persistent CTA runs between its tiles with the tensor cores idle.
   bool fast_tile_decode = false;
-  // o_over_v with k_ahead: the producer issues K_1 before it waits for the previous tile's O to
-  // leave the V stages (K_1's stage holds no O), so only V_0 waits for the epilogue; without it
-  // K_1 queues behind that wait and the consumers' first step (S_1, then P_0 V_0) waits for both.
-  bool k1_before_o_free = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -169,12 +165,6 @@ constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, 
 // 4096 keys it read -0.2% at 4096 (docs/perf-log.md, "Measured 2026-12-06, second run").
 constexpr FwdSm90Config kFwdSm90Hdim256Multi = {256, 80, 2, 2, 24, 240, false, true, true, true,
                                                true, false, false, true, true, true};
-// Candidates, not yet measured (docs/perf-log.md, "K_1 before the O-free wait"): the Multi
-// configs with k1_before_o_free.
-constexpr FwdSm90Config kFwdSm90Hdim192MultiK1 = {192, 112, 2, 2, 24, 240, false, true, true, true, true,
-                                                 false, true, false, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim256MultiK1 = {256, 80, 2, 2, 24, 240, false, true, true, true,
-                                                 true, false, false, true, true, true, true};
 
 // Which grid serves a head dim's calls, by seqlen_k (varlen: the longest sequence). Tiles are
 // (Q block, head, batch); a persistent grid (one CTA per SM) hides each tile's fixed costs (the
@@ -230,10 +220,6 @@ constexpr FwdSm90Grid kFwdSm90Hdim64Grid = {4096, kAllKeys, kAllKeys, 2048, 0, 0
 constexpr FwdSm90Grid kFwdSm90Hdim128Grid = {4096, kAllKeys, kAllKeys, 2048, 2048, 0};
 constexpr FwdSm90Grid kFwdSm90Hdim192Grid = {kAllKeys, kAllKeys, kAllKeys, 0, 4096, 1024};
 constexpr FwdSm90Grid kFwdSm90Hdim256Grid = {2048, 2048, 2048, 0, kAllKeys, 4096};
-// Candidate, not yet measured (docs/perf-log.md, "K_1 before the O-free wait"): d = 256 causal on
-// the counter and the Multi config at every length (read -0.2% at 4096 before K ahead, when the
-// one-CTA-per-tile grid's tile-start wait was 5.0% of the stall samples; 4.3% since).
-constexpr FwdSm90Grid kFwdSm90Hdim256GridLong = {2048, kAllKeys, kAllKeys, 0, kAllKeys, 4096};
 // A head dim's row, at compile time (the producer keeps one load order where its row has k_ahead
 // nowhere).
 constexpr FwdSm90Grid fwd_sm90_grid_row(int head_dim) {

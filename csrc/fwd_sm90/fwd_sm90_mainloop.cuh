@@ -75,8 +75,6 @@ struct FwdSm90Traits {
   static constexpr bool kFinalizeInPv = kCfg.finalize_in_pv;
   static constexpr bool kCopyOutEarly = kCfg.copy_out_early;
   static constexpr bool kFastTileDecode = kCfg.fast_tile_decode;
-  static constexpr bool kK1BeforeOFree = kCfg.k1_before_o_free;
-  static_assert(!kK1BeforeOFree || kCfg.o_over_v, "k1_before_o_free reorders o_over_v's loads");
   // o_over_v: the O-free barrier (one arrival per consumer warp after its O rows left the V
   // stages; the producer waits for it before the next tile's V_0). It runs in step with the one
   // Q stage, so it shares the Q ring's state.
@@ -157,7 +155,7 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
     st.advance();
   };
   // o_over_v: K_0 and Q stream in while the previous tile finishes; V_0 (and with k_ahead K_1,
-  // issued after it in program order, unless k1_before_o_free) waits until its O has left the V
+  // issued after it in program order) waits until its O has left the V
   // stages. (Every tile, n_count = 0 too, passes the O-free barrier once: its
   // consumers stage an O as well.) A tile without keys needs only its Q before its consumers
   // free the O barrier: waiting after its Q would let them complete this tile's phase and the
@@ -184,13 +182,6 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
   tma_tile<T::kAtomCols>(smem + T::kOffQ + sq.stage * T::kQBytes, T::kQAtomBytes, m.q,
                          pipe_q->full_barrier(sq), p.head_inner & 1, w.row_q + w.m_block * T::kBlockM,
                          w.head, w.map_batch);
-  // k1_before_o_free (with k_ahead): K_1 ahead of the O-free wait; the loop below then starts
-  // with V_0.
-  const bool k1_early = T::kK1BeforeOFree && k_ahead && w.n_count > 1;
-  if (k1_early) {
-    load_k(1, sk);
-    sk.advance();
-  }
   if constexpr (T::kOOverV) {
     if (w.n_count > 0) pipe_o->producer_acquire(sq);
   }
@@ -199,7 +190,7 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
     // K_{j+1} waits for the release of K_{j-1} (after S_{j-1}), V_j for that of V_{j-2} (after
     // P_{j-2} V_{j-2}, half a step later): issued first, K_{j+1} no longer queues behind V_j.
     for (int j = 0; j < w.n_count; ++j) {
-      if (j + 1 < w.n_count && !(k1_early && j == 0)) {
+      if (j + 1 < w.n_count) {
         load_k(j + 1, sk);
         sk.advance();
       }

@@ -1,5 +1,5 @@
 """The deterministic Hopper backward's add order (csrc/bwd_sm90/bwd_sm90_scheduler.cuh), modelled
-on the CPU (causal: production's and the candidate kBwdSm90DetOrderFromEnd's): for every dQ tile the units that add into it (K/V blocks, or with pair_dq clusters of
+on the CPU (causal: both orders, det_from_the_end off (d = 64) and on (d = 128-256)): for every dQ tile the units that add into it (K/V blocks, or with pair_dq clusters of
 two blocks) get the ranks 0, 1, .. exactly once, and a run of the grid with only so many CTAs
 resident at a time, each waiting for its rank on every tile, finishes (no CTA waits for one that
 cannot run). Python transcriptions of bwd_sm90_work, bwd_sm90_iter and bwd_sm90_dq_rank; dense
@@ -40,7 +40,7 @@ def work(cta, p, unit_blocks):
 
 def walk(w, group, from_end=False):
     """bwd_sm90_iter<true>: (q head in the group, Q block, position) per step; from_end
-    (kBwdSm90DetOrder.from_the_end, causal): the Q blocks from the last down, q heads inner."""
+    (det_from_the_end, causal): the Q blocks from the last down, q heads inner."""
     for it in range(group * w["m_count"]):
         if from_end:
             pos, g = divmod(it, group)
