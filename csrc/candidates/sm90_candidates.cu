@@ -17,6 +17,8 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg2)
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
       const flashback_fwd_params&, cudaStream_t);
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128N176)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192MultiTma)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256MultiTma)
 #undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

@@ -165,6 +165,15 @@ constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, 
 // 4096 keys it read -0.2% at 4096 (docs/perf-log.md, "Measured 2026-12-06, second run").
 constexpr FwdSm90Config kFwdSm90Hdim256Multi = {256, 80, 2, 2, 24, 240, false, true, true, true,
                                                true, false, false, true, true, true};
+// Candidates, not yet measured (docs/perf-log.md, "Measured 2026-12-06, fourth run", the ncu of
+// the d = 256 causal 512 forward): the Multi configs with O by TMA. There 12% of the stall
+// samples wait for the per-thread copy-out's 16-byte global stores to drain (64 KB of O per
+// tile); the bulk store hands the V stages back once it has read them. tma_store_o measured
+// -0.3..-1.1% with o_over_v before copy_out_early and K ahead.
+constexpr FwdSm90Config kFwdSm90Hdim192MultiTma = {192, 112, 2, 2, 24, 240, false, true, true, true,
+                                                  true, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim256MultiTma = {256, 80, 2, 2, 24, 240, false, true, true, true,
+                                                  true, true, false, true, true, true};
 
 // Which grid serves a head dim's calls, by seqlen_k (varlen: the longest sequence). Tiles are
 // (Q block, head, batch); a persistent grid (one CTA per SM) hides each tile's fixed costs (the
