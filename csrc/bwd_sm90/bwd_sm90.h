@@ -264,6 +264,10 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // because it is the one config with unequal shares, whose second consumer instance
 // (bwd_sm90_launch.cuh) no table row instantiates now.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
+// Candidate, not yet measured (docs/perf-log.md, "The pair with 64-key blocks and two Q
+// stages"): the d = 256 pair at 64 x 64, which leaves room for the second Q stage.
+constexpr BwdSm90Config kBwdSm90Hdim256N64 = {256, 64, 64, 2, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
+                                             false, false, false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {
