@@ -211,8 +211,9 @@ constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 96, 2, 1, 24, 160, true, 3, 
 // pair_ghost on top +0..+2.6%; q_atom_barriers (with adds_before_wait) +2.7..+5.3% (docs/perf-log.md).
 constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
                                           false, false, false, true};
-// The deterministic mode's config per head dim (the two configs of a head dim share block_m
-// and block_n: the workspace and can_implement read the default's). Every head dim runs its
+// The deterministic mode's config per head dim (the configs of a head dim share block_m, and
+// none has a smaller block_n than the default's: the workspace and can_implement read the
+// default's). Every head dim runs its
 // default config in this mode too. d = 256, the pair: against the single-CTA config in this
 // mode +3.5 / +5.3 / +7.9% causal, +5.0 / +5.5 / +5.8% non-causal; q_atom_barriers (with
 // adds_before_wait) +1.5..+3.9%; pair_ghost +1.6 / +0.9 / +0.3% causal, +0.4 / +0.9 / +1.3%

@@ -319,11 +319,14 @@ cudaError_t run_bwd_sm90_mode(const flashback_bwd_params& p, cudaStream_t stream
         ? run_bwd_sm90_mode<kBwdSm90Hdim##D##Det, kBwdSm90Hdim##D##Single, DTYPE, true>(p, stream) \
         : run_bwd_sm90_mode<kBwdSm90Hdim##D, kBwdSm90Hdim##D##Single, DTYPE, false>(p, stream); \
   }
+// The workspace is sized by the row's block_m, and can_implement bounds the grid by its block_n
+// (more, smaller blocks give the larger grid): the mode's and the single-CTA configs share
+// block_m and have no smaller block_n.
 #define FLASHBACK_BWD_SM90_INSTANCES(D)                                                         \
   static_assert(kBwdSm90Hdim##D##Det.block_m == kBwdSm90Hdim##D.block_m &&                      \
-                    kBwdSm90Hdim##D##Det.block_n == kBwdSm90Hdim##D.block_n &&                  \
+                    kBwdSm90Hdim##D##Det.block_n >= kBwdSm90Hdim##D.block_n &&                  \
                     kBwdSm90Hdim##D##Single.block_m == kBwdSm90Hdim##D.block_m &&               \
-                    kBwdSm90Hdim##D##Single.block_n == kBwdSm90Hdim##D.block_n,                 \
+                    kBwdSm90Hdim##D##Single.block_n >= kBwdSm90Hdim##D.block_n,                 \
                 "the workspace and can_implement read the default config's tiles");             \
   FLASHBACK_SM90_IF_BF16(FLASHBACK_BWD_SM90_ENTRY(D, bf16, Dtype::kBf16))                       \
   FLASHBACK_SM90_IF_FP16(FLASHBACK_BWD_SM90_ENTRY(D, fp16, Dtype::kF16))
