@@ -186,7 +186,7 @@ struct BwdSm90Config {
 // from registers (H200, bf16, A B A B): +0.6 / +1.7 / +2.0% causal 4k / 8k / 16k, +1.3 / +2.0 /
 // +2.0% non-causal; dQ before dK with the adds from registers +0.3..+2.7%; dq_smem alone
 // (after dK) -1.3..-3.5% (docs/perf-log.md, "The d = 64 backward: dQ before dK, measured").
-// The deterministic mode keeps its ordered adds from registers.
+// The deterministic mode's ordered adds go through the dQ warps too (det_dq_warp).
 // ds_in_branch on top (dV issued after dS^T, the exponentials and the dS arithmetic in one
 // block): +3.2 / +2.1 / +1.4% causal, +3.0 / +2.8 / +3.3% non-causal; the deterministic mode
 // unchanged (-0.4..+0.2%) (docs/perf-log.md, "dV after dS at d = 64, measured").
@@ -213,13 +213,15 @@ constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2,
                                           false, false, false, true};
 // The deterministic mode's config per head dim (the configs of a head dim share block_m, and
 // none has a smaller block_n than the default's: the workspace and can_implement read the
-// default's). Every head dim runs its
+// default's; they share det_from_the_end, whose walk order is also dK's and dV's order of
+// accumulation, which the pair and the single CTA keep bitwise equal). Every head dim runs its
 // default config in this mode too. d = 256, the pair: against the single-CTA config in this
 // mode +3.5 / +5.3 / +7.9% causal, +5.0 / +5.5 / +5.8% non-causal; q_atom_barriers (with
 // adds_before_wait) +1.5..+3.9%; pair_ghost +1.6 / +0.9 / +0.3% causal, +0.4 / +0.9 / +1.3%
-// non-causal. Causal walks are not shifted in this mode, so an upper CTA's ghost steps are still
-// the first of each q head's walk, on tiles no higher unit sees (rank 0: no turn to wait for)
-// (docs/perf-log.md, "Ghost steps in the deterministic pair").
+// non-causal (measured while the causal walks went upwards, when an upper CTA's ghost steps
+// were the first of each q head's walk, on tiles no higher unit sees; with det_from_the_end they
+// come last and wait for their turn like any step) (docs/perf-log.md, "Ghost steps in the
+// deterministic pair").
 static constexpr const BwdSm90Config& kBwdSm90Hdim64Det = kBwdSm90Hdim64;
 static constexpr const BwdSm90Config& kBwdSm90Hdim128Det = kBwdSm90Hdim128;
 static constexpr const BwdSm90Config& kBwdSm90Hdim192Det = kBwdSm90Hdim192;

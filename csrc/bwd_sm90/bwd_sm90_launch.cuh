@@ -321,13 +321,17 @@ cudaError_t run_bwd_sm90_mode(const flashback_bwd_params& p, cudaStream_t stream
   }
 // The workspace is sized by the row's block_m, and can_implement bounds the grid by its block_n
 // (more, smaller blocks give the larger grid): the mode's and the single-CTA configs share
-// block_m and have no smaller block_n.
+// block_m and have no smaller block_n. They walk in one causal order (det_from_the_end), which
+// is also the order dK and dV accumulate in: the pair and the single CTA give the same bits.
 #define FLASHBACK_BWD_SM90_INSTANCES(D)                                                         \
   static_assert(kBwdSm90Hdim##D##Det.block_m == kBwdSm90Hdim##D.block_m &&                      \
                     kBwdSm90Hdim##D##Det.block_n >= kBwdSm90Hdim##D.block_n &&                  \
                     kBwdSm90Hdim##D##Single.block_m == kBwdSm90Hdim##D.block_m &&               \
                     kBwdSm90Hdim##D##Single.block_n >= kBwdSm90Hdim##D.block_n,                 \
                 "the workspace and can_implement read the default config's tiles");             \
+  static_assert(kBwdSm90Hdim##D##Det.det_from_the_end == kBwdSm90Hdim##D.det_from_the_end &&    \
+                    kBwdSm90Hdim##D##Single.det_from_the_end == kBwdSm90Hdim##D.det_from_the_end, \
+                "one deterministic walk order per head dim");                                    \
   FLASHBACK_SM90_IF_BF16(FLASHBACK_BWD_SM90_ENTRY(D, bf16, Dtype::kBf16))                       \
   FLASHBACK_SM90_IF_FP16(FLASHBACK_BWD_SM90_ENTRY(D, fp16, Dtype::kF16))
 
