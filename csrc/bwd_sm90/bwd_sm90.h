@@ -151,6 +151,13 @@ struct BwdSm90Config {
   // alone: causal -2.0 / -1.8 / -2.1 / -0.6% at 512-4096, +3.4 / +4.2% at 8k / 16k; on at d = 64
   // and 128, both as tested (docs/perf-log.md, "Measured 2026-12-06, fourth run").
   bool det_dq_warp = false;
+  // Where the stages carry the step's LSE * log2(e) / D rows (by keys, stats_smem): the
+  // producer brings them with a tensor copy through a 2-D map of the workspace's rows (64 fp32
+  // per tile) instead of a non-tensor bulk copy. The same bytes on the same full barrier;
+  // compute-sanitizer racecheck reports the bulk copies against the consumers' reads (it does
+  // not follow their mbarrier order) and does not report tensor copies, which already carry
+  // Q, K, V and dO on the same barriers (docs/perf-log.md, "The stage rows by tensor copy").
+  bool stats_tma = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -271,6 +278,14 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false,
 // stages"): the d = 256 pair at 64 x 64, which leaves room for the second Q stage.
 constexpr BwdSm90Config kBwdSm90Hdim256N64 = {256, 64, 64, 2, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
                                              false, false, false, true};
+// Candidates, not yet measured (docs/perf-log.md, "The stage rows by tensor copy"): the configs
+// whose stages carry the LSE / D rows, with stats_tma.
+constexpr BwdSm90Config kBwdSm90Hdim64Tma = {64, 128, 128, 2, 2, 24, 240, true, 2, true, false, false,
+                                            false, false, false, false, false, true, true, false, true,
+                                            true};
+constexpr BwdSm90Config kBwdSm90Hdim256SingleTma = {256, 64, 80, 2, 1, 24, 240, false, 2, false, false, true,
+                                                   false, false, false, false, false, false, false, true,
+                                                   false, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO.
 struct BwdSm90Params {
@@ -296,6 +311,7 @@ struct BwdSm90Params {
   // (bwd_sm90_dq_rank in bwd_sm90_scheduler.cuh), so every element is summed the same way
   // every run. Null otherwise.
   int* dq_turn;           // per workspace tile (dq_tile, bwd_sm90_prepost.h): 2 counters
+  int dsum_tile0;         // stats_tma: the first row of D in the stats map (after LSE's rows)
   int det_chunk;          // deterministic, non-causal: units per chunk of the grid (what is
                           // resident at once: CTAs, or pair_dq clusters)
   int block_base;         // grid index of this launch's CTA 0 (cooperative chunk launches), else 0

@@ -23,6 +23,7 @@
 #include <algorithm>
 
 #include <cstdlib>
+#include <cstring>
 
 #include "sm90/sm90_hang_guard.h"  // first: before anything includes the Hopper layer
 
@@ -59,7 +60,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q,
                     const __grid_constant__ CUtensorMap map_k,
                     const __grid_constant__ CUtensorMap map_v,
-                    const __grid_constant__ CUtensorMap map_do, const BwdSm90Params p) {
+                    const __grid_constant__ CUtensorMap map_do,
+                    const __grid_constant__ CUtensorMap map_stats, const BwdSm90Params p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = fh::align_smem(smem_raw);
   uint64_t* kv_bar = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
@@ -73,6 +75,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     fh::tma_prefetch_map(&map_k);
     fh::tma_prefetch_map(&map_v);
     fh::tma_prefetch_map(&map_do);
+    if constexpr (T::kStatsTma) fh::tma_prefetch_map(&map_stats);
     fh::mbar_init(kv_bar, 1);      // K
     fh::mbar_init(kv_bar + 1, 1);  // V
     pipe_q->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp
@@ -114,7 +117,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (wg == 0) {
     fh::setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == 0) {
-      const BwdSm90Maps maps{&map_q, &map_k, &map_v, &map_do};
+      const BwdSm90Maps maps{&map_q, &map_k, &map_v, &map_do, &map_stats};
       bwd_sm90_producer<T, kDet>(p, maps, w, smem, kv_bar, pipe_q, pipe_do);
     } else if (kDet && !T::kDetDqWarp && threadIdx.x / 32 >= 1 && threadIdx.x / 32 <= T::kDqPhases) {
       bwd_sm90_turn_warp<T>(p, w, threadIdx.x / 32 - 1);
@@ -179,6 +182,21 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   float* dsum = reinterpret_cast<float*>(ws + parts.dsum);
   const int m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;  // steps
   const int tiles_m = m_blocks * T::kStepTiles;  // 64-row workspace tiles (bwd_sm90_prepost.h)
+  // stats_tma: LSE's rows, then D's, as one [row][64] fp32 tensor (both regions are whole
+  // 256-byte rows: kAlign). Unused by the other configs, which get a zeroed map.
+  CUtensorMap map_stats;
+  std::memset(&map_stats, 0, sizeof(map_stats));
+  int dsum_tile0 = 0;
+  if constexpr (T::kStatsTma) {
+    const uint64_t stat_rows = (parts.total - parts.lse) / 256;
+    if (stat_rows > uint64_t{0x7fffffff}) return cudaErrorNotSupported;  // TMA coordinates are int
+    dsum_tile0 = static_cast<int>((parts.dsum - parts.lse) / 256);
+    if (fh::make_tensor_map_2d(&map_stats, lse_log2, fh::TmaType::kF32, stat_rows, kDqTileRows,
+                               kDqTileRows, T::kStepTiles, kDqTileRows,
+                               fh::TmaSwizzle::kNone) != cudaSuccess) {
+      return cudaErrorNotSupported;  // nothing launched: the caller takes the reference path
+    }
+  }
 
   // The three kernels overlap their ends and starts (programmatic dependent launch, hopper/pdl.h):
   // the main kernel may start (barriers, tensor-map prefetch) while the preprocess
@@ -213,6 +231,7 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   kp.softmax_scale = p.softmax_scale;
   kp.lse_log2 = lse_log2;
   kp.dsum = dsum;
+  kp.dsum_tile0 = dsum_tile0;
   kp.dq_accum = dq_accum;
   kp.dq_turn = kDet ? reinterpret_cast<int*>(ws + parts.dq_turn) : nullptr;
   kp.dq_tiles = dq_tiles_of(p, tiles_m, T::kStepTiles);
@@ -235,7 +254,7 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
     // scheduler's units).
     if (kDet && !p.causal) kp.det_chunk = resident_pairs;
     err = fh::launch_kernel(kernel, dim3(pair_ctas), dim3(T::kThreads), T::kSmemBytes, stream,
-                            dim3(2, 1, 1), pdl, map_q, map_k, map_v, map_do, kp);
+                            dim3(2, 1, 1), pdl, map_q, map_k, map_v, map_do, map_stats, kp);
     if (err != cudaSuccess) return err;
     return launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, pdl, stream);
   }
@@ -262,7 +281,7 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
       for (int base = 0; base < ctas; base += kp.det_chunk) {
         kp.block_base = base;
         cfg.gridDim = dim3(std::min(kp.det_chunk, ctas - base));
-        err = cudaLaunchKernelEx(&cfg, kernel, map_q, map_k, map_v, map_do, kp);
+        err = cudaLaunchKernelEx(&cfg, kernel, map_q, map_k, map_v, map_do, map_stats, kp);
         if (err == cudaErrorCooperativeLaunchTooLarge && base == 0) {
           // Fewer SMs than the device has are available to cooperative launches (MPS, ...):
           // nothing of the main kernel ran yet, so take the single launch below.
@@ -277,7 +296,7 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
     }
   }
   err = fh::launch_kernel(kernel, dim3(ctas), dim3(T::kThreads), T::kSmemBytes, stream,
-                          dim3(1, 1, 1), pdl, map_q, map_k, map_v, map_do, kp);
+                          dim3(1, 1, 1), pdl, map_q, map_k, map_v, map_do, map_stats, kp);
   if (err != cudaSuccess) return err;
   // dQ = scale * dQaccum
   return launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, pdl, stream);

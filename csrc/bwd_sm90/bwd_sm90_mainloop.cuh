@@ -149,6 +149,9 @@ struct BwdSm90Traits {
   static constexpr uint32_t kStatBytes = kStatsSmem ? kBlockM * 4 : 0;
   static constexpr uint32_t kOffLse = kOffDqBuf + (kDqViaSmem ? kConsumerWgs * kDqBufBytes : 0);
   static constexpr uint32_t kOffDsum = kOffLse + kQStages * kStatBytes;
+  static constexpr bool kStatsTma = kCfg.stats_tma;
+  static_assert(!kStatsTma || (kStatBytes > 0 && kOffLse % 128 == 0 && kStatBytes % 128 == 0),
+                "stats_tma: stage rows to copy, 128-byte aligned tensor copy destinations");
   // stats_by_consumers: two buffers (step parity) of the step's LSE * log2(e) rows, then its D rows.
   static_assert(!kStatsByConsumers ||
                     (!kCfg.stats_smem && !kCfg.pair_ghost && kConsumerThreads >= 2 * kBlockM),
@@ -236,6 +239,7 @@ struct BwdSm90Maps {
   const CUtensorMap* k;
   const CUtensorMap* v;
   const CUtensorMap* dout;
+  const CUtensorMap* stats;  // stats_tma: the workspace's LSE then D rows, [row][64] fp32
 };
 
 // pair_ghost: whether the pair's upper block (2 j + 1) holds no key that the queries of Q block
@@ -349,13 +353,18 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     // Rows m0.. of Q or dO of this q head into the next stage of their ring, with the step's
     // rows of `stat` where kStatBytes > 0 (its kStepTiles workspace tiles, consecutive).
     auto load_rows = [&](auto* pipe, auto& st, uint32_t off, const CUtensorMap* map, bool inner,
-                         uint32_t stat_off, const float* stat) {
+                         uint32_t stat_off, const float* stat, int stat_row0) {
       pipe->producer_acquire(st);
       pipe->producer_expect(st, T::kQTileBytes + T::kStatBytes);
       if constexpr (T::kStatBytes > 0) {
         const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles);
-        fh::bulk_load(smem + stat_off + st.stage * T::kStatBytes, stat + tile * kDqTileRows,
-                      T::kStatBytes, pipe->full_barrier(st));
+        if constexpr (T::kStatsTma) {
+          fh::tma_load<2>(smem + stat_off + st.stage * T::kStatBytes, m.stats, pipe->full_barrier(st),
+                          {0, stat_row0 + static_cast<int>(tile)});
+        } else {
+          fh::bulk_load(smem + stat_off + st.stage * T::kStatBytes, stat + tile * kDqTileRows,
+                        T::kStatBytes, pipe->full_barrier(st));
+        }
       }
       tma_tile<T::kAtomCols>(smem + off + st.stage * T::kQTileBytes, T::kQAtomBytes, map, pipe->full_barrier(st),
                inner, static_cast<int>(w.seq.row_q) + m0, head, w.map_batch);
@@ -373,11 +382,11 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
       }
       sq.advance();
     } else {
-      load_rows(pipe_q, sq, T::kOffQ, m.q, p.head_inner & 1, T::kOffLse, p.lse_log2);
+      load_rows(pipe_q, sq, T::kOffQ, m.q, p.head_inner & 1, T::kOffLse, p.lse_log2, 0);
     }
     if (T::kPairGhost ? v_pending : it == 0) load_kv(T::kOffV, m.v, kv_bar + 1, p.head_inner & 4);
     v_pending = false;
-    load_rows(pipe_do, sd, T::kOffDo, m.dout, p.head_inner & 8, T::kOffDsum, p.dsum);
+    load_rows(pipe_do, sd, T::kOffDo, m.dout, p.head_inner & 8, T::kOffDsum, p.dsum, p.dsum_tile0);
   }
 }
 
