@@ -287,7 +287,7 @@ constexpr BwdSm90Config kBwdSm90Hdim256SingleTma = {256, 64, 80, 2, 1, 24, 240, 
                                                    false, false, false, false, false, false, false, true,
                                                    false, true};
 
-// What the main kernel reads besides the tensor maps of Q, K, V, dO.
+// What the main kernel reads besides the tensor maps of Q, K, V, dO (and stats_tma's rows).
 struct BwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k
   int m_blocks;     // ceil(seqlen_q / block_m): the steps of the longest sequence
