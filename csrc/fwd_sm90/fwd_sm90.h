@@ -229,6 +229,19 @@ constexpr FwdSm90Grid kFwdSm90Hdim64Grid = {4096, kAllKeys, kAllKeys, 2048, 0, 0
 constexpr FwdSm90Grid kFwdSm90Hdim128Grid = {4096, kAllKeys, kAllKeys, 2048, 2048, 0};
 constexpr FwdSm90Grid kFwdSm90Hdim192Grid = {kAllKeys, kAllKeys, kAllKeys, 0, 4096, 1024};
 constexpr FwdSm90Grid kFwdSm90Hdim256Grid = {2048, 2048, 2048, 0, kAllKeys, 4096};
+// The causal forward's L2 groups: (batch, q head) pairs whose K and V fill about this many MB of
+// L2 run together, longest Q block first inside a group (fwd_sm90_scheduler.cuh). 32 MB was
+// never swept; ncu of the d = 256 causal 512 forward (b32 h8) read 337 MB of DRAM traffic
+// against FA3's 270 (Q + K + V + O is 268 MB): about one extra pass over K or V, as if a group's
+// K / V did not stay in the 50 MB L2 (H100 / H200: two partitions) while its tiles run. A value,
+// for scripts/build_candidates.sh: kFwdSm90L2=kFwdSm90L2Half.
+struct FwdSm90L2 {
+  int causal_kv_mb;
+};
+constexpr FwdSm90L2 kFwdSm90L2 = {32};
+// Candidates, not yet measured (docs/perf-log.md, "The forward's causal L2 groups").
+constexpr FwdSm90L2 kFwdSm90L2Half = {16};
+constexpr FwdSm90L2 kFwdSm90L2Quarter = {8};
 // A head dim's row, at compile time (the producer keeps one load order where its row has k_ahead
 // nowhere).
 constexpr FwdSm90Grid fwd_sm90_grid_row(int head_dim) {
