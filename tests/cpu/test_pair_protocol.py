@@ -121,13 +121,16 @@ def run_ghost_steps(ghost, seed, max_actions=200000):
 
 def test_pair_ghost_steps_under_random_interleavings():
     """Ghost steps at the start of every q head's walk (causal: the upper block's first Q blocks
-    see none of its keys), one to three of them, GQA groups of one to three heads; and every
-    step a ghost (the upper block past the keys)."""
+    see none of its keys), one to three of them, GQA groups of one to three heads; the same at
+    the end of each walk (the deterministic walk from the last Q block down, det_from_the_end;
+    with the q heads inner the ghosts of all heads come together at the end); and every step a
+    ghost (the upper block past the keys)."""
     patterns = [[True] * 5]
     for g in (1, 2, 3):
         for heads in (1, 2, 3):
             for m_count in (g, g + 1, g + 4):
                 patterns.append(([True] * g + [False] * (m_count - g)) * heads)
+                patterns.append([False] * ((m_count - g) * heads) + [True] * (g * heads))
     for ghost in patterns:
         for seed in range(60):
             run_ghost_steps(ghost, seed)
@@ -163,6 +166,106 @@ def test_the_free_wait_is_what_holds_a_ghosts_partner_back():
     for seed in range(300):
         try:
             run(8, True, seed, free_wait=False, max_actions=5000)
+        except AssertionError:
+            failures += 1
+    assert failures > 0
+
+
+# --- one receive buffer (a design for the pair with two Q stages; not in the kernel) -----------
+# docs/perf-log.md, "The pair with two Q stages": room for a second Q stage beside the 64 x 80
+# pair needs single P^T / dS^T buffers and one receive buffer per CTA. With one buffer the
+# phases count sends and receives instead of following the step's parity: a CTA's k-th send
+# waits until the partner has read its send k - 1 (free phase k - 1), its r-th receive waits
+# for full phase r. The rule that lets the upper CTA skip the free wait with two buffers (the
+# lower's send of step it - 1, which it waited for, follows the lower's reads of step it - 2)
+# no longer holds: the lower reads step it - 1's tile after that send.
+
+
+class OneBufferCta:
+    def __init__(self):
+        self.full = Barrier(1, "full")
+        self.free = Barrier(1, "free")
+        self.ds = None    # own dS^T buffer: the step whose tile it holds
+        self.peer = None  # the partner's dS^T as received
+        self.read = []
+
+
+def steps_one_buffer(me, partner, ghost, copies, upper, upper_free_wait=True):
+    """One CTA of the pair per step; ghost[it]: the upper block's keys are all masked at step it
+    (the upper neither writes nor sends then, the lower does not receive)."""
+    sent = received = 0
+    for it in range(len(ghost)):
+        sends = not (upper and ghost[it])
+        receives = upper or not ghost[it]
+        if receives:
+            me.full.arrive(expect_tx=1)
+        if sends:
+            if sent >= 1 and (upper_free_wait or not upper):
+                while not me.free.passed(sent - 1):
+                    yield
+            me.ds = it
+            copies.append((me, partner, 0))
+            sent += 1
+            yield
+        if receives:
+            while not me.full.passed(received):
+                yield
+            assert me.peer == it, f"step {it}: read the partner's step {me.peer}"
+            me.read.append(it)
+            received += 1
+            yield  # the read lasts until the wgmma that reads the tile retires
+            assert me.peer == it, f"step {it}: the tile changed while being read"
+            partner.free.arrive()
+        yield
+
+
+def run_one_buffer(ghost, seed, upper_free_wait=True, max_actions=200000):
+    rng = random.Random(seed)
+    lower, upper = OneBufferCta(), OneBufferCta()
+    copies = []
+    actors = [steps_one_buffer(lower, upper, ghost, copies, False),
+              steps_one_buffer(upper, lower, ghost, copies, True, upper_free_wait)]
+    done = [False, False]
+    for _ in range(max_actions):
+        if all(done) and not copies:
+            break
+        choices = [i for i in range(2) if not done[i]] + (["copy"] if copies else [])
+        pick = rng.choice(choices)
+        if pick == "copy":
+            src, dst, _ = copies.pop(rng.randrange(len(copies)))
+            dst.peer = src.ds  # the engine reads the source now
+            dst.full.complete_tx(1)
+        else:
+            try:
+                next(actors[pick])
+            except StopIteration:
+                done[pick] = True
+    else:
+        raise AssertionError(f"no progress: ghost={ghost} seed={seed}")
+    assert upper.read == list(range(len(ghost)))
+    assert lower.read == [it for it, g in enumerate(ghost) if not g]
+
+
+def test_one_receive_buffer_under_random_interleavings():
+    """The one-buffer exchange with the ghost patterns of the two-buffer test, none, and all."""
+    patterns = [[False] * 9, [True] * 5]
+    for g in (1, 2, 3):
+        for heads in (1, 2, 3):
+            for m_count in (g, g + 1, g + 4):
+                patterns.append(([True] * g + [False] * (m_count - g)) * heads)
+                patterns.append([False] * ((m_count - g) * heads) + [True] * (g * heads))  # ghosts last
+    for ghost in patterns:
+        for seed in range(40):
+            run_one_buffer(ghost, seed)
+
+
+def test_one_receive_buffer_needs_the_uppers_free_wait():
+    """Without the upper's free wait (what the two-buffer pair does) some interleaving overwrites
+    the lower's only receive buffer while it is being read."""
+    failures = 0
+    for seed in range(300):
+        try:
+            run_one_buffer([False] * 8, seed, upper_free_wait=False, max_actions=5000)
         except AssertionError:
             failures += 1
     assert failures > 0
