@@ -278,6 +278,11 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false,
 // stages"): the d = 256 pair at 64 x 64, which leaves room for the second Q stage.
 constexpr BwdSm90Config kBwdSm90Hdim256N64 = {256, 64, 64, 2, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
                                              false, false, false, true};
+// Candidate, not yet measured (docs/perf-log.md, "The pair with two Q stages"): the d = 256 pair
+// with a second Q stage, in the room of single P^T / dS^T buffers (single_hand), one receive
+// buffer for the partner's dS^T (kRecvBufs) and no alignment slack (kSlack).
+constexpr BwdSm90Config kBwdSm90Hdim256Q2 = {256, 64, 80, 2, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
+                                            true, false, false, true};
 // Candidates, not yet measured (docs/perf-log.md, "The stage rows by tensor copy"): the configs
 // whose stages carry the LSE / D rows, with stats_tma.
 constexpr BwdSm90Config kBwdSm90Hdim64Tma = {64, 128, 128, 2, 2, 24, 240, true, 2, true, false, false,

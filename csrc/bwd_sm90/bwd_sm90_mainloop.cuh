@@ -172,7 +172,11 @@ struct BwdSm90Traits {
   // Swizzled tiles start on 1024 bytes (the stat rows before may end anywhere).
   static constexpr uint32_t kOffKPeer = (kOffRows + kRowsBytes + 1023) / 1024 * 1024;
   static constexpr uint32_t kOffDsPeer = kOffKPeer + (kPair ? kPairAtoms * kKvAtomBytes : 0);
-  static constexpr uint32_t kOffBar = kOffDsPeer + (kPair ? 2 * kHandBytes : 0);
+  // The partner's dS^T: two buffers (step parity), or with single_hand one, whose phases count
+  // the sends and receives (the exchange in bwd_sm90_consumer; tests/cpu/test_pair_protocol.py,
+  // steps_one_buffer): the room a second Q stage needs beside the pair.
+  static constexpr int kRecvBufs = kPair && kSingleHand ? 1 : 2;
+  static constexpr uint32_t kOffBar = kOffDsPeer + (kPair ? kRecvBufs * kHandBytes : 0);
   static constexpr uint32_t kOffPipeQ = kOffBar + 16;  // after the K and V barriers
   static constexpr uint32_t kOffPipeDo = kOffPipeQ + sizeof(fh::TmaPipeline<kQStages>);
   // pair_dq: per buffer b, full[b] (this CTA's arrive_expect_tx + the partner's bytes) and
@@ -184,8 +188,13 @@ struct BwdSm90Traits {
   static_assert(!kQAtomBars || (!kStatsSmem && !kByKeys && !kStatsByConsumers),
                 "q_atom_barriers: split by head dim, no stats rows on the Q stage's barrier");
   static constexpr uint32_t kOffQAtomBar = kOffPairBar + (kPair ? 32 : 0);
-  static constexpr size_t kSmemBytes = 1024 /* alignment slack */ + kOffQAtomBar +
-                                       (kQAtomBars ? kQStages * kAtomCols * 8 : 0);
+  static constexpr uint32_t kPlanBytes = kOffQAtomBar + (kQAtomBars ? kQStages * kAtomCols * 8 : 0);
+  // 1 KB of slack lets align_smem round the dynamic window up to 1024 bytes. A plan that fits
+  // only without it asks for none: the window then must start 1024-aligned already (it does
+  // on sm_90, after the 1 KB the system reserves per CTA), which the kernel checks (kernel
+  // start, bwd_sm90_launch.cuh).
+  static constexpr uint32_t kSlack = kPlanBytes + 1024 <= 232448 ? 1024 : 0;
+  static constexpr size_t kSmemBytes = kSlack + kPlanBytes;
   static_assert(kSmemBytes <= 232448, "over the 227 KB a CTA may have");
   static_assert(kKvAtomBytes % 1024 == 0 && kWgKeys * 128 % 1024 == 0 && kHandBytes % 1024 == 0,
                 "swizzled tiles and each warpgroup's kWgKeys-row part must stay 1024-aligned");
@@ -230,8 +239,8 @@ struct BwdSm90Traits {
   static_assert(kBarDqFree0 + kConsumerWgs <= 16, "16 named barriers per CTA");
   // single_hand: every consumer warpgroup's (5)-(7) of the last step have read P^T and dS^T.
   static constexpr uint32_t kBarHandFree = 15;
-  static_assert(!kSingleHand || (!kByKeys && !kPair && kBarDqFree0 + kConsumerWgs <= kBarHandFree),
-                "single_hand: split by head dim, one CTA; its barrier id clear of the dQ warps'");
+  static_assert(!kSingleHand || (!kByKeys && kBarDqFree0 + kConsumerWgs <= kBarHandFree),
+                "single_hand: split by head dim; its barrier id clear of the dQ warps'");
 };
 
 struct BwdSm90Maps {
@@ -510,6 +519,17 @@ __device__ __forceinline__ void add_dq_in_turn(const BwdSm90Params& p, int64_t t
   if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + h, T::kTurnThreads);
 }
 
+// pair_dq: the receive buffer of step it's exchange (two: the step's parity; one: 0).
+template <class T>
+__device__ __forceinline__ int recv_buf(int it) {
+  return T::kRecvBufs == 2 ? (it & 1) : 0;
+}
+// ... and the phase of its full barrier for a CTA that receives every step.
+template <class T>
+__device__ __forceinline__ uint32_t recv_phase(int it) {
+  return T::kRecvBufs == 2 ? (it >> 1) & 1 : it & 1;
+}
+
 // pair_ghost: one ghost step of the pair's upper CTA (warpgroup wg): the lower's dS^T in, the
 // dQ^T atom-column kPairAtoms + wg over the lower's keys, the buffer handed back, the add. With
 // `handoff`, the hand-off barrier marks the step for the warpgroups' own P^T / dS^T buffers
@@ -519,19 +539,20 @@ __device__ __forceinline__ void pair_ghost_step(const BwdSm90Params& p, uint8_t*
                                                 int64_t tile, int wg, bool handoff) {
   const int t = threadIdx.x % 128;
   uint64_t* pair_bar = reinterpret_cast<uint64_t*>(smem + T::kOffPairBar);
-  if (wg == 0 && t == 0) fh::mbar_arrive_expect_tx(pair_bar + (it & 1), T::kHandBytes);
+  // The upper receives every step: buffer and phase follow the step (one buffer: phase it).
+  const int b = recv_buf<T>(it);
+  if (wg == 0 && t == 0) fh::mbar_arrive_expect_tx(pair_bar + b, T::kHandBytes);
   if (handoff) fh::named_bar_sync(T::kBarHandoff, T::kConsumerThreads);
   float dq[T::kBlockM / 2];
   fh::zero_acc(dq);  // overwritten by the first wgmma; defined for the "+f" operands
   fh::wgmma_fence_operand(dq);
-  fh::mbar_wait(pair_bar + (it & 1), (it >> 1) & 1);
+  fh::mbar_wait(pair_bar + b, recv_phase<T>(it));
   fh::wgmma_fence();
-  gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
-             smem + T::kOffDsPeer + (it & 1) * T::kHandBytes);
+  gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes, smem + T::kOffDsPeer + b * T::kHandBytes);
   fh::wgmma_commit();
   fh::wgmma_wait<0>();
   fh::wgmma_fence_operand(dq);
-  if (threadIdx.x % 32 == 0) fh::mbar_arrive_cluster(pair_bar + 2 + (it & 1), 0);  // the lower
+  if (threadIdx.x % 32 == 0) fh::mbar_arrive_cluster(pair_bar + 2 + b, 0);  // the lower
   add_dq_in_turn<T, kDet>(p, tile, T::kPairAtoms + wg, t, dq);
 }
 
@@ -718,6 +739,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   // dS^T, so the lower counts what it received per buffer for its full barriers' phases; the
   // upper still reads the lower's every step, which keeps it in lockstep without free waits.
   int received0 = 0, received1 = 0;
+  int sent = 0;  // one receive buffer: this CTA's sends so far (their free phases)
   bool v_pending = true;
   const uint8_t* k_half = smem + T::kOffK + T::kWgKeys * wg * 128;
   const uint8_t* v_half = smem + T::kOffV + T::kWgKeys * wg * 128;
@@ -769,10 +791,11 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     }
     uint8_t* p_t = smem + T::kOffP + (T::kSingleHand ? 0 : (it & 1)) * T::kHandBytes;
     uint8_t* ds_t = smem + T::kOffDs + (T::kSingleHand ? 0 : (it & 1)) * T::kHandBytes;
+    const int pb = recv_buf<T>(it);
     if constexpr (kPairOn) {
-      // This step's partner dS^T lands in buffer it & 1: arm its full barrier (the phase of
-      // step it - 2 has completed: every thread waited for it).
-      if (wg == 0 && t == 0 && !partner_ghost) fh::mbar_arrive_expect_tx(pair_bar + (it & 1), T::kHandBytes);
+      // This step's partner dS^T lands in buffer pb: arm its full barrier (the buffer's previous
+      // phase has completed: every thread waited for it).
+      if (wg == 0 && t == 0 && !partner_ghost) fh::mbar_arrive_expect_tx(pair_bar + pb, T::kHandBytes);
     }
     const uint8_t* q_s = smem + T::kOffQ + sq.stage * T::kQTileBytes;
     const uint8_t* do_s = smem + T::kOffDo + sd.stage * T::kQTileBytes;
@@ -842,8 +865,16 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       // pair_ghost, upper CTA: no wait. The lower sends every step, and its send of step it - 1
       // follows its hand-off barrier of it - 1, by which both its warpgroups retired their reads
       // of what this CTA sent before; this CTA waited for that send (full) before getting here.
-      if (it >= 2 && !(T::kPairGhost && pair_rank == 1)) {
-        fh::mbar_wait(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
+      // One receive buffer (kRecvBufs = 1): each send waits until the partner has read the
+      // previous one, the upper CTA too (the lower reads step it - 1's tile after its send of
+      // step it - 1, so that send no longer proves the buffer free).
+      if constexpr (T::kRecvBufs == 2) {
+        if (it >= 2 && !(T::kPairGhost && pair_rank == 1)) {
+          fh::mbar_wait(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
+        }
+      } else {
+        if (sent >= 1) fh::mbar_wait(pair_bar + 2, (sent - 1) & 1);
+        ++sent;
       }
     }
     store_hand_t<T>(ds_t, dp, wg, t);
@@ -856,10 +887,10 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     fh::named_bar_sync(T::kBarHandoff, T::kConsumerThreads);
     if constexpr (kPairOn) {
       // The whole dS^T (both warpgroups' parts, fenced for the async proxy above) to the
-      // partner's buffer it & 1, completed on its full barrier there.
+      // partner's buffer pb, completed on its full barrier there.
       if (wg == 0 && t == 0) {
-        fh::bulk_copy_to_cta(smem + T::kOffDsPeer + (it & 1) * T::kHandBytes, ds_t, T::kHandBytes,
-                             pair_bar + (it & 1), pair_rank ^ 1);
+        fh::bulk_copy_to_cta(smem + T::kOffDsPeer + pb * T::kHandBytes, ds_t, T::kHandBytes,
+                             pair_bar + pb, pair_rank ^ 1);
       }
     }
 
@@ -889,14 +920,14 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       } else {
         if (T::kPairGhost && pair_rank == 0) {
           // The phase of this buffer's full barrier: the upper's sends into it so far.
-          const int n = (it & 1) ? received1++ : received0++;
-          fh::mbar_wait(pair_bar + (it & 1), n & 1);
+          const int n = pb == 1 ? received1++ : received0++;
+          fh::mbar_wait(pair_bar + pb, n & 1);
         } else {
-          fh::mbar_wait(pair_bar + (it & 1), (it >> 1) & 1);
+          fh::mbar_wait(pair_bar + pb, recv_phase<T>(it));
         }
         fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
         gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
-                   smem + T::kOffDsPeer + (it & 1) * T::kHandBytes, true);
+                   smem + T::kOffDsPeer + pb * T::kHandBytes, true);
         fh::wgmma_commit();
 #pragma unroll
         for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
@@ -906,8 +937,10 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         if (warp_leader) {
           pipe_do->consumer_release(sd);
           // This warp's reads of the partner's buffer are done: one of its 8 free arrivals
-          // (pair_ghost: the upper waits for none).
-          if (!(T::kPairGhost && pair_rank == 0)) fh::mbar_arrive_cluster(pair_bar + 2 + (it & 1), pair_rank ^ 1);
+          // (pair_ghost with two buffers: the upper waits for none).
+          if (T::kRecvBufs == 1 || !(T::kPairGhost && pair_rank == 0)) {
+            fh::mbar_arrive_cluster(pair_bar + 2 + pb, pair_rank ^ 1);
+          }
         }
         add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
         if constexpr (T::kAddsBeforeWait) fh::keep_waits_below(seqlen_k);  // (wgmma.h)
