@@ -101,10 +101,11 @@ struct BwdSm90Config {
   // the stall samples in the wait for it. Measured with adds_before_wait at d = 256 (pair):
   // +2.7..+5.3% default mode, +1.5..+3.9% deterministic.
   bool q_atom_barriers = false;
-  // Split by head dim, one CTA: one P^T and one dS^T buffer instead of two (step parity), so
-  // that d = 192 with three warpgroups and dQ through shared memory has room for a second Q
-  // stage. The price: a consumer barrier per step before the next P^T is written (every
-  // warpgroup's (5)-(7) of this step have read the buffers). On at d = 192.
+  // Split by head dim: one P^T and one dS^T buffer instead of two (step parity), so that d = 192
+  // with three warpgroups and dQ through shared memory has room for a second Q stage (with
+  // pair_dq also one receive buffer: the candidate kBwdSm90Hdim256Q2). The price: a consumer
+  // barrier per step before the next P^T is written (every warpgroup's (5)-(7) of this step
+  // have read the buffers). On at d = 192.
   bool single_hand = false;
   // By keys: (7) dQ^T issued before (6) dK, right after the hand-off barrier, and the step's dQ
   // adds made once dQ^T is done, while dK still runs, instead of dK, the barrier, dQ^T and the

@@ -24,7 +24,8 @@
 //   dQ^T         with dq_smem: one 16 KB fp32 buffer per consumer warpgroup
 //   LSE, D       by keys or stats_smem: the step's block_m rows of each per Q / dO stage
 //   K_peer, dS^T_peer  with pair_dq: the partner block's K for this CTA's dQ^T atom-columns
-//                (TMA, with K) and 2 buffers of the partner's dS^T (its bulk copies)
+//                (TMA, with K) and 2 buffers of the partner's dS^T (its bulk copies; with
+//                single_hand 1, kRecvBufs)
 // (sizes per config in bwd_sm90.h).
 //
 // wgmma operands (docs/hopper-facts.md section 11; M always 64 per instruction), N = block_n:
@@ -160,7 +161,7 @@ struct BwdSm90Traits {
   static constexpr uint32_t kOffRows = kOffDsum + kDoStages * kStatBytes;
   static constexpr uint32_t kRowsBytes = kStatsByConsumers ? 2 * 2 * kBlockM * 4 : 0;
   // pair_dq (default mode): the partner's K for this CTA's half of the head dim (loaded with K)
-  // and two buffers for the partner's dS^T (step parity), bulk-copied in by the partner.
+  // and the buffers for the partner's dS^T (kRecvBufs below), bulk-copied in by the partner.
   static constexpr bool kPair = kCfg.pair_dq;
   static_assert(!kPair || (!kByKeys && !kDqViaSmem && kConsumerWgs == 2 && kAtomCols == 4),
                 "pair_dq: split by head dim, two warpgroups, d = 256 (one dQ^T atom-column of "
@@ -857,8 +858,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     fh::wgmma_fence_operand(dp);
     ds_values(s, dp, dsum0, dsum1);
     if constexpr (kPairOn) {
-      // ds_t was sent to the partner at step it - 2; rewrite it once the partner has read what
-      // it received then (its free arrivals), which also means the copy has read ds_t. The
+      // Two buffers: ds_t was sent to the partner at step it - 2; rewrite it once the partner
+      // has read what it received then (its free arrivals), which also means the copy has read
+      // ds_t (one buffer: the previous send, below). The
       // free barrier only hands buffers back (no data published through it: the bytes travel
       // by complete_tx on full), so CTA-scope arrive and wait are the multicast stage-release
       // pattern of mbar_arrive_cluster; if the GPU disagrees, the wait becomes mbar_wait_cluster.

@@ -171,7 +171,7 @@ def test_the_free_wait_is_what_holds_a_ghosts_partner_back():
     assert failures > 0
 
 
-# --- one receive buffer (a design for the pair with two Q stages; not in the kernel) -----------
+# --- one receive buffer (the pair with single_hand: candidate kBwdSm90Hdim256Q2) ----------------
 # docs/perf-log.md, "The pair with two Q stages": room for a second Q stage beside the 64 x 80
 # pair needs single P^T / dS^T buffers and one receive buffer per CTA. With one buffer the
 # phases count sends and receives instead of following the step's parity: a CTA's k-th send
