@@ -249,6 +249,20 @@ static constexpr const BwdSm90Config& kBwdSm90Hdim192Single = kBwdSm90Hdim192;
 constexpr BwdSm90Config kBwdSm90Hdim256Single = {256, 64, 80, 2, 1, 24, 240, false, 2, false, false, true,
                                                 false, false, false, false, false, false, false, true};
 
+// The causal backward's L2 groups: as many (batch, kv head) pairs at a time as keep the Q, dO
+// and dQaccum rows (x the GQA group) of this many queries at d = 256 in L2 (256 / d times as
+// many at head dim d; 2 KB per row at d = 256: ~32 MB). Swept at 4k-16k on the H200 (d = 64-192:
+// half the rows -3.0..+0.7%, one group of all pairs -1.8..-22.7%, one pair per group
+// -4.2..+0.1%; docs/perf-log.md, "Profiles of the three weakest points, two candidates and an
+// L2-group sweep"); not at 512-2048, nor at d = 256, where the forward's ncu found a 32 MB group
+// re-reading K / V from DRAM (docs/perf-log.md, "The forward's causal L2 groups"). A value, for
+// scripts/build_candidates.sh: kBwdSm90L2=kBwdSm90L2Half.
+struct BwdSm90L2 {
+  int causal_rows_at_d256;
+};
+constexpr BwdSm90L2 kBwdSm90L2 = {16384};
+// Candidate, not yet measured (docs/perf-log.md, "The forward's causal L2 groups").
+constexpr BwdSm90L2 kBwdSm90L2Half = {8192};
 // Query rows a CTA walks (seqlen_q x the GQA group) from which a pair config runs. Measured
 // at d = 256: the single CTA faster by 1.7-12% at 512-2048 rows, the pair faster from 4096
 // (docs/perf-log.md); between, the midpoint.

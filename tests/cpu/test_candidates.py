@@ -81,7 +81,8 @@ def test_value_candidates_substitute(tmp_path):
     assert "constexpr WalkConfig kWalkSkip = {true, 2};" in new, new
     # The value candidates waiting in the headers.
     for row, cand, rel in [("kFwdSm90L2", "kFwdSm90L2Half", "csrc/fwd_sm90/fwd_sm90.h"),
-                           ("kFwdSm90L2", "kFwdSm90L2Quarter", "csrc/fwd_sm90/fwd_sm90.h")]:
+                           ("kFwdSm90L2", "kFwdSm90L2Quarter", "csrc/fwd_sm90/fwd_sm90.h"),
+                           ("kBwdSm90L2", "kBwdSm90L2Half", "csrc/bwd_sm90/bwd_sm90.h")]:
         real = tmp_path / rel
         real.parent.mkdir(parents=True, exist_ok=True)
         real.write_text(open(os.path.join(ROOT, rel)).read())
