@@ -233,8 +233,9 @@ constexpr FwdSm90Grid kFwdSm90Hdim256Grid = {2048, 2048, 2048, 0, kAllKeys, 4096
 // L2 run together, longest Q block first inside a group (fwd_sm90_scheduler.cuh). 32 MB was
 // never swept; ncu of the d = 256 causal 512 forward (b32 h8) read 337 MB of DRAM traffic
 // against FA3's 270 (Q + K + V + O is 268 MB): about one extra pass over K or V, as if a group's
-// K / V did not stay in the 50 MB L2 (H100 / H200: two partitions) while its tiles run. A value,
-// for scripts/build_candidates.sh: kFwdSm90L2=kFwdSm90L2Half.
+// K / V did not stay in the 50 MB L2 (H100 / H200: two partitions) while its tiles run (FA3's
+// sections are the same size there, so this is a hypothesis to measure). A value, for
+// scripts/build_candidates.sh: kFwdSm90L2=kFwdSm90L2Half.
 struct FwdSm90L2 {
   int causal_kv_mb;
 };
