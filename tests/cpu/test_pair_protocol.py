@@ -181,67 +181,43 @@ def test_the_free_wait_is_what_holds_a_ghosts_partner_back():
 # no longer holds: the lower reads step it - 1's tile after that send.
 
 
-class OneBufferCta:
-    def __init__(self):
-        self.full = Barrier(1, "full")
-        self.free = Barrier(1, "free")
-        self.ds = None    # own dS^T buffer: the step whose tile it holds
-        self.peer = None  # the partner's dS^T as received
-        self.read = []
-
-
 def steps_one_buffer(me, partner, ghost, copies, upper, upper_free_wait=True):
     """One CTA of the pair per step; ghost[it]: the upper block's keys are all masked at step it
-    (the upper neither writes nor sends then, the lower does not receive)."""
+    (the upper neither writes nor sends then, the lower does not receive). Buffer 0 of `Cta`'s
+    barriers and tiles only."""
     sent = received = 0
     for it in range(len(ghost)):
         sends = not (upper and ghost[it])
         receives = upper or not ghost[it]
         if receives:
-            me.full.arrive(expect_tx=1)
+            me.full[0].arrive(expect_tx=1)
         if sends:
             if sent >= 1 and (upper_free_wait or not upper):
-                while not me.free.passed(sent - 1):
+                while not me.free[0].passed(sent - 1):
                     yield
-            me.ds = it
+            me.ds[0] = it
             copies.append((me, partner, 0))
             sent += 1
             yield
         if receives:
-            while not me.full.passed(received):
+            while not me.full[0].passed(received):
                 yield
-            assert me.peer == it, f"step {it}: read the partner's step {me.peer}"
+            assert me.peer[0] == it, f"step {it}: read the partner's step {me.peer[0]}"
             me.read.append(it)
             received += 1
             yield  # the read lasts until the wgmma that reads the tile retires
-            assert me.peer == it, f"step {it}: the tile changed while being read"
-            partner.free.arrive()
+            assert me.peer[0] == it, f"step {it}: the tile changed while being read"
+            partner.free[0].arrive()
         yield
 
 
 def run_one_buffer(ghost, seed, upper_free_wait=True, max_actions=200000):
     rng = random.Random(seed)
-    lower, upper = OneBufferCta(), OneBufferCta()
+    lower, upper = Cta(False), Cta(False)
     copies = []
     actors = [steps_one_buffer(lower, upper, ghost, copies, False),
               steps_one_buffer(upper, lower, ghost, copies, True, upper_free_wait)]
-    done = [False, False]
-    for _ in range(max_actions):
-        if all(done) and not copies:
-            break
-        choices = [i for i in range(2) if not done[i]] + (["copy"] if copies else [])
-        pick = rng.choice(choices)
-        if pick == "copy":
-            src, dst, _ = copies.pop(rng.randrange(len(copies)))
-            dst.peer = src.ds  # the engine reads the source now
-            dst.full.complete_tx(1)
-        else:
-            try:
-                next(actors[pick])
-            except StopIteration:
-                done[pick] = True
-    else:
-        raise AssertionError(f"no progress: ghost={ghost} seed={seed}")
+    _schedule(actors, copies, rng, max_actions, f"one buffer, ghost={ghost} seed={seed}")
     assert upper.read == list(range(len(ghost)))
     assert lower.read == [it for it, g in enumerate(ghost) if not g]
 
