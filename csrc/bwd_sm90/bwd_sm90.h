@@ -289,10 +289,6 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // because it is the one config with unequal shares, whose second consumer instance
 // (bwd_sm90_launch.cuh) no table row instantiates now.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
-// Candidate, not yet measured (docs/perf-log.md, "The pair with 64-key blocks and two Q
-// stages"): the d = 256 pair at 64 x 64, which leaves room for the second Q stage.
-constexpr BwdSm90Config kBwdSm90Hdim256N64 = {256, 64, 64, 2, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
-                                             false, false, false, true};
 // Candidate, not yet measured (docs/perf-log.md, "The pair with two Q stages"): the d = 256 pair
 // with a second Q stage, in the room of single P^T / dS^T buffers (single_hand), one receive
 // buffer for the partner's dS^T (kRecvBufs) and no alignment slack (kSlack).
