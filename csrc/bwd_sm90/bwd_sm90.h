@@ -147,7 +147,7 @@ struct BwdSm90Config {
   // done; the consumers wait only when their dQ warp falls a whole buffer behind. Same sums in
   // the same order (gradients bitwise equal to the other way's). Measured (H100, deterministic,
   // A B A B, production order): d = 64 causal -1.9 / -0.7 / +0.9 / +3.2 / +5.0 / +5.7% at 512 ..
-  // 16k, non-causal -2.5..+6.0%; d = 128 causal -0.7..+0.4% to 4096, +3.7 / +7.8% at 8k / 16k,
+  // 16k, non-causal -2.5..+6.0%; d = 128 causal -0.7..-0.0% to 4096, +3.7 / +7.8% at 8k / 16k,
   // non-causal +0.0..+2.3%. d = 128 with det_from_the_end as well, against det_from_the_end
   // alone: causal -2.0 / -1.8 / -2.1 / -0.6% at 512-4096, +3.4 / +4.2% at 8k / 16k; on at d = 64
   // and 128, both as tested (docs/perf-log.md, "Measured 2026-12-06, fourth run").
