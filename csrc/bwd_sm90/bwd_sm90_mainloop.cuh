@@ -567,6 +567,17 @@ __device__ __forceinline__ void pair_ghost_step(const BwdSm90Params& p, uint8_t*
 // issued their adds (kBarAdded0 + h: their bar.arrive orders the adds before this warp's
 // bar.sync), then hand the turn on with one red.release. Each barrier has at most one phase
 // open: the consumers cannot reach the next step's turn before this warp has passed the last.
+// Deterministic mode: the turn counter that orders adds `i` into step m_block's tile of `head`.
+// By keys the step has kStepTiles tiles, one counter each (counter 0 of tile i); by head dim one
+// tile whose kDqTurnsPerTile counters serve its add phases / warpgroups / pair halves (i).
+template <class T>
+__device__ __forceinline__ int* dq_turn_counter(const BwdSm90Params& p, const BwdSm90Work& w,
+                                                int head, int m_block, int i) {
+  return T::kByKeys
+             ? p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles + i) * kDqTurnsPerTile
+             : p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block) * kDqTurnsPerTile + i;
+}
+
 template <class T>
 __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const BwdSm90Work& w,
                                                    int h) {
@@ -576,11 +587,8 @@ __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const
     bwd_sm90_iter<true, T::kDetFromEnd>(p, w, it, head, m_block, pos);
     // By keys phase h is the step's tile h (one counter each), else both phases share a tile
     // (pair_dq: one phase, counter r for the head-dim half of the pair's rank r).
-    const int counter = T::kPair ? static_cast<int>(blockIdx.x & 1) : h;
-    int* turn = T::kByKeys
-                    ? p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles + h) *
-                                      kDqTurnsPerTile
-                    : p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block) * kDqTurnsPerTile + counter;
+    const int counter = T::kPair ? static_cast<int>(blockIdx.x & 1) : h;  // by keys: h
+    int* turn = dq_turn_counter<T>(p, w, head, m_block, counter);
     constexpr int kUnitKeys = (T::kPair ? 2 : 1) * T::kBlockN;
     if (leader) dq_turn_acquire(turn, bwd_sm90_dq_rank<T::kBlockM, kUnitKeys, T::kDetFromEnd>(p, w, m_block, pos));
     __syncwarp();
@@ -611,11 +619,7 @@ __device__ __forceinline__ void bwd_sm90_dq_warp(const BwdSm90Params& p, const B
     bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, it, head, m_block, pos);
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles);
     int* turn = nullptr;
-    if constexpr (kDet) {
-      turn = T::kByKeys ? p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles + wg) *
-                                          kDqTurnsPerTile
-                        : p.dq_turn + dq_tile(p.dq_tiles, w.seq, head, m_block) * kDqTurnsPerTile + wg;
-    }
+    if constexpr (kDet) turn = dq_turn_counter<T>(p, w, head, m_block, wg);
     fh::named_bar_sync(T::kBarDqFull0 + wg, T::kDqThreads);
     if (leader) {
       if constexpr (kDet) {
