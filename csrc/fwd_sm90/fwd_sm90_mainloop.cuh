@@ -155,12 +155,11 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
     st.advance();
   };
   // o_over_v: K_0 and Q stream in while the previous tile finishes; V_0 (and with k_ahead K_1,
-  // issued after it in program order) waits until its O has left the V
-  // stages. (Every tile, n_count = 0 too, passes the O-free barrier once: its
-  // consumers stage an O as well.) A tile without keys needs only its Q before its consumers
-  // free the O barrier: waiting after its Q would let them complete this tile's phase and the
-  // next before the wait polls (a parity wait cannot tell phase k + 1 from k - 1), so there the
-  // wait comes first.
+  // issued after it in program order) waits until its O has left the V stages. (Every tile,
+  // n_count = 0 too, passes the O-free barrier once: its consumers stage an O as well.) A tile
+  // without keys needs only its Q before its consumers free the O barrier: waiting after its Q
+  // would let them complete this tile's phase and the next before the wait polls (a parity wait
+  // cannot tell phase k + 1 from k - 1), so there the wait comes first.
   auto* pipe_o = reinterpret_cast<fh::TmaPipeline<1>*>(smem + T::kOffPipeO);
   const bool k_ahead = T::kKAheadAny && p.k_ahead;
   State sk = st;  // k_ahead: K's state, one block ahead of st (V's) within the tile
