@@ -65,8 +65,12 @@ struct BwdSm90Config {
   // per thread at the step's top, whose latency the S wgmma does not hide. Measured +0.5..+4.7%
   // at d = 128 / 192 (which now take stats_by_consumers, below); on the d = 256 pair
   // -0.2..-2.0% (its one Q stage then waits for the rows too), on the d = 256 single CTA (two Q
-  // stages) +0.5..+2.5%: on there. compute-sanitizer racecheck reports the producer's bulk copies
-  // of the rows against the consumers' reads, which only the stages' mbarriers order.
+  // stages) +0.5..+2.5%: on there. The producer brings the rows with a tensor copy through a
+  // 2-D map of the workspace's rows (64 fp32 per tile), a fifth kernel parameter: the same
+  // bytes by a non-tensor bulk copy measured the same (-1.4..+1.8%, H100) but compute-sanitizer
+  // racecheck reported those copies against the consumers' reads (it does not follow their
+  // mbarrier order), never the tensor copies on the same barriers (docs/perf-log.md, "The
+  // stage rows by tensor copy", "Measured 2026-12-06, fifth run").
   bool stats_smem = false;
   // pair_dq: the upper block of a pair walks the lower's Q blocks, so it has steps in which it
   // holds no key the queries see: causal, its first 1-2 Q blocks of every q head's walk; with
@@ -102,8 +106,8 @@ struct BwdSm90Config {
   // +2.7..+5.3% default mode, +1.5..+3.9% deterministic.
   bool q_atom_barriers = false;
   // Split by head dim: one P^T and one dS^T buffer instead of two (step parity), so that d = 192
-  // with three warpgroups and dQ through shared memory has room for a second Q stage (with
-  // pair_dq also one receive buffer: the candidate kBwdSm90Hdim256Q2). The price: a consumer
+  // with three warpgroups and dQ through shared memory has room for a second Q stage (not with
+  // pair_dq: the pair's exchange double-buffers the tiles it sends). The price: a consumer
   // barrier per step before the next P^T is written (every warpgroup's (5)-(7) of this step
   // have read the buffers). On at d = 192.
   bool single_hand = false;
@@ -152,13 +156,6 @@ struct BwdSm90Config {
   // alone: causal -2.0 / -1.8 / -2.1 / -0.6% at 512-4096, +3.4 / +4.2% at 8k / 16k; on at d = 64
   // and 128, both as tested (docs/perf-log.md, "Measured 2026-12-06, fourth run").
   bool det_dq_warp = false;
-  // Where the stages carry the step's LSE * log2(e) / D rows (by keys, stats_smem): the
-  // producer brings them with a tensor copy through a 2-D map of the workspace's rows (64 fp32
-  // per tile) instead of a non-tensor bulk copy. The same bytes on the same full barrier;
-  // compute-sanitizer racecheck reports the bulk copies against the consumers' reads (it does
-  // not follow their mbarrier order) and does not report tensor copies, which already carry
-  // Q, K, V and dO on the same barriers (docs/perf-log.md, "The stage rows by tensor copy").
-  bool stats_tma = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -254,22 +251,23 @@ constexpr BwdSm90Config kBwdSm90Hdim256Single = {256, 64, 80, 2, 1, 24, 240, fal
 // many at head dim d; 2 KB per row at d = 256: ~32 MB). Swept at 4k-16k on the H200 (d = 64-192:
 // half the rows -3.0..+0.7%, one group of all pairs -1.8..-22.7%, one pair per group
 // -4.2..+0.1%; docs/perf-log.md, "Profiles of the three weakest points, two candidates and an
-// L2-group sweep"); not at 512-2048, nor at d = 256, where the forward's ncu found a 32 MB group
-// re-reading K / V from DRAM (docs/perf-log.md, "The forward's causal L2 groups"). A value, for
-// scripts/build_candidates.sh: kBwdSm90L2=kBwdSm90L2Half.
+// L2-group sweep"); half the rows again at every head dim and 512-16k (H100): +2.1..+5.6% at
+// 512 (d = 64 also +5.4% at 1024), -0.2..-3.1% at d = 192 / 256 from 2048 (docs/perf-log.md,
+// "Measured 2026-12-06, fifth run"): kept. A value, for scripts/build_candidates.sh.
 struct BwdSm90L2 {
   int causal_rows_at_d256;
 };
 constexpr BwdSm90L2 kBwdSm90L2 = {16384};
-// Candidate, not yet measured (docs/perf-log.md, "The forward's causal L2 groups").
-constexpr BwdSm90L2 kBwdSm90L2Half = {8192};
 // Query rows a CTA walks (seqlen_q x the GQA group) from which a pair config runs. Measured
 // at d = 256: the single CTA faster by 1.7-12% at 512-2048 rows, the pair faster from 4096
 // (docs/perf-log.md); between, the midpoint.
 constexpr int kBwdSm90PairMinRows = 3072;
 
 // Measured slower and removed: the d = 256 pair on 64-key blocks with two Q stages (and its
-// single-CTA companion), -8..-14% (docs/perf-log.md, "dV after dS at d = 64, measured").
+// single-CTA companion), -8..-14% (docs/perf-log.md, "dV after dS at d = 64, measured"); the
+// pair at 64 x 80 with two Q stages in the room of single P^T / dS^T buffers and one dS^T
+// receive buffer, -3.5 / -3.5 / -4.5% causal 4k / 8k / 16k, -2.6..+2.5% non-causal,
+// deterministic -0.9..+1.4% (H100; docs/perf-log.md, "Measured 2026-12-06, fifth run").
 // The d = 256 pair's step as dV^T, dK^T, then dQ^T (the one Q stage handed back while dQ^T
 // runs): -0.1..+1.9%, noise; with dQ^T peer queued behind dQ^T own -0.5..-2.9%; its dQ^T one
 // step late (the partner's dS^T a step ahead; one more consumer barrier and both CTAs' free
@@ -289,21 +287,7 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // because it is the one config with unequal shares, whose second consumer instance
 // (bwd_sm90_launch.cuh) no table row instantiates now.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
-// Candidate, not yet measured (docs/perf-log.md, "The pair with two Q stages"): the d = 256 pair
-// with a second Q stage, in the room of single P^T / dS^T buffers (single_hand), one receive
-// buffer for the partner's dS^T (kRecvBufs) and no alignment slack (kSlack).
-constexpr BwdSm90Config kBwdSm90Hdim256Q2 = {256, 64, 80, 2, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
-                                            true, false, false, true};
-// Candidates, not yet measured (docs/perf-log.md, "The stage rows by tensor copy"): the configs
-// whose stages carry the LSE / D rows, with stats_tma.
-constexpr BwdSm90Config kBwdSm90Hdim64Tma = {64, 128, 128, 2, 2, 24, 240, true, 2, true, false, false,
-                                            false, false, false, false, false, true, true, false, true,
-                                            true};
-constexpr BwdSm90Config kBwdSm90Hdim256SingleTma = {256, 64, 80, 2, 1, 24, 240, false, 2, false, false, true,
-                                                   false, false, false, false, false, false, false, true,
-                                                   false, true};
-
-// What the main kernel reads besides the tensor maps of Q, K, V, dO (and stats_tma's rows).
+// What the main kernel reads besides the tensor maps of Q, K, V, dO (and the stage rows').
 struct BwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k
   int m_blocks;     // ceil(seqlen_q / block_m): the steps of the longest sequence
@@ -327,7 +311,7 @@ struct BwdSm90Params {
   // (bwd_sm90_dq_rank in bwd_sm90_scheduler.cuh), so every element is summed the same way
   // every run. Null otherwise.
   int* dq_turn;           // per workspace tile (dq_tile, bwd_sm90_prepost.h): 2 counters
-  int dsum_tile0;         // stats_tma: the first row of D in the stats map (after LSE's rows)
+  int dsum_tile0;         // stage rows: the first row of D in the stats map (after LSE's rows)
   int det_chunk;          // deterministic, non-causal: units per chunk of the grid (what is
                           // resident at once: CTAs, or pair_dq clusters)
   int block_base;         // grid index of this launch's CTA 0 (cooperative chunk launches), else 0

@@ -64,10 +64,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                     const __grid_constant__ CUtensorMap map_stats, const BwdSm90Params p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = fh::align_smem(smem_raw);
-  // A plan without the alignment slack (kSlack = 0) relies on the window starting aligned.
-  if constexpr (T::kSlack == 0) {
-    if (smem != smem_raw) __trap();
-  }
   uint64_t* kv_bar = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
   auto* pipe_q = reinterpret_cast<fh::TmaPipeline<T::kQStages>*>(smem + T::kOffPipeQ);
   auto* pipe_do =
@@ -79,7 +75,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     fh::tma_prefetch_map(&map_k);
     fh::tma_prefetch_map(&map_v);
     fh::tma_prefetch_map(&map_do);
-    if constexpr (T::kStatsTma) fh::tma_prefetch_map(&map_stats);
+    if constexpr (T::kStatBytes > 0) fh::tma_prefetch_map(&map_stats);
     fh::mbar_init(kv_bar, 1);      // K
     fh::mbar_init(kv_bar + 1, 1);  // V
     pipe_q->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp
@@ -186,12 +182,12 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   float* dsum = reinterpret_cast<float*>(ws + parts.dsum);
   const int m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;  // steps
   const int tiles_m = m_blocks * T::kStepTiles;  // 64-row workspace tiles (bwd_sm90_prepost.h)
-  // stats_tma: LSE's rows, then D's, as one [row][64] fp32 tensor (both regions are whole
-  // 256-byte rows: kAlign). Unused by the other configs, which get a zeroed map.
+  // Stage rows (by keys, stats_smem): LSE's rows, then D's, as one [row][64] fp32 tensor (both
+  // regions are whole 256-byte rows: kAlign). Unused by the other configs, which get a zeroed map.
   CUtensorMap map_stats;
   std::memset(&map_stats, 0, sizeof(map_stats));
   int dsum_tile0 = 0;
-  if constexpr (T::kStatsTma) {
+  if constexpr (T::kStatBytes > 0) {
     const uint64_t stat_rows = (parts.total - parts.lse) / 256;
     if (stat_rows > uint64_t{0x7fffffff}) return cudaErrorNotSupported;  // TMA coordinates are int
     dsum_tile0 = static_cast<int>((parts.dsum - parts.lse) / 256);

@@ -24,8 +24,7 @@
 //   dQ^T         with dq_smem: one 16 KB fp32 buffer per consumer warpgroup
 //   LSE, D       by keys or stats_smem: the step's block_m rows of each per Q / dO stage
 //   K_peer, dS^T_peer  with pair_dq: the partner block's K for this CTA's dQ^T atom-columns
-//                (TMA, with K) and 2 buffers of the partner's dS^T (its bulk copies; with
-//                single_hand 1, kRecvBufs)
+//                (TMA, with K) and 2 buffers of the partner's dS^T (its bulk copies)
 // (sizes per config in bwd_sm90.h).
 //
 // wgmma operands (docs/hopper-facts.md section 11; M always 64 per instruction), N = block_n:
@@ -142,17 +141,16 @@ struct BwdSm90Traits {
   static constexpr uint32_t kDqBufBytes = kDqAtomFloats * 4;  // 16 KB
   static constexpr uint32_t kOffDqBuf = kOffDs + kHandBufs * kHandBytes;
   // By keys a thread needs LSE and D of 32 query columns, too many to hold from the step's
-  // start: each Q stage brings the step's LSE * log2(e) rows, each dO stage its D rows (bulk
-  // copies on the stage's full barrier), read from shared memory next to their use.
-  // stats_smem: the same for the split by head dim.
+  // start: each Q stage brings the step's LSE * log2(e) rows, each dO stage its D rows (a tensor
+  // copy through the stats map on the stage's full barrier), read from shared memory next to
+  // their use. stats_smem: the same for the split by head dim.
   static constexpr bool kStatsByConsumers = kCfg.stats_by_consumers;
   static constexpr bool kStatsSmem = (kByKeys || kCfg.stats_smem) && !kStatsByConsumers;
   static constexpr uint32_t kStatBytes = kStatsSmem ? kBlockM * 4 : 0;
   static constexpr uint32_t kOffLse = kOffDqBuf + (kDqViaSmem ? kConsumerWgs * kDqBufBytes : 0);
   static constexpr uint32_t kOffDsum = kOffLse + kQStages * kStatBytes;
-  static constexpr bool kStatsTma = kCfg.stats_tma;
-  static_assert(!kStatsTma || (kStatBytes > 0 && kOffLse % 128 == 0 && kStatBytes % 128 == 0),
-                "stats_tma: stage rows to copy, 128-byte aligned tensor copy destinations");
+  static_assert(kStatBytes == 0 || (kOffLse % 128 == 0 && kStatBytes % 128 == 0),
+                "stage rows: 128-byte aligned tensor copy destinations");
   // stats_by_consumers: two buffers (step parity) of the step's LSE * log2(e) rows, then its D rows.
   static_assert(!kStatsByConsumers ||
                     (!kCfg.stats_smem && !kCfg.pair_ghost && kConsumerThreads >= 2 * kBlockM),
@@ -161,11 +159,12 @@ struct BwdSm90Traits {
   static constexpr uint32_t kOffRows = kOffDsum + kDoStages * kStatBytes;
   static constexpr uint32_t kRowsBytes = kStatsByConsumers ? 2 * 2 * kBlockM * 4 : 0;
   // pair_dq (default mode): the partner's K for this CTA's half of the head dim (loaded with K)
-  // and the buffers for the partner's dS^T (kRecvBufs below), bulk-copied in by the partner.
+  // and two buffers (step parity) for the partner's dS^T, bulk-copied in by the partner.
   static constexpr bool kPair = kCfg.pair_dq;
-  static_assert(!kPair || (!kByKeys && !kDqViaSmem && kConsumerWgs == 2 && kAtomCols == 4),
+  static_assert(!kPair || (!kByKeys && !kDqViaSmem && kConsumerWgs == 2 && kAtomCols == 4 &&
+                            !kSingleHand),
                 "pair_dq: split by head dim, two warpgroups, d = 256 (one dQ^T atom-column of "
-                "the CTA's half each)");
+                "the CTA's half each), the P^T / dS^T buffers by step parity");
   static constexpr int kPairAtoms = kAtomCols / 2;  // dQ^T atom-columns per CTA of a pair
   static constexpr bool kPairGhost = kCfg.pair_ghost;
   static constexpr bool kAddsBeforeWait = kCfg.adds_before_wait;
@@ -173,11 +172,7 @@ struct BwdSm90Traits {
   // Swizzled tiles start on 1024 bytes (the stat rows before may end anywhere).
   static constexpr uint32_t kOffKPeer = (kOffRows + kRowsBytes + 1023) / 1024 * 1024;
   static constexpr uint32_t kOffDsPeer = kOffKPeer + (kPair ? kPairAtoms * kKvAtomBytes : 0);
-  // The partner's dS^T: two buffers (step parity), or with single_hand one, whose phases count
-  // the sends and receives (the exchange in bwd_sm90_consumer; tests/cpu/test_pair_protocol.py,
-  // steps_one_buffer): the room a second Q stage needs beside the pair.
-  static constexpr int kRecvBufs = kPair && kSingleHand ? 1 : 2;
-  static constexpr uint32_t kOffBar = kOffDsPeer + (kPair ? kRecvBufs * kHandBytes : 0);
+  static constexpr uint32_t kOffBar = kOffDsPeer + (kPair ? 2 * kHandBytes : 0);
   static constexpr uint32_t kOffPipeQ = kOffBar + 16;  // after the K and V barriers
   static constexpr uint32_t kOffPipeDo = kOffPipeQ + sizeof(fh::TmaPipeline<kQStages>);
   // pair_dq: per buffer b, full[b] (this CTA's arrive_expect_tx + the partner's bytes) and
@@ -190,12 +185,8 @@ struct BwdSm90Traits {
                 "q_atom_barriers: split by head dim, no stats rows on the Q stage's barrier");
   static constexpr uint32_t kOffQAtomBar = kOffPairBar + (kPair ? 32 : 0);
   static constexpr uint32_t kPlanBytes = kOffQAtomBar + (kQAtomBars ? kQStages * kAtomCols * 8 : 0);
-  // 1 KB of slack lets align_smem round the dynamic window up to 1024 bytes. A plan that fits
-  // only without it asks for none: the window then must start 1024-aligned already (it does
-  // on sm_90, after the 1 KB the system reserves per CTA), which the kernel checks (kernel
-  // start, bwd_sm90_launch.cuh).
-  static constexpr uint32_t kSlack = kPlanBytes + 1024 <= 232448 ? 1024 : 0;
-  static constexpr size_t kSmemBytes = kSlack + kPlanBytes;
+  // 1 KB of slack lets align_smem round the dynamic window up to 1024 bytes.
+  static constexpr size_t kSmemBytes = 1024 + kPlanBytes;
   static_assert(kSmemBytes <= 232448, "over the 227 KB a CTA may have");
   static_assert(kKvAtomBytes % 1024 == 0 && kWgKeys * 128 % 1024 == 0 && kHandBytes % 1024 == 0,
                 "swizzled tiles and each warpgroup's kWgKeys-row part must stay 1024-aligned");
@@ -249,7 +240,7 @@ struct BwdSm90Maps {
   const CUtensorMap* k;
   const CUtensorMap* v;
   const CUtensorMap* dout;
-  const CUtensorMap* stats;  // stats_tma: the workspace's LSE then D rows, [row][64] fp32
+  const CUtensorMap* stats;  // stage rows: the workspace's LSE then D rows, [row][64] fp32
 };
 
 // pair_ghost: whether the pair's upper block (2 j + 1) holds no key that the queries of Q block
@@ -361,20 +352,16 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     // Q first: with one dO stage the producer waits here for dO_{i-1} to be released (after
     // dV of step i-1), and Q_i is already on its way by then.
     // Rows m0.. of Q or dO of this q head into the next stage of their ring, with the step's
-    // rows of `stat` where kStatBytes > 0 (its kStepTiles workspace tiles, consecutive).
+    // stats-map rows from stat_row0 where kStatBytes > 0 (its kStepTiles workspace tiles,
+    // consecutive: LSE's or D's).
     auto load_rows = [&](auto* pipe, auto& st, uint32_t off, const CUtensorMap* map, bool inner,
-                         uint32_t stat_off, const float* stat, int stat_row0) {
+                         uint32_t stat_off, int stat_row0) {
       pipe->producer_acquire(st);
       pipe->producer_expect(st, T::kQTileBytes + T::kStatBytes);
       if constexpr (T::kStatBytes > 0) {
         const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles);
-        if constexpr (T::kStatsTma) {
-          fh::tma_load<2>(smem + stat_off + st.stage * T::kStatBytes, m.stats, pipe->full_barrier(st),
-                          {0, stat_row0 + static_cast<int>(tile)});
-        } else {
-          fh::bulk_load(smem + stat_off + st.stage * T::kStatBytes, stat + tile * kDqTileRows,
-                        T::kStatBytes, pipe->full_barrier(st));
-        }
+        fh::tma_load<2>(smem + stat_off + st.stage * T::kStatBytes, m.stats, pipe->full_barrier(st),
+                        {0, stat_row0 + static_cast<int>(tile)});
       }
       tma_tile<T::kAtomCols>(smem + off + st.stage * T::kQTileBytes, T::kQAtomBytes, map, pipe->full_barrier(st),
                inner, static_cast<int>(w.seq.row_q) + m0, head, w.map_batch);
@@ -392,11 +379,11 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
       }
       sq.advance();
     } else {
-      load_rows(pipe_q, sq, T::kOffQ, m.q, p.head_inner & 1, T::kOffLse, p.lse_log2, 0);
+      load_rows(pipe_q, sq, T::kOffQ, m.q, p.head_inner & 1, T::kOffLse, 0);
     }
     if (T::kPairGhost ? v_pending : it == 0) load_kv(T::kOffV, m.v, kv_bar + 1, p.head_inner & 4);
     v_pending = false;
-    load_rows(pipe_do, sd, T::kOffDo, m.dout, p.head_inner & 8, T::kOffDsum, p.dsum, p.dsum_tile0);
+    load_rows(pipe_do, sd, T::kOffDo, m.dout, p.head_inner & 8, T::kOffDsum, p.dsum_tile0);
   }
 }
 
@@ -520,16 +507,10 @@ __device__ __forceinline__ void add_dq_in_turn(const BwdSm90Params& p, int64_t t
   if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + h, T::kTurnThreads);
 }
 
-// pair_dq: the receive buffer of step it's exchange (two: the step's parity; one: 0).
-template <class T>
-__device__ __forceinline__ int recv_buf(int it) {
-  return T::kRecvBufs == 2 ? (it & 1) : 0;
-}
+// pair_dq: the receive buffer of step it's exchange (the step's parity) ...
+__device__ __forceinline__ int recv_buf(int it) { return it & 1; }
 // ... and the phase of its full barrier for a CTA that receives every step.
-template <class T>
-__device__ __forceinline__ uint32_t recv_phase(int it) {
-  return T::kRecvBufs == 2 ? (it >> 1) & 1 : it & 1;
-}
+__device__ __forceinline__ uint32_t recv_phase(int it) { return (it >> 1) & 1; }
 
 // pair_ghost: one ghost step of the pair's upper CTA (warpgroup wg): the lower's dS^T in, the
 // dQ^T atom-column kPairAtoms + wg over the lower's keys, the buffer handed back, the add. With
@@ -540,14 +521,14 @@ __device__ __forceinline__ void pair_ghost_step(const BwdSm90Params& p, uint8_t*
                                                 int64_t tile, int wg, bool handoff) {
   const int t = threadIdx.x % 128;
   uint64_t* pair_bar = reinterpret_cast<uint64_t*>(smem + T::kOffPairBar);
-  // The upper receives every step: buffer and phase follow the step (one buffer: phase it).
-  const int b = recv_buf<T>(it);
+  // The upper receives every step: buffer and phase follow the step.
+  const int b = recv_buf(it);
   if (wg == 0 && t == 0) fh::mbar_arrive_expect_tx(pair_bar + b, T::kHandBytes);
   if (handoff) fh::named_bar_sync(T::kBarHandoff, T::kConsumerThreads);
   float dq[T::kBlockM / 2];
   fh::zero_acc(dq);  // overwritten by the first wgmma; defined for the "+f" operands
   fh::wgmma_fence_operand(dq);
-  fh::mbar_wait(pair_bar + b, recv_phase<T>(it));
+  fh::mbar_wait(pair_bar + b, recv_phase(it));
   fh::wgmma_fence();
   gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes, smem + T::kOffDsPeer + b * T::kHandBytes);
   fh::wgmma_commit();
@@ -744,7 +725,6 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   // dS^T, so the lower counts what it received per buffer for its full barriers' phases; the
   // upper still reads the lower's every step, which keeps it in lockstep without free waits.
   int received0 = 0, received1 = 0;
-  int sent = 0;  // one receive buffer: this CTA's sends so far (their free phases)
   bool v_pending = true;
   const uint8_t* k_half = smem + T::kOffK + T::kWgKeys * wg * 128;
   const uint8_t* v_half = smem + T::kOffV + T::kWgKeys * wg * 128;
@@ -796,7 +776,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     }
     uint8_t* p_t = smem + T::kOffP + (T::kSingleHand ? 0 : (it & 1)) * T::kHandBytes;
     uint8_t* ds_t = smem + T::kOffDs + (T::kSingleHand ? 0 : (it & 1)) * T::kHandBytes;
-    const int pb = recv_buf<T>(it);
+    const int pb = recv_buf(it);
     if constexpr (kPairOn) {
       // This step's partner dS^T lands in buffer pb: arm its full barrier (the buffer's previous
       // phase has completed: every thread waited for it).
@@ -864,23 +844,14 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     if constexpr (kPairOn) {
       // Two buffers: ds_t was sent to the partner at step it - 2; rewrite it once the partner
       // has read what it received then (its free arrivals), which also means the copy has read
-      // ds_t (one buffer: the previous send, below). The
-      // free barrier only hands buffers back (no data published through it: the bytes travel
+      // ds_t. The free barrier only hands buffers back (no data published through it: the bytes travel
       // by complete_tx on full), so CTA-scope arrive and wait are the multicast stage-release
       // pattern of mbar_arrive_cluster; if the GPU disagrees, the wait becomes mbar_wait_cluster.
       // pair_ghost, upper CTA: no wait. The lower sends every step, and its send of step it - 1
       // follows its hand-off barrier of it - 1, by which both its warpgroups retired their reads
       // of what this CTA sent before; this CTA waited for that send (full) before getting here.
-      // One receive buffer (kRecvBufs = 1): each send waits until the partner has read the
-      // previous one, the upper CTA too (the lower reads step it - 1's tile after its send of
-      // step it - 1, so that send no longer proves the buffer free).
-      if constexpr (T::kRecvBufs == 2) {
-        if (it >= 2 && !(T::kPairGhost && pair_rank == 1)) {
-          fh::mbar_wait(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
-        }
-      } else {
-        if (sent >= 1) fh::mbar_wait(pair_bar + 2, (sent - 1) & 1);
-        ++sent;
+      if (it >= 2 && !(T::kPairGhost && pair_rank == 1)) {
+        fh::mbar_wait(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
       }
     }
     store_hand_t<T>(ds_t, dp, wg, t);
@@ -929,7 +900,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
           const int n = pb == 1 ? received1++ : received0++;
           fh::mbar_wait(pair_bar + pb, n & 1);
         } else {
-          fh::mbar_wait(pair_bar + pb, recv_phase<T>(it));
+          fh::mbar_wait(pair_bar + pb, recv_phase(it));
         }
         fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
         gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
@@ -943,8 +914,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         if (warp_leader) {
           pipe_do->consumer_release(sd);
           // This warp's reads of the partner's buffer are done: one of its 8 free arrivals
-          // (pair_ghost with two buffers: the upper waits for none).
-          if (T::kRecvBufs == 1 || !(T::kPairGhost && pair_rank == 0)) {
+          // (pair_ghost: the upper waits for none).
+          if (!(T::kPairGhost && pair_rank == 0)) {
             fh::mbar_arrive_cluster(pair_bar + 2 + pb, pair_rank ^ 1);
           }
         }

@@ -12,16 +12,11 @@ namespace sm90 {
       const flashback_bwd_params&, cudaStream_t);
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg2)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256Q2)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim64Tma)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256SingleTma)
 #undef FLASHBACK_BWD_CANDIDATE
 #define FLASHBACK_FWD_CANDIDATE(C)                                           \
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
       const flashback_fwd_params&, cudaStream_t);
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128N176)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192MultiTma)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256MultiTma)
 #undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

@@ -162,18 +162,14 @@ constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, 
 // d = 256 with finalize_in_pv, copy_out_early and fast_tile_decode (the tile's tail ~450
 // instructions shorter), on the counter to 2048 keys causal: +1.9% at causal 2048 (one CTA per
 // tile before), +0.1 / +0.3% at causal 512 / 1024, +0.1 / +0.3 / -0.5% non-causal 512-2048; to
-// 4096 keys it read -0.2% at 4096 (docs/perf-log.md, "Measured 2026-12-06, second run").
+// 4096 keys it read -0.2% at 4096 (docs/perf-log.md, "Measured 2026-12-06, second run"). O by
+// TMA (tma_store_o): ncu put 12% of the causal 512 stall samples on the per-thread copy-out's
+// 16-byte stores draining (64 KB of O per tile); the bulk store hands the V stages back once it
+// has read them. Measured with copy_out_early and K ahead (H100, A B A B): causal +0.4 / +1.3 /
+// +2.1%, non-causal +2.0 / +2.3 / +3.1% at 512 / 1024 / 2048. At d = 192 the same read -1.5..+0.7%
+// (not taken; docs/perf-log.md, "Measured 2026-12-06, fifth run").
 constexpr FwdSm90Config kFwdSm90Hdim256Multi = {256, 80, 2, 2, 24, 240, false, true, true, true,
-                                               true, false, false, true, true, true};
-// Candidates, not yet measured (docs/perf-log.md, "Measured 2026-12-06, fourth run", the ncu of
-// the d = 256 causal 512 forward): the Multi configs with O by TMA. There 12% of the stall
-// samples wait for the per-thread copy-out's 16-byte global stores to drain (64 KB of O per
-// tile); the bulk store hands the V stages back once it has read them. tma_store_o measured
-// -0.3..-1.1% with o_over_v before copy_out_early and K ahead.
-constexpr FwdSm90Config kFwdSm90Hdim192MultiTma = {192, 112, 2, 2, 24, 240, false, true, true, true,
-                                                  true, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim256MultiTma = {256, 80, 2, 2, 24, 240, false, true, true, true,
-                                                  true, true, false, true, true, true};
+                                               true, true, false, true, true, true};
 
 // Which grid serves a head dim's calls, by seqlen_k (varlen: the longest sequence). Tiles are
 // (Q block, head, batch); a persistent grid (one CTA per SM) hides each tile's fixed costs (the
@@ -230,19 +226,19 @@ constexpr FwdSm90Grid kFwdSm90Hdim128Grid = {4096, kAllKeys, kAllKeys, 2048, 204
 constexpr FwdSm90Grid kFwdSm90Hdim192Grid = {kAllKeys, kAllKeys, kAllKeys, 0, 4096, 1024};
 constexpr FwdSm90Grid kFwdSm90Hdim256Grid = {2048, 2048, 2048, 0, kAllKeys, 4096};
 // The causal forward's L2 groups: (batch, q head) pairs whose K and V fill about this many MB of
-// L2 run together, longest Q block first inside a group (fwd_sm90_scheduler.cuh). 32 MB was
-// never swept; ncu of the d = 256 causal 512 forward (b32 h8) read 337 MB of DRAM traffic
-// against FA3's 270 (Q + K + V + O is 268 MB): about one extra pass over K or V, as if a group's
-// K / V did not stay in the 50 MB L2 (H100 / H200: two partitions) while its tiles run (FA3's
-// sections are the same size there, so this is a hypothesis to measure). A value, for
-// scripts/build_candidates.sh: kFwdSm90L2=kFwdSm90L2Half.
+// L2 run together, longest Q block first inside a group (fwd_sm90_scheduler.cuh). At 32 MB, ncu
+// of the d = 256 causal 512 forward (b32 h8, H100) read 281 MB from DRAM against 204 MB at 16 MB
+// (K and V are 134 MB, Q 67): a group of 32 MB did not stay in the 50 MB L2 (two partitions)
+// while Q streamed in and O out beside it. Measured 16 / 8 MB against 32 (H100, bf16, A B C x 2,
+// causal): 16 MB d = 128 / 192 / 256 +22.7 / +14.0 / +13.5% at 512, +11.4 / +5.0 / +5.3% at
+// 1024, +1.5..+2.4% at 2048, -0.5..+1.4% from 4096; d = 64 +1.8 / +1.4% at 512 / 1024, -0.9..-1.8%
+// from 2048. 8 MB gains as much at 512 but loses 4-7% at d = 192 / 256 from 2048 (too few pairs
+// per group to fill the machine with long tiles). docs/perf-log.md, "Measured 2026-12-06, fifth
+// run". A value, for scripts/build_candidates.sh.
 struct FwdSm90L2 {
   int causal_kv_mb;
 };
-constexpr FwdSm90L2 kFwdSm90L2 = {32};
-// Candidates, not yet measured (docs/perf-log.md, "The forward's causal L2 groups").
-constexpr FwdSm90L2 kFwdSm90L2Half = {16};
-constexpr FwdSm90L2 kFwdSm90L2Quarter = {8};
+constexpr FwdSm90L2 kFwdSm90L2 = {16};
 // A head dim's row, at compile time (the producer keeps one load order where its row has k_ahead
 // nowhere).
 constexpr FwdSm90Grid fwd_sm90_grid_row(int head_dim) {
