@@ -256,8 +256,15 @@ constexpr BwdSm90Config kBwdSm90Hdim256Single = {256, 64, 80, 2, 1, 24, 240, fal
 // "Measured 2026-12-06, fifth run"): kept. A value, for scripts/build_candidates.sh.
 struct BwdSm90L2 {
   int causal_rows_at_d256;
+  // Calls with seqlen_q <= short_seqlen take short_rows_at_d256 instead (0: none).
+  int short_rows_at_d256;
+  int short_seqlen;
 };
-constexpr BwdSm90L2 kBwdSm90L2 = {16384};
+constexpr BwdSm90L2 kBwdSm90L2 = {16384, 16384, 0};
+// Candidate, not yet measured (docs/perf-log.md, "Measured 2026-12-06, fifth run", its
+// per-length L2 groups): half the rows up to seqlen 1024, where they read +2.1..+5.6% at 512 and
+// -0.2..+5.4% at 1024, the whole from 2048, where half lost up to 3.1% at d = 192 / 256.
+constexpr BwdSm90L2 kBwdSm90L2Short = {16384, 8192, 1024};
 // Query rows a CTA walks (seqlen_q x the GQA group) from which a pair config runs. Measured
 // at d = 256: the single CTA faster by 1.7-12% at 512-2048 rows, the pair faster from 4096
 // (docs/perf-log.md); between, the midpoint.

@@ -220,11 +220,13 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   kp.n_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
   kp.causal = p.causal ? 1 : 0;
   // Causal: as many (batch, kv head) pairs at a time as keep the Q, dO and dQaccum rows (x the
-  // GQA group) of kBwdSm90L2's queries at d = 256 in L2 (256 / d times as many at head dim d);
-  // otherwise one (docs/perf-log.md v4).
+  // GQA group) of kBwdSm90L2's queries at d = 256 in L2 (256 / d times as many at head dim d;
+  // short_rows_at_d256 up to short_seqlen); otherwise one (docs/perf-log.md v4).
   const int pairs = p.batch * p.nheads_k;
   const int rows_per_pair = p.seqlen_q * (p.nheads / p.nheads_k);
-  const int l2_rows = kBwdSm90L2.causal_rows_at_d256 * 256 / T::kHeadDim;
+  const int l2_rows = (p.seqlen_q <= kBwdSm90L2.short_seqlen ? kBwdSm90L2.short_rows_at_d256
+                                                             : kBwdSm90L2.causal_rows_at_d256) *
+                      256 / T::kHeadDim;
   kp.l2_group = p.causal ? std::max(1, std::min(pairs, l2_rows / std::max(1, rows_per_pair))) : 1;
   kp.head_inner = (hi[0] ? 1 : 0) | (hi[1] ? 2 : 0) | (hi[2] ? 4 : 0) | (hi[3] ? 8 : 0);
   kp.scale_log2 = p.softmax_scale * 1.4426950408889634f;

@@ -237,8 +237,16 @@ constexpr FwdSm90Grid kFwdSm90Hdim256Grid = {2048, 2048, 2048, 0, kAllKeys, 4096
 // run". A value, for scripts/build_candidates.sh.
 struct FwdSm90L2 {
   int causal_kv_mb;
+  // Calls with seqlen_k <= short_keys take short_kv_mb instead (0: none).
+  int short_kv_mb;
+  int short_keys;
 };
-constexpr FwdSm90L2 kFwdSm90L2 = {16};
+constexpr FwdSm90L2 kFwdSm90L2 = {16, 16, 0};
+// Candidate, not yet measured (docs/perf-log.md, "Measured 2026-12-06, fifth run", its
+// per-length L2 groups): 8 MB groups at 512 keys, where they read +1.6..+4.0% above the 16 MB
+// groups at d = 128-256 (and -0.4% at d = 64), 16 MB from 1024, where 8 MB lost at d = 128 /
+// 256 (-0.9 / -2.7%).
+constexpr FwdSm90L2 kFwdSm90L2Short = {16, 8, 512};
 // A head dim's row, at compile time (the producer keeps one load order where its row has k_ahead
 // nowhere).
 constexpr FwdSm90Grid fwd_sm90_grid_row(int head_dim) {

@@ -187,15 +187,16 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
   kp.m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
   kp.n_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
   // (batch, q head) pairs whose K and V (4 d bytes per key row and kv head) fill
-  // kFwdSm90L2.causal_kv_mb of L2.
+  // kFwdSm90L2's MB of L2 (short_kv_mb up to short_keys keys).
   const int pairs = p.batch * p.nheads;
   const int64_t kv_bytes_per_pair = int64_t{4} * T::kHeadDim * std::max(1, p.seqlen_k);
   // Without causal masking every Q block of a pair walks the same K/V: the Q blocks of one pair
   // go fastest (a group of one pair), so the CTAs sharing a K/V block run at the same time and
   // it comes from DRAM once. Causal keeps the groups for its longest-first order.
+  const int l2_mb = p.seqlen_k <= kFwdSm90L2.short_keys ? kFwdSm90L2.short_kv_mb
+                                                         : kFwdSm90L2.causal_kv_mb;
   kp.l2_group = p.causal ? static_cast<int>(std::max<int64_t>(
-      1, std::min<int64_t>(pairs, (int64_t{kFwdSm90L2.causal_kv_mb} << 20) * kp.group /
-                                      kv_bytes_per_pair))) : 1;
+      1, std::min<int64_t>(pairs, (int64_t{l2_mb} << 20) * kp.group / kv_bytes_per_pair))) : 1;
   kp.causal = p.causal ? 1 : 0;
   kp.k_ahead = fwd_sm90_k_ahead(p) ? 1 : 0;
   // tma_store_o: a map for out with boxes of one warpgroup's 64 rows, where out's layout suits
