@@ -42,6 +42,7 @@ _SIGNATURES = {
     "fbh_setmaxnreg": [c_void_p, c_void_p],
     "fbh_pdl_order": [c_void_p, c_void_p, c_void_p, c_void_p, c_int, c_longlong, c_int],
     "fbh_gemm_bf16_tn": [c_void_p, c_void_p, c_void_p, c_int, c_int, c_int, c_int, c_int, c_void_p],
+    "fbh_wgmma_rate": [c_int, c_int, c_int, c_int, c_int, c_void_p, c_void_p],
 }
 
 

@@ -119,3 +119,20 @@ def test_wgmma_ss_to_rs_chain_f16(hlib, n2):
     bound = 2.0 ** -10 * mag + fp32_sum_bound(p, v) + 1e-6
     assert bool((err <= bound).all()), f"max error {err.max().item():.3g}"
     assert ((o.double() - ref).norm() / ref.norm()).item() < 1e-4
+
+
+@pytest.mark.parametrize("n", [40, 80])
+@pytest.mark.parametrize("roles", [0, 1])
+def test_wgmma_rate_runs(hlib, n, roles):
+    """The issue-rate benchmark's kernel (bench_wgmma_rate.py): it runs at both shapes and splits,
+    its accumulators stay finite, and every CTA's clock count gives a rate no higher than the
+    tensor cores' (4096 FLOP per clock per SM) and no lower than a hundredth of it."""
+    ctas, wgs, iters = 4, 2, 64
+    cycles = torch.zeros(ctas, dtype=torch.int64, device="cuda")
+    sink = torch.full((ctas * 128 * wgs,), float("nan"), dtype=torch.float32, device="cuda")
+    check(hlib, hlib.fbh_wgmma_rate(n, wgs, roles, iters, ctas, ptr(cycles), ptr(sink)), "fbh_wgmma_rate")
+    torch.cuda.synchronize()
+    assert torch.isfinite(sink).all()
+    flop = wgs * iters * 16 * 2 * 64 * n * 16
+    for c in cycles.tolist():
+        assert 0 < c and 40.96 <= flop / c <= 4096 * 1.02, (n, roles, c)
