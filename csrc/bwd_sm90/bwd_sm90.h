@@ -156,6 +156,15 @@ struct BwdSm90Config {
   // alone: causal -2.0 / -1.8 / -2.1 / -0.6% at 512-4096, +3.4 / +4.2% at 8k / 16k; on at d = 64
   // and 128, both as tested (docs/perf-log.md, "Measured 2026-12-06, fourth run").
   bool det_dq_warp = false;
+  // Split by head dim with two warpgroups: (1)-(4) split by role instead of by keys. Warpgroup 0
+  // computes S = Q K^T for all block_n keys and P (and stores P^T), warpgroup 1 dP = dO V^T for
+  // all keys, then dS = P (dP - D) from P^T read back (ldmatrix .trans: P in 16 bits there, fp32
+  // in the split by keys), and stores dS^T; warpgroup 1 issues dP once warpgroup 0 has issued S,
+  // so that S finishes first and its exponentials overlap dP. Why: each SS k-step reads its A
+  // (2 KB) and B (32 N bytes) from shared memory; at N = block_n / 2 = 40 that is more bytes per
+  // clock than the math needs clocks (16 + N / 4 against N / 2 at 128 B and 4096 FLOP per clock),
+  // at N = 80 it is not (docs/perf-log.md, "S and dP at N = 40: the shared-memory bound").
+  bool sdp_by_role = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -294,6 +303,14 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // because it is the one config with unequal shares, whose second consumer instance
 // (bwd_sm90_launch.cuh) no table row instantiates now.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
+// Candidates, not yet measured (docs/perf-log.md, "S and dP by role"): the d = 256 pair and
+// single CTA with (1)-(4) split by role.
+constexpr BwdSm90Config kBwdSm90Hdim256Roles = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
+                                               false, false, false, true, false, true};
+constexpr BwdSm90Config kBwdSm90Hdim256SingleRoles = {256, 64, 80, 2, 1, 24, 240, false, 2, false, false, true,
+                                                     false, false, false, false, false, false, false, true,
+                                                     false, true};
+
 // What the main kernel reads besides the tensor maps of Q, K, V, dO (and the stage rows').
 struct BwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k

@@ -37,6 +37,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cmath>
 
@@ -123,6 +124,9 @@ struct BwdSm90Traits {
   static constexpr bool kDsInBranch = kCfg.ds_in_branch;
   static_assert(!kDsInBranch || kByKeys, "ds_in_branch: by keys only (bwd_sm90.h)");
   static constexpr uint32_t kHandBufs = kSingleHand ? 1 : 2;
+  // sdp_by_role (bwd_sm90.h): warpgroup 0 computes S and P, warpgroup 1 dP and dS, each over all
+  // block_n keys (one m64 n block_n accumulator instead of S and dP of block_n / 2 keys each).
+  static constexpr bool kSdpByRole = kCfg.sdp_by_role;
   static constexpr uint32_t kOffDs = kOffP + (kByKeys ? 0 : kHandBufs * kHandBytes);
   // dQ through shared memory (kCfg.dq_smem, default mode): one 64 x 64 fp32 buffer per consumer
   // warpgroup in dQaccum's fragment order, which a producer-warpgroup warp adds into dQaccum
@@ -229,10 +233,17 @@ struct BwdSm90Traits {
   static constexpr uint32_t kBarDqFree0 = kBarDqFull0 + kConsumerWgs;
   static constexpr uint32_t kDqThreads = 128 + 32;
   static_assert(kBarDqFree0 + kConsumerWgs <= 16, "16 named barriers per CTA");
+  // sdp_by_role: warpgroup 0 has issued S (warpgroup 1 then issues dP) / has stored P^T.
+  static constexpr uint32_t kBarSIssued = kBarDqFree0 + kConsumerWgs;
+  static constexpr uint32_t kBarPStored = kBarSIssued + 1;
   // single_hand: every consumer warpgroup's (5)-(7) of the last step have read P^T and dS^T.
   static constexpr uint32_t kBarHandFree = 15;
   static_assert(!kSingleHand || (!kByKeys && kBarDqFree0 + kConsumerWgs <= kBarHandFree),
                 "single_hand: split by head dim; its barrier id clear of the dQ warps'");
+  static_assert(!kSdpByRole || (!kByKeys && kConsumerWgs == 2 && !kStatsByConsumers &&
+                                kBarPStored < kBarHandFree),
+                "sdp_by_role: split by head dim, two warpgroups (one per role), the stat rows from "
+                "the stages or global memory; its barrier ids clear of the others");
 };
 
 struct BwdSm90Maps {
@@ -389,13 +400,14 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
 
 // ------------------------------------------------------------------- consumer helpers ---
 
-// (1) S or (3) dP for this warpgroup's kWgKeys = block_n / W keys: X_i (64 queries, K-major,
-// atom-columns 8 KB apart) times Y rows (that part of a block_n-row tile, K-major), K = d. With
+// (1) S or (3) dP for this warpgroup's kN keys (kWgKeys = block_n / W; sdp_by_role: all block_n):
+// X_i (64 queries, K-major, atom-columns 8 KB apart) times Y rows (that part of a block_n-row
+// tile, K-major), K = d. With
 // `atom_bars` (q_atom_barriers: X's atom-columns complete one mbarrier each, parity `phase`),
 // each atom-column's barrier is waited for just before its k-steps, every wait loop ending in a
 // wgmma fence (C7519).
-template <class T>
-__device__ __forceinline__ void gemm_q_by_kv(float (&acc)[T::kWgKeys / 2], const uint8_t* x,
+template <class T, int kN = T::kWgKeys>
+__device__ __forceinline__ void gemm_q_by_kv(float (&acc)[kN / 2], const uint8_t* x,
                                              const uint8_t* y, uint64_t* atom_bars = nullptr,
                                              uint32_t phase = 0) {
   const uint64_t dx = fh::desc_kmajor_sw128(x);
@@ -408,9 +420,9 @@ __device__ __forceinline__ void gemm_q_by_kv(float (&acc)[T::kWgKeys / 2], const
       fh::wgmma_fence();
     }
     if (s == 0) {
-      fh::wgmma_ss_set<T::kWgKeys, 0, 0, T::kElem>(acc, dx, dy);
+      fh::wgmma_ss_set<kN, 0, 0, T::kElem>(acc, dx, dy);
     } else {
-      fh::wgmma_ss<T::kWgKeys, 0, 0, T::kElem>(acc, fh::desc_advance(dx, fh::kmajor_k_offset(s, T::kBlockM)),
+      fh::wgmma_ss<kN, 0, 0, T::kElem>(acc, fh::desc_advance(dx, fh::kmajor_k_offset(s, T::kBlockM)),
                                               fh::desc_advance(dy, fh::kmajor_k_offset(s, T::kBlockN)),
                                               true);
     }
@@ -464,36 +476,89 @@ __device__ __forceinline__ void issue_dq_dv(float (&dq)[T::kBlockM / 2], const u
   fh::wgmma_commit();
 }
 
-// A 64 x kWgKeys accumulator (queries x this warpgroup's keys) as 16-bit into the hand-off
-// tile [key][query] (block_n rows x 128 B, 128B-swizzled as a K-major wgmma operand): stmatrix.trans
-// turns each 8 x 8 block (8 queries x 8 keys) into 8 key rows of 16 contiguous bytes.
-// Block (key group j, query half h) of warp v holds keys 8j.., queries 16v + 8h..; matrices
-// are taken in the order (j, 0), (j, 1), (j + 1, 0), (j + 1, 1).
-template <class T>
-__device__ __forceinline__ void store_hand_t(uint8_t* hand, const float (&acc)[T::kWgKeys / 2],
-                                             int wg, int t) {
+// The hand-off tile's address for stmatrix / ldmatrix .trans: block (key group j, query half h)
+// of warp `warp` (keys key0 + 8j.., queries 16 warp + 8h..), row r of the stored block (key
+// key0 + 8j + r) in the tile [key][query] (128 B per key row, 128B-swizzled).
+__device__ __forceinline__ uint32_t hand_t_addr(uint32_t base, int key0, int warp, int j, int h, int r) {
+  const int key = key0 + 8 * j + r;
+  const int chunk = 2 * warp + h;
+  return base + key * 128 + ((chunk ^ (key & 7)) << 4);
+}
+
+// A 64 x kN accumulator (queries x keys key0 ..) as 16-bit into the hand-off tile [key][query]
+// (block_n rows x 128 B, 128B-swizzled as a K-major wgmma operand): stmatrix.trans turns each
+// 8 x 8 block (8 queries x 8 keys) into 8 key rows of 16 contiguous bytes. Block (key group j,
+// query half h) of warp v holds keys key0 + 8j.., queries 16v + 8h..; matrices are taken in the
+// order (j, 0), (j, 1), (j + 1, 0), (j + 1, 1).
+template <class T, int kN = T::kWgKeys>
+__device__ __forceinline__ void store_hand_t(uint8_t* hand, const float (&acc)[kN / 2], int key0,
+                                             int t) {
   const int lane = t % 32;
   const int warp = t / 32;
   const uint32_t base = fh::smem_u32(hand);
-  uint32_t pk[T::kWgKeys / 4];
+  uint32_t pk[kN / 4];
 #pragma unroll
-  for (int i = 0; i < T::kWgKeys / 4; ++i) pk[i] = fh::pack2<T::kElem>(acc[2 * i], acc[2 * i + 1]);
+  for (int i = 0; i < kN / 4; ++i) pk[i] = fh::pack2<T::kElem>(acc[2 * i], acc[2 * i + 1]);
   // pk[2j] = (j, 0), pk[2j + 1] = (j, 1).
   const int mat = lane / 8;  // x4: matrices 0..3; x2 uses lanes 0..15
   const int r = lane % 8;
-  auto addr = [&](int j, int h) {
-    const int key = T::kWgKeys * wg + 8 * j + r;
-    const int chunk = 2 * warp + h;
-    return base + key * 128 + ((chunk ^ (key & 7)) << 4);
+#pragma unroll
+  for (int j = 0; j + 1 < kN / 8; j += 2) {
+    fh::stmatrix_x4_trans(hand_t_addr(base, key0, warp, j + mat / 2, mat & 1, r), pk[2 * j],
+                          pk[2 * j + 1], pk[2 * j + 2], pk[2 * j + 3]);
+  }
+  if constexpr ((kN / 8) % 2 == 1) {
+    constexpr int j = kN / 8 - 1;
+    fh::stmatrix_x2_trans(hand_t_addr(base, key0, warp, j, mat & 1, r), pk[2 * j], pk[2 * j + 1]);
+  }
+}
+
+// Two 16-bit elements of one register (low half first) as floats.
+template <Dtype E>
+__device__ __forceinline__ void unpack2(uint32_t v, float& lo, float& hi) {
+  if constexpr (E == Dtype::kF16) {
+    const __half2 h = *reinterpret_cast<const __half2*>(&v);
+    lo = __low2float(h);
+    hi = __high2float(h);
+  } else {
+    lo = __uint_as_float(v << 16);
+    hi = __uint_as_float(v & 0xffff0000u);
+  }
+}
+
+// sdp_by_role, warpgroup 1: (4) dS = P (dP - D) over all block_n keys, P read back from the P^T
+// tile (ldmatrix .trans with store_hand_t's addresses gives the accumulator layout of dp), a
+// block pair at a time so that only four more registers are live.
+template <class T>
+__device__ __forceinline__ void ds_values_from_hand(const uint8_t* p_t, float (&dp)[T::kBlockN / 2],
+                                                    float dsum0, float dsum1, int t) {
+  const int lane = t % 32;
+  const int warp = t / 32;
+  const uint32_t base = fh::smem_u32(p_t);
+  const int mat = lane / 8;
+  const int r = lane % 8;
+  auto ds4 = [&](int i, uint32_t v) {  // register i of P's 16-bit fragments: elements 2i, 2i + 1
+    float lo, hi;
+    unpack2<T::kElem>(v, lo, hi);
+    const float d = ((2 * i) & 2) ? dsum1 : dsum0;
+    dp[2 * i] = lo * (dp[2 * i] - d);
+    dp[2 * i + 1] = hi * (dp[2 * i + 1] - d);
   };
 #pragma unroll
-  for (int j = 0; j + 1 < T::kWgKeys / 8; j += 2) {
-    fh::stmatrix_x4_trans(addr(j + mat / 2, mat & 1), pk[2 * j], pk[2 * j + 1], pk[2 * j + 2],
-                          pk[2 * j + 3]);
+  for (int j = 0; j + 1 < T::kBlockN / 8; j += 2) {
+    uint32_t v0, v1, v2, v3;
+    fh::ldmatrix_x4_trans(hand_t_addr(base, 0, warp, j + mat / 2, mat & 1, r), v0, v1, v2, v3);
+    ds4(2 * j, v0);
+    ds4(2 * j + 1, v1);
+    ds4(2 * j + 2, v2);
+    ds4(2 * j + 3, v3);
   }
-  if constexpr ((T::kWgKeys / 8) % 2 == 1) {
-    constexpr int j = T::kWgKeys / 8 - 1;
-    fh::stmatrix_x2_trans(addr(j, mat & 1), pk[2 * j], pk[2 * j + 1]);
+  if constexpr ((T::kBlockN / 8) % 2 == 1) {
+    constexpr int j = T::kBlockN / 8 - 1;
+    uint32_t v0, v1;
+    fh::ldmatrix_x2_trans(hand_t_addr(base, 0, warp, j, mat & 1, r), v0, v1);
+    ds4(2 * j, v0);
+    ds4(2 * j + 1, v1);
   }
 }
 
@@ -785,76 +850,158 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     const uint8_t* q_s = smem + T::kOffQ + sq.stage * T::kQTileBytes;
     const uint8_t* do_s = smem + T::kOffDo + sd.stage * T::kQTileBytes;
 
-    // (1) S = Q_i K_w^T  then  (3) dP = dO_i V_w^T, two commit groups.
-    float s[T::kWgKeys / 2], dp[T::kWgKeys / 2];
-    // Both start with a write-only wgmma (wgmma_ss_set): no zeroing pass, no old value kept.
-    if constexpr (T::kQAtomBars) {
-      gemm_q_by_kv<T>(s, q_s, k_half,
-                      reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar) + sq.stage * T::kAtomCols,
-                      sq.phase);
-    } else {
-      pipe_q->consumer_wait(sq);
-      fh::wgmma_fence();
-      gemm_q_by_kv<T>(s, q_s, k_half);
-    }
-    fh::wgmma_commit();
-    if constexpr (T::kStatsSmem) {
-      const float* lse_s = reinterpret_cast<const float*>(smem + T::kOffLse + sq.stage * T::kStatBytes);
-      lse0 = lse_s[q_row];
-      lse1 = lse_s[q_row + 8];
-    }
-    if (T::kPairGhost ? v_pending : it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
-    v_pending = false;
-    pipe_do->consumer_wait(sd);
-    fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
-    gemm_q_by_kv<T>(dp, do_s, v_half);
-    fh::wgmma_commit();
-    if constexpr (T::kStatsSmem) {
-      const float* dsum_s = reinterpret_cast<const float*>(smem + T::kOffDsum + sd.stage * T::kStatBytes);
-      dsum0 = dsum_s[q_row];
-      dsum1 = dsum_s[q_row + 8];
-      // A warp's leader releases the stages for its lanes (an mbarrier arrive releases only its
-      // own thread's accesses), and the next bulk copy into them overwrites these rows.
-      __syncwarp();
-    }
-
-    // (2) P = exp2(S * scale * log2e - LSE * log2e) while dP is on the tensor cores. Keys past
-    // seqlen_k and (causal) after the query's diagonal give 0; query rows past seqlen_q have
-    // LSE = +inf. Only blocks that reach past seqlen_k or cross the diagonal test each element.
-    fh::wgmma_wait<1>();
-    fh::wgmma_fence_operand(s);
-    const bool need_mask =
-        n0 + T::kBlockN > seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag);
-    if (need_mask) {
-      p_values<T, true>(p, s, lse0, lse1, key0, m0 + q_row, seqlen_k, diag);
-    } else {
-      p_values<T, false>(p, s, lse0, lse1, key0, m0 + q_row, seqlen_k, diag);
-    }
-    // single_hand: the last step's (5)-(7) wgmmas of every warpgroup were waited for before it
-    // gets here (wait<0> at the step's end), so the one buffer may be rewritten.
-    if constexpr (T::kSingleHand) {
-      if (it > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
-    }
-    store_hand_t<T>(p_t, s, wg, t);
-
-    // (4) dS = P * (dP - D)
-    fh::wgmma_wait<0>();
-    fh::wgmma_fence_operand(dp);
-    ds_values(s, dp, dsum0, dsum1);
-    if constexpr (kPairOn) {
-      // Two buffers: ds_t was sent to the partner at step it - 2; rewrite it once the partner
-      // has read what it received then (its free arrivals), which also means the copy has read
-      // ds_t. The free barrier only hands buffers back (no data published through it: the bytes travel
-      // by complete_tx on full), so CTA-scope arrive and wait are the multicast stage-release
-      // pattern of mbar_arrive_cluster; if the GPU disagrees, the wait becomes mbar_wait_cluster.
-      // pair_ghost, upper CTA: no wait. The lower sends every step, and its send of step it - 1
-      // follows its hand-off barrier of it - 1, by which both its warpgroups retired their reads
-      // of what this CTA sent before; this CTA waited for that send (full) before getting here.
-      if (it >= 2 && !(T::kPairGhost && pair_rank == 1)) {
-        fh::mbar_wait(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
+    if constexpr (!T::kSdpByRole) {
+      // (1) S = Q_i K_w^T  then  (3) dP = dO_i V_w^T, two commit groups.
+      float s[T::kWgKeys / 2], dp[T::kWgKeys / 2];
+      // Both start with a write-only wgmma (wgmma_ss_set): no zeroing pass, no old value kept.
+      if constexpr (T::kQAtomBars) {
+        gemm_q_by_kv<T>(s, q_s, k_half,
+                        reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar) + sq.stage * T::kAtomCols,
+                        sq.phase);
+      } else {
+        pipe_q->consumer_wait(sq);
+        fh::wgmma_fence();
+        gemm_q_by_kv<T>(s, q_s, k_half);
       }
+      fh::wgmma_commit();
+      if constexpr (T::kStatsSmem) {
+        const float* lse_s = reinterpret_cast<const float*>(smem + T::kOffLse + sq.stage * T::kStatBytes);
+        lse0 = lse_s[q_row];
+        lse1 = lse_s[q_row + 8];
+      }
+      if (T::kPairGhost ? v_pending : it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
+      v_pending = false;
+      pipe_do->consumer_wait(sd);
+      fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
+      gemm_q_by_kv<T>(dp, do_s, v_half);
+      fh::wgmma_commit();
+      if constexpr (T::kStatsSmem) {
+        const float* dsum_s = reinterpret_cast<const float*>(smem + T::kOffDsum + sd.stage * T::kStatBytes);
+        dsum0 = dsum_s[q_row];
+        dsum1 = dsum_s[q_row + 8];
+        // A warp's leader releases the stages for its lanes (an mbarrier arrive releases only its
+        // own thread's accesses), and the next bulk copy into them overwrites these rows.
+        __syncwarp();
+      }
+
+      // (2) P = exp2(S * scale * log2e - LSE * log2e) while dP is on the tensor cores. Keys past
+      // seqlen_k and (causal) after the query's diagonal give 0; query rows past seqlen_q have
+      // LSE = +inf. Only blocks that reach past seqlen_k or cross the diagonal test each element.
+      fh::wgmma_wait<1>();
+      fh::wgmma_fence_operand(s);
+      const bool need_mask =
+          n0 + T::kBlockN > seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag);
+      if (need_mask) {
+        p_values<T, true>(p, s, lse0, lse1, key0, m0 + q_row, seqlen_k, diag);
+      } else {
+        p_values<T, false>(p, s, lse0, lse1, key0, m0 + q_row, seqlen_k, diag);
+      }
+      // single_hand: the last step's (5)-(7) wgmmas of every warpgroup were waited for before it
+      // gets here (wait<0> at the step's end), so the one buffer may be rewritten.
+      if constexpr (T::kSingleHand) {
+        if (it > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
+      }
+      store_hand_t<T>(p_t, s, T::kWgKeys * wg, t);
+
+      // (4) dS = P * (dP - D)
+      fh::wgmma_wait<0>();
+      fh::wgmma_fence_operand(dp);
+      ds_values(s, dp, dsum0, dsum1);
+      if constexpr (kPairOn) {
+        // Two buffers: ds_t was sent to the partner at step it - 2; rewrite it once the partner
+        // has read what it received then (its free arrivals), which also means the copy has read
+        // ds_t. The free barrier only hands buffers back (no data published through it: the bytes travel
+        // by complete_tx on full), so CTA-scope arrive and wait are the multicast stage-release
+        // pattern of mbar_arrive_cluster; if the GPU disagrees, the wait becomes mbar_wait_cluster.
+        // pair_ghost, upper CTA: no wait. The lower sends every step, and its send of step it - 1
+        // follows its hand-off barrier of it - 1, by which both its warpgroups retired their reads
+        // of what this CTA sent before; this CTA waited for that send (full) before getting here.
+        if (it >= 2 && !(T::kPairGhost && pair_rank == 1)) {
+          fh::mbar_wait(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
+        }
+      }
+      store_hand_t<T>(ds_t, dp, T::kWgKeys * wg, t);
+    } else {
+      // (1)-(4) split by role (sdp_by_role): warpgroup 0 S and P, warpgroup 1 dP and dS, each
+      // over all block_n keys; P crosses through the P^T tile, which (5) reads anyway.
+      float acc[T::kBlockN / 2];
+      if (wg == 0) {
+        if constexpr (T::kQAtomBars) {
+          gemm_q_by_kv<T, T::kBlockN>(acc, q_s, smem + T::kOffK,
+                                      reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar) +
+                                          sq.stage * T::kAtomCols,
+                                      sq.phase);
+        } else {
+          pipe_q->consumer_wait(sq);
+          fh::wgmma_fence();
+          gemm_q_by_kv<T, T::kBlockN>(acc, q_s, smem + T::kOffK);
+        }
+        fh::wgmma_commit();
+        // S goes to the tensor cores before dP, so that it finishes first and the exponentials
+        // below overlap dP.
+        fh::named_bar_arrive(T::kBarSIssued, T::kConsumerThreads);
+        if constexpr (T::kStatsSmem) {
+          const float* lse_s = reinterpret_cast<const float*>(smem + T::kOffLse + sq.stage * T::kStatBytes);
+          lse0 = lse_s[q_row];
+          lse1 = lse_s[q_row + 8];
+          __syncwarp();  // every lane's reads before its leader may release the stage
+        }
+        fh::wgmma_wait<0>();
+        fh::wgmma_fence_operand(acc);
+        const bool need_mask =
+            n0 + T::kBlockN > seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag);
+        const int key_first = n0 + fh::acc_col(0, t);
+        if (need_mask) {
+          p_values<T, true>(p, acc, lse0, lse1, key_first, m0 + q_row, seqlen_k, diag);
+        } else {
+          p_values<T, false>(p, acc, lse0, lse1, key_first, m0 + q_row, seqlen_k, diag);
+        }
+        if constexpr (T::kSingleHand) {
+          if (it > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
+        }
+        store_hand_t<T, T::kBlockN>(p_t, acc, 0, t);
+        // Warpgroup 1 reads P^T back with ldmatrix (generic proxy, like the stmatrix stores):
+        // the named barrier orders them.
+        fh::named_bar_arrive(T::kBarPStored, T::kConsumerThreads);
+        pipe_do->consumer_wait(sd);  // dO_i, for (5) dV^T
+      } else {
+        if (T::kPairGhost ? v_pending : it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
+        pipe_do->consumer_wait(sd);
+        if constexpr (T::kStatsSmem) {
+          const float* dsum_s = reinterpret_cast<const float*>(smem + T::kOffDsum + sd.stage * T::kStatBytes);
+          dsum0 = dsum_s[q_row];
+          dsum1 = dsum_s[q_row + 8];
+          __syncwarp();  // every lane's reads before its leader may release the stage
+        }
+        fh::named_bar_sync(T::kBarSIssued, T::kConsumerThreads);
+        fh::wgmma_fence();
+        gemm_q_by_kv<T, T::kBlockN>(acc, do_s, smem + T::kOffV);
+        fh::wgmma_commit();
+        // Q_i, for (6) dK^T: this warpgroup has not waited for it.
+        if constexpr (T::kQAtomBars) {
+          uint64_t* qb = reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar) + sq.stage * T::kAtomCols;
+#pragma unroll
+          for (int a = 0; a < T::kAtomCols; ++a) fh::mbar_wait(qb + a, sq.phase);
+        } else {
+          pipe_q->consumer_wait(sq);
+        }
+        fh::wgmma_wait<0>();
+        fh::wgmma_fence_operand(acc);
+        if constexpr (T::kSingleHand) {
+          if (it > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
+        }
+        fh::named_bar_sync(T::kBarPStored, T::kConsumerThreads);
+        ds_values_from_hand<T>(p_t, acc, dsum0, dsum1, t);
+        if constexpr (kPairOn) {
+          // As in the split by keys (above): ds_t was sent at step it - 2; the partner has read it.
+          if (it >= 2 && !(T::kPairGhost && pair_rank == 1)) {
+            fh::mbar_wait(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
+          }
+        }
+        store_hand_t<T, T::kBlockN>(ds_t, acc, 0, t);
+      }
+      v_pending = false;
     }
-    store_hand_t<T>(ds_t, dp, wg, t);
     if constexpr (T::kStatsByConsumers) stat_rows.store(it, next_row);
     fh::fence_proxy_async_shared();  // stmatrix (generic proxy) -> wgmma (async proxy) reads
     // Every warpgroup's part is in place. The buffers alternate with the step's parity: the

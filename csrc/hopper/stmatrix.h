@@ -40,5 +40,25 @@ FB_DEVICE void stmatrix_x2_trans(uint32_t smem_addr, uint32_t r0, uint32_t r1) {
                : "memory");
 }
 
+// ldmatrix .trans, the inverse (PTX ISA §9.7.14.5.15, sm_75+): the same addresses as the
+// stmatrix .trans that stored a tile give back the fragments it took, so a tile [cols][rows]
+// written from accumulators is read into the accumulator layout of [rows][cols] (the d = 256
+// backward split by role reads P^T back as P; bwd_sm90.h, sdp_by_role). A generic-proxy read:
+// the writes it reads need a barrier (or __syncwarp within a warp) before it.
+FB_DEVICE void ldmatrix_x4_trans(uint32_t smem_addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                 uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(smem_addr)
+               : "memory");
+}
+
+FB_DEVICE void ldmatrix_x2_trans(uint32_t smem_addr, uint32_t& r0, uint32_t& r1) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+               : "=r"(r0), "=r"(r1)
+               : "r"(smem_addr)
+               : "memory");
+}
+
 }  // namespace hopper
 }  // namespace flashback

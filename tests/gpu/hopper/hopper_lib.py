@@ -36,6 +36,7 @@ _SIGNATURES = {
     "fbh_wgmma_chain_f16": [c_void_p, c_void_p, c_void_p, c_void_p, c_int],
     "fbh_stmatrix_trans": [c_void_p, c_void_p, c_int],
     "fbh_stmatrix_plain": [c_void_p, c_void_p],
+    "fbh_ldmatrix_trans": [c_void_p, c_void_p, c_int],
     "fbh_cluster_dsmem": [c_void_p, c_void_p, c_void_p, c_void_p, c_int, c_int],
     "fbh_cluster_bulk_swap": [c_void_p, c_void_p, c_int],
     "fbh_cluster_pingpong": [c_void_p, c_void_p, c_void_p, c_int, c_int, c_int, c_int, c_int],
