@@ -12,7 +12,8 @@
 // so every operand is a tile already in shared memory and no GEMM needs registers from the other
 // warpgroup. P^T and dS^T ([key][query], block_n rows of 128 bytes) are the only hand-off:
 // written with stmatrix.trans from each warpgroup's S / dP accumulators, read by all after one
-// barrier.
+// barrier. (Candidate sdp_by_role, bwd_sm90.h: warpgroup 0 computes S and P for all block_n keys,
+// warpgroup 1 dP and dS, reading P back from P^T.)
 //
 // Shared memory (128B-swizzled tiles, 1024-aligned; TMA writes all but P^T / dS^T; d/64
 // atom-columns per tile):
@@ -834,10 +835,14 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       dsum1 = stat_rows.dsum(it)[q_row + 8];
     } else if constexpr (!T::kStatsSmem) {
       const int64_t stat_row = tile * T::kBlockM + q_row;
-      lse0 = p.lse_log2[stat_row];
-      lse1 = p.lse_log2[stat_row + 8];
-      dsum0 = p.dsum[stat_row];
-      dsum1 = p.dsum[stat_row + 8];
+      if (!T::kSdpByRole || wg == 0) {  // by role: warpgroup 0 needs LSE, warpgroup 1 D
+        lse0 = p.lse_log2[stat_row];
+        lse1 = p.lse_log2[stat_row + 8];
+      }
+      if (!T::kSdpByRole || wg == 1) {
+        dsum0 = p.dsum[stat_row];
+        dsum1 = p.dsum[stat_row + 8];
+      }
     }
     uint8_t* p_t = smem + T::kOffP + (T::kSingleHand ? 0 : (it & 1)) * T::kHandBytes;
     uint8_t* ds_t = smem + T::kOffDs + (T::kSingleHand ? 0 : (it & 1)) * T::kHandBytes;
@@ -994,6 +999,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         ds_values_from_hand<T>(p_t, acc, dsum0, dsum1, t);
         if constexpr (kPairOn) {
           // As in the split by keys (above): ds_t was sent at step it - 2; the partner has read it.
+          // Warpgroup 0's thread 0, which issues the next copy into the partner's buffer, does
+          // not wait here: this wait, then the hand-off barrier, orders its copy after it.
           if (it >= 2 && !(T::kPairGhost && pair_rank == 1)) {
             fh::mbar_wait(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
           }
