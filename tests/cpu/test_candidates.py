@@ -79,6 +79,22 @@ def test_value_candidates_substitute(tmp_path):
     new = path.read_text()
     assert "constexpr WalkConfig kWalk = {true, 2};" in new, new
     assert "constexpr WalkConfig kWalkSkip = {true, 2};" in new, new
+    # The value candidates waiting in the headers (kFwdSm90L2Short ...): each swaps into its row.
+    for rel in HEADERS.values():
+        text = open(os.path.join(ROOT, rel)).read()
+        for struct, cand in re.findall(r"constexpr (\w+Sm90L2) (k\w+) = \{", text):
+            row = "k" + struct
+            if cand == row:
+                continue
+            real = tmp_path / rel
+            real.parent.mkdir(parents=True, exist_ok=True)
+            real.write_text(text)
+            r = subprocess.run([sys.executable, str(tmp_path / "sub.py"), str(tmp_path), row, cand],
+                               capture_output=True, text=True)
+            assert r.returncode == 0, (cand, r.stdout, r.stderr)
+            m = re.search(r"constexpr %s %s = (\{[^}]*\});" % (struct, cand), real.read_text())
+            assert m and f"constexpr {struct} {row} = {m.group(1)};" in real.read_text(), cand
+            real.unlink()
     # A candidate the headers lack is an error, not a silent no-op.
     r = subprocess.run([sys.executable, str(tmp_path / "sub.py"), str(tmp_path), "kWalk", "kWalkNone"],
                        capture_output=True, text=True)
