@@ -745,6 +745,19 @@ __device__ __forceinline__ void p_values(const BwdSm90Params& p, float (&s)[kN],
     s[r] = p_element(masked, s[r], p.scale_log2, l);
   }
 }
+// (2) for a step's block: the mask test only where the block reaches past seqlen_k or crosses
+// the diagonal (n0: the block's first key, m0: the step's first query, key0: this thread's first
+// key column in s).
+template <class T, int kN>
+__device__ __forceinline__ void p_values_of_block(const BwdSm90Params& p, float (&s)[kN], float lse0, float lse1,
+                                                  int key0, int n0, int m0, int q_row, int seqlen_k, int diag) {
+  const bool need_mask = n0 + T::kBlockN > seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag);
+  if (need_mask) {
+    p_values<T, true>(p, s, lse0, lse1, key0, m0 + q_row, seqlen_k, diag);
+  } else {
+    p_values<T, false>(p, s, lse0, lse1, key0, m0 + q_row, seqlen_k, diag);
+  }
+}
 // (4) dS = P * (dP - D), into dp.
 template <int kN>
 __device__ __forceinline__ void ds_values(const float (&s)[kN], float (&dp)[kN], float dsum0, float dsum1) {
@@ -894,13 +907,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       // LSE = +inf. Only blocks that reach past seqlen_k or cross the diagonal test each element.
       fh::wgmma_wait<1>();
       fh::wgmma_fence_operand(s);
-      const bool need_mask =
-          n0 + T::kBlockN > seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag);
-      if (need_mask) {
-        p_values<T, true>(p, s, lse0, lse1, key0, m0 + q_row, seqlen_k, diag);
-      } else {
-        p_values<T, false>(p, s, lse0, lse1, key0, m0 + q_row, seqlen_k, diag);
-      }
+      p_values_of_block<T>(p, s, lse0, lse1, key0, n0, m0, q_row, seqlen_k, diag);
       // single_hand: the last step's (5)-(7) wgmmas of every warpgroup were waited for before it
       // gets here (wait<0> at the step's end), so the one buffer may be rewritten.
       if constexpr (T::kSingleHand) {
@@ -953,14 +960,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         }
         fh::wgmma_wait<0>();
         fh::wgmma_fence_operand(acc);
-        const bool need_mask =
-            n0 + T::kBlockN > seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag);
-        const int key_first = n0 + fh::acc_col(0, t);
-        if (need_mask) {
-          p_values<T, true>(p, acc, lse0, lse1, key_first, m0 + q_row, seqlen_k, diag);
-        } else {
-          p_values<T, false>(p, acc, lse0, lse1, key_first, m0 + q_row, seqlen_k, diag);
-        }
+        p_values_of_block<T>(p, acc, lse0, lse1, n0 + fh::acc_col(0, t), n0, m0, q_row, seqlen_k, diag);
         if constexpr (T::kSingleHand) {
           if (it > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
         }
