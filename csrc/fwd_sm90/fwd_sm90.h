@@ -232,9 +232,9 @@ constexpr FwdSm90Grid kFwdSm90Hdim256Grid = {2048, 2048, 2048, 0, kAllKeys, 4096
 // while Q streamed in and O out beside it. Measured 16 / 8 MB against 32 (H100, bf16, A B C x 2,
 // causal): 16 MB d = 128 / 192 / 256 +22.7 / +14.0 / +13.5% at 512, +11.4 / +5.0 / +5.3% at
 // 1024, +1.5..+2.4% at 2048, -0.5..+1.4% from 4096; d = 64 +1.8 / +1.4% at 512 / 1024, -0.9..-1.8%
-// from 2048. 8 MB gains as much at 512 but loses 4-7% at d = 192 / 256 from 2048 (too few pairs
-// per group to fill the machine with long tiles). docs/perf-log.md, "Measured 2026-12-06, fifth
-// run". A value, for scripts/build_candidates.sh.
+// from 2048. 8 MB gains more at 512 but loses up to 4.9 / 6.8% at d = 192 / 256 at 2048-8192
+// (too few pairs per group to fill the machine with long tiles). docs/perf-log.md, "Measured
+// 2026-12-06, fifth run". A value, for scripts/build_candidates.sh.
 struct FwdSm90L2 {
   int causal_kv_mb;
   // Calls with seqlen_k <= short_keys take short_kv_mb instead (0: none).
