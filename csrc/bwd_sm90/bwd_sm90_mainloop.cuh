@@ -867,30 +867,6 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     }
     const uint8_t* q_s = smem + T::kOffQ + sq.stage * T::kQTileBytes;
     const uint8_t* do_s = smem + T::kOffDo + sd.stage * T::kQTileBytes;
-    // stats_smem: this step's LSE / D rows from the Q / dO stage (after its full wait).
-    auto lse_from_stage = [&] {
-      const float* lse_s = reinterpret_cast<const float*>(smem + T::kOffLse + sq.stage * T::kStatBytes);
-      lse0 = lse_s[q_row];
-      lse1 = lse_s[q_row + 8];
-    };
-    auto dsum_from_stage = [&] {
-      const float* dsum_s = reinterpret_cast<const float*>(smem + T::kOffDsum + sd.stage * T::kStatBytes);
-      dsum0 = dsum_s[q_row];
-      dsum1 = dsum_s[q_row + 8];
-    };
-    // pair_dq: ds_t was sent to the partner at step it - 2; rewrite it once the partner has read
-    // what it received then (its free arrivals), which also means the copy has read ds_t. The
-    // free barrier only hands buffers back (no data published through it: the bytes travel by
-    // complete_tx on full), so CTA-scope arrive and wait are the multicast stage-release pattern
-    // of mbar_arrive_cluster; if the GPU disagrees, the wait becomes mbar_wait_cluster.
-    // pair_ghost, upper CTA: no wait. The lower sends every step, and its send of step it - 1
-    // follows its hand-off barrier of it - 1, by which both its warpgroups retired their reads
-    // of what this CTA sent before; this CTA waited for that send (full) before getting here.
-    auto wait_partner_read = [&] {
-      if (it >= 2 && !(T::kPairGhost && pair_rank == 1)) {
-        fh::mbar_wait(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
-      }
-    };
 
     if constexpr (!T::kSdpByRole) {
       // (1) S = Q_i K_w^T  then  (3) dP = dO_i V_w^T, two commit groups.
@@ -906,7 +882,11 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         gemm_q_by_kv<T>(s, q_s, k_half);
       }
       fh::wgmma_commit();
-      if constexpr (T::kStatsSmem) lse_from_stage();
+      if constexpr (T::kStatsSmem) {
+        const float* lse_s = reinterpret_cast<const float*>(smem + T::kOffLse + sq.stage * T::kStatBytes);
+        lse0 = lse_s[q_row];
+        lse1 = lse_s[q_row + 8];
+      }
       if (T::kPairGhost ? v_pending : it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
       v_pending = false;
       pipe_do->consumer_wait(sd);
@@ -914,7 +894,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       gemm_q_by_kv<T>(dp, do_s, v_half);
       fh::wgmma_commit();
       if constexpr (T::kStatsSmem) {
-        dsum_from_stage();
+        const float* dsum_s = reinterpret_cast<const float*>(smem + T::kOffDsum + sd.stage * T::kStatBytes);
+        dsum0 = dsum_s[q_row];
+        dsum1 = dsum_s[q_row + 8];
         // A warp's leader releases the stages for its lanes (an mbarrier arrive releases only its
         // own thread's accesses), and the next bulk copy into them overwrites these rows.
         __syncwarp();
@@ -937,7 +919,19 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       fh::wgmma_wait<0>();
       fh::wgmma_fence_operand(dp);
       ds_values(s, dp, dsum0, dsum1);
-      if constexpr (kPairOn) wait_partner_read();
+      if constexpr (kPairOn) {
+        // Two buffers: ds_t was sent to the partner at step it - 2; rewrite it once the partner
+        // has read what it received then (its free arrivals), which also means the copy has read
+        // ds_t. The free barrier only hands buffers back (no data published through it: the bytes travel
+        // by complete_tx on full), so CTA-scope arrive and wait are the multicast stage-release
+        // pattern of mbar_arrive_cluster; if the GPU disagrees, the wait becomes mbar_wait_cluster.
+        // pair_ghost, upper CTA: no wait. The lower sends every step, and its send of step it - 1
+        // follows its hand-off barrier of it - 1, by which both its warpgroups retired their reads
+        // of what this CTA sent before; this CTA waited for that send (full) before getting here.
+        if (it >= 2 && !(T::kPairGhost && pair_rank == 1)) {
+          fh::mbar_wait(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
+        }
+      }
       store_hand_t<T>(ds_t, dp, T::kWgKeys * wg, t);
     } else {
       // (1)-(4) split by role (sdp_by_role): warpgroup 0 S and P, warpgroup 1 dP and dS, each
@@ -959,7 +953,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         // below overlap dP.
         fh::named_bar_arrive(T::kBarSIssued, T::kConsumerThreads);
         if constexpr (T::kStatsSmem) {
-          lse_from_stage();
+          const float* lse_s = reinterpret_cast<const float*>(smem + T::kOffLse + sq.stage * T::kStatBytes);
+          lse0 = lse_s[q_row];
+          lse1 = lse_s[q_row + 8];
           __syncwarp();  // every lane's reads before its leader may release the stage
         }
         fh::wgmma_wait<0>();
@@ -977,7 +973,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         if (T::kPairGhost ? v_pending : it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
         pipe_do->consumer_wait(sd);
         if constexpr (T::kStatsSmem) {
-          dsum_from_stage();
+          const float* dsum_s = reinterpret_cast<const float*>(smem + T::kOffDsum + sd.stage * T::kStatBytes);
+          dsum0 = dsum_s[q_row];
+          dsum1 = dsum_s[q_row + 8];
           __syncwarp();  // every lane's reads before its leader may release the stage
         }
         fh::named_bar_sync(T::kBarSIssued, T::kConsumerThreads);
@@ -999,9 +997,14 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         }
         fh::named_bar_sync(T::kBarPStored, T::kConsumerThreads);
         ds_values_from_hand<T>(p_t, acc, dsum0, dsum1, t);
-        // Warpgroup 0's thread 0, which issues the next copy into the partner's buffer, does not
-        // wait for its read: this wait, then the hand-off barrier, orders its copy after it.
-        if constexpr (kPairOn) wait_partner_read();
+        if constexpr (kPairOn) {
+          // As in the split by keys (above): ds_t was sent at step it - 2; the partner has read it.
+          // Warpgroup 0's thread 0, which issues the next copy into the partner's buffer, does
+          // not wait here: this wait, then the hand-off barrier, orders its copy after it.
+          if (it >= 2 && !(T::kPairGhost && pair_rank == 1)) {
+            fh::mbar_wait(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
+          }
+        }
         store_hand_t<T, T::kBlockN>(ds_t, acc, 0, t);
       }
       v_pending = false;
