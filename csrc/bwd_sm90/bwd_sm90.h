@@ -223,12 +223,19 @@ constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 96, 2, 1, 24, 160, true, 3, 
 // the second Q stage. Measured on the H200 against one CTA with two Q stages: +0.9 / +4.4 /
 // +5.2% causal 4k / 8k / 16k, -0.5 / +0.5 / +1.9% non-causal; one Q stage alone costs 4-7%;
 // pair_ghost on top +0..+2.6%; q_atom_barriers (with adds_before_wait) +2.7..+5.3% (docs/perf-log.md).
+// sdp_by_role: a benchmark of the SS wgmma alone (tests/gpu/hopper/bench_wgmma_rate.py, H100)
+// ran two warpgroups at N = 40 at 76.9% of the math rate and at N = 80 at 100%, by keys or by
+// role alike; the pair with S and dP by role measured (H100, A B A B) +2.4 / +2.1 / +1.4% causal
+// 4k / 8k / 16k, +2.6 / +2.1 / +2.4% non-causal, deterministic +0.5..+1.1%. The single CTA by
+// role read -1.8 / -1.9% at 2048 (default mode), +0.4..+1.4% deterministic: not taken
+// (docs/perf-log.md, "Measured 2026-12-06, sixth run").
 constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
-                                          false, false, false, true};
+                                          false, false, false, true, false, true};
 // The deterministic mode's config per head dim (the configs of a head dim share block_m, and
 // none has a smaller block_n than the default's: the workspace and can_implement read the
 // default's; they share det_from_the_end, whose walk order is also dK's and dV's order of
-// accumulation, which the pair and the single CTA keep bitwise equal). Every head dim runs its
+// accumulation, the same in the pair and the single CTA: dV bitwise equal between them, dK
+// within rounding, since the pair's dS takes P in 16 bits (sdp_by_role)). Every head dim runs its
 // default config in this mode too. d = 256, the pair: against the single-CTA config in this
 // mode +3.5 / +5.3 / +7.9% causal, +5.0 / +5.5 / +5.8% non-causal; q_atom_barriers (with
 // adds_before_wait) +1.5..+3.9%; pair_ghost +1.6 / +0.9 / +0.3% causal, +0.4 / +0.9 / +1.3%
@@ -262,18 +269,17 @@ constexpr BwdSm90Config kBwdSm90Hdim256Single = {256, 64, 80, 2, 1, 24, 240, fal
 // -4.2..+0.1%; docs/perf-log.md, "Profiles of the three weakest points, two candidates and an
 // L2-group sweep"); half the rows again at every head dim and 512-16k (H100): +2.1..+5.6% at
 // 512 (d = 64 also +5.4% at 1024), -0.2..-3.1% at d = 192 / 256 from 2048 (docs/perf-log.md,
-// "Measured 2026-12-06, fifth run"): kept. A value, for scripts/build_candidates.sh.
+// "Measured 2026-12-06, fifth run"). So half the rows up to seqlen_q 1024 only: measured
+// against the whole (H100, A B A B, causal) +2.0..+5.4% at 512, d = 64 +5.3% at 1024, the rest
+// -0.6..+0.8% (docs/perf-log.md, "Measured 2026-12-06, sixth run"). A value, for
+// scripts/build_candidates.sh.
 struct BwdSm90L2 {
   int causal_rows_at_d256;
   // Calls with seqlen_q <= short_seqlen take short_rows_at_d256 instead (0: none).
   int short_rows_at_d256;
   int short_seqlen;
 };
-constexpr BwdSm90L2 kBwdSm90L2 = {16384, 16384, 0};
-// Candidate, not yet measured (docs/perf-log.md, "Measured 2026-12-06, fifth run", its
-// per-length L2 groups): half the rows up to seqlen 1024, where they read +2.1..+5.6% at 512 and
-// -0.2..+5.4% at 1024, the whole from 2048, where half lost up to 3.1% at d = 192 / 256.
-constexpr BwdSm90L2 kBwdSm90L2Short = {16384, 8192, 1024};
+constexpr BwdSm90L2 kBwdSm90L2 = {16384, 8192, 1024};
 // Query rows a CTA walks (seqlen_q x the GQA group) from which a pair config runs. Measured
 // at d = 256: the single CTA faster by 1.7-12% at 512-2048 rows, the pair faster from 4096
 // (docs/perf-log.md); between, the midpoint.
@@ -303,14 +309,6 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // because it is the one config with unequal shares, whose second consumer instance
 // (bwd_sm90_launch.cuh) no table row instantiates now.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
-// Candidates, not yet measured (docs/perf-log.md, "S and dP by role"): the d = 256 pair and
-// single CTA with (1)-(4) split by role.
-constexpr BwdSm90Config kBwdSm90Hdim256Roles = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
-                                               false, false, false, true, false, true};
-constexpr BwdSm90Config kBwdSm90Hdim256SingleRoles = {256, 64, 80, 2, 1, 24, 240, false, 2, false, false, true,
-                                                     false, false, false, false, false, false, false, true,
-                                                     false, true};
-
 // What the main kernel reads besides the tensor maps of Q, K, V, dO (and the stage rows').
 struct BwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k

@@ -234,19 +234,17 @@ constexpr FwdSm90Grid kFwdSm90Hdim256Grid = {2048, 2048, 2048, 0, kAllKeys, 4096
 // 1024, +1.5..+2.4% at 2048, -0.5..+1.4% from 4096; d = 64 +1.8 / +1.4% at 512 / 1024, -0.9..-1.8%
 // from 2048. 8 MB gains more at 512 but loses up to 4.9 / 6.8% at d = 192 / 256 at 2048-8192
 // (too few pairs per group to fill the machine with long tiles). docs/perf-log.md, "Measured
-// 2026-12-06, fifth run". A value, for scripts/build_candidates.sh.
+// 2026-12-06, fifth run". So 8 MB up to 512 keys, 16 MB beyond: measured against 16 MB
+// everywhere (H100, A B A B, causal) +3.6 / +1.9 / +3.2% at d = 128 / 192 / 256 512, -0.4% at
+// d = 64 512, -0.9..+0.1% from 1024 (the same kernels there) (docs/perf-log.md, "Measured
+// 2026-12-06, sixth run"). A value, for scripts/build_candidates.sh.
 struct FwdSm90L2 {
   int causal_kv_mb;
   // Calls with seqlen_k <= short_keys take short_kv_mb instead (0: none).
   int short_kv_mb;
   int short_keys;
 };
-constexpr FwdSm90L2 kFwdSm90L2 = {16, 16, 0};
-// Candidate, not yet measured (docs/perf-log.md, "Measured 2026-12-06, fifth run", its
-// per-length L2 groups): 8 MB groups at 512 keys, where they read +1.6..+4.0% above the 16 MB
-// groups at d = 128-256 (and -0.4% at d = 64), 16 MB from 1024, where 8 MB lost at d = 128 /
-// 256 (-0.9 / -2.7%).
-constexpr FwdSm90L2 kFwdSm90L2Short = {16, 8, 512};
+constexpr FwdSm90L2 kFwdSm90L2 = {16, 8, 512};
 // A head dim's row, at compile time (the producer keeps one load order where its row has k_ahead
 // nowhere).
 constexpr FwdSm90Grid fwd_sm90_grid_row(int head_dim) {
