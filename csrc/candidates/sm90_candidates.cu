@@ -17,6 +17,9 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg2)
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
       const flashback_fwd_params&, cudaStream_t);
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128N176)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullN176)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullN176PpPv)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullPpPv)
 #undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

@@ -140,6 +140,15 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB; non-causal
 // -1.2..-1.8% against 128 keys (docs/perf-log.md, "Five candidates measured").
 constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
+// Candidates, not yet measured (docs/perf-log.md, "The d = 128 non-causal forward in FA3's
+// arrangement"): kFwdSm90Hdim128Full on 176-key blocks, alone and with ping-pong and the P V wait
+// below the softmax; and with those two on 128-key blocks.
+constexpr FwdSm90Config kFwdSm90Hdim128FullN176 = {128, 176, 2, 2, 24, 240, false, true, false, false,
+                                                  false, false, false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim128FullN176PpPv = {128, 176, 2, 2, 24, 240, true, true, true, false,
+                                                      false, false, false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim128FullPpPv = {128, 128, 2, 2, 24, 240, true, true, true, false,
+                                                  false, false, false, false, true};
 // split_mask_loop at d = 256 (its causal row and its Multi row) measured -0.7..+2.1% causal,
 // -3.4..+0.7% non-causal at 4k-16k, -0.8..+0.5% at 512-2048 (docs/perf-log.md, "The split loops,
 // the dQ conversion and the late PDL wait measured"): off there.
