@@ -12,8 +12,8 @@
 // so every operand is a tile already in shared memory and no GEMM needs registers from the other
 // warpgroup. P^T and dS^T ([key][query], block_n rows of 128 bytes) are the only hand-off:
 // written with stmatrix.trans from each warpgroup's S / dP accumulators, read by all after one
-// barrier. (Candidate sdp_by_role, bwd_sm90.h: warpgroup 0 computes S and P for all block_n keys,
-// warpgroup 1 dP and dS, reading P back from P^T.)
+// barrier. (sdp_by_role, the d = 256 pair, bwd_sm90.h: warpgroup 0 computes S and P for all
+// block_n keys, warpgroup 1 dP and dS, reading P back from P^T.)
 //
 // Shared memory (128B-swizzled tiles, 1024-aligned; TMA writes all but P^T / dS^T; d/64
 // atom-columns per tile):
