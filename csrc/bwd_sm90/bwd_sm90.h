@@ -165,6 +165,12 @@ struct BwdSm90Config {
   // clock than the math needs clocks (16 + N / 4 against N / 2 at 128 B and 4096 FLOP per clock),
   // at N = 80 it is not (docs/perf-log.md, "S and dP at N = 40: the shared-memory bound").
   bool sdp_by_role = false;
+  // With sdp_by_role in the pair: (5) dV^T = dO^T P needs only P^T, which warpgroup 0 writes
+  // whole, so each warpgroup issues its dV^T as soon as P^T is in shared memory (warpgroup 0
+  // after its own stores, warpgroup 1 after the P-stored barrier) instead of after the hand-off
+  // barrier: the tensor cores run it while warpgroup 1 reads P back, computes dS and stores
+  // dS^T, when they would otherwise idle. dQ^T and dK^T still follow the hand-off barrier.
+  bool dv_early = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -309,6 +315,11 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // because it is the one config with unequal shares, whose second consumer instance
 // (bwd_sm90_launch.cuh) no table row instantiates now.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
+// Candidate, not yet measured (docs/perf-log.md, "dV^T before the hand-off"): the pair by role
+// with dv_early.
+constexpr BwdSm90Config kBwdSm90Hdim256DvEarly = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
+                                                 false, false, false, true, false, true, true};
+
 // What the main kernel reads besides the tensor maps of Q, K, V, dO (and the stage rows').
 struct BwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k

@@ -128,6 +128,8 @@ struct BwdSm90Traits {
   // sdp_by_role (bwd_sm90.h): warpgroup 0 computes S and P, warpgroup 1 dP and dS, each over all
   // block_n keys (one m64 n block_n accumulator instead of S and dP of block_n / 2 keys each).
   static constexpr bool kSdpByRole = kCfg.sdp_by_role;
+  static constexpr bool kDvEarly = kCfg.dv_early;
+  static_assert(!kDvEarly || (kSdpByRole && kCfg.pair_dq), "dv_early: the pair by role (bwd_sm90.h)");
   static constexpr uint32_t kOffDs = kOffP + (kByKeys ? 0 : kHandBufs * kHandBytes);
   // dQ through shared memory (kCfg.dq_smem, default mode): one 64 x 64 fp32 buffer per consumer
   // warpgroup in dQaccum's fragment order, which a producer-warpgroup warp adds into dQaccum
@@ -463,7 +465,7 @@ __device__ __forceinline__ void gemm_dq(float (&acc)[T::kBlockM / 2], const uint
 
 // (7) one dQ^T atom-column over this block's keys (overwriting dq), then (5) dV^T += dO^T P for
 // the kOwn atom-columns first ..: two commit groups, both in flight on return.
-template <class T, int kOwn, int kAcc>
+template <class T, int kOwn, bool kWithDv = true, int kAcc>
 __device__ __forceinline__ void issue_dq_dv(float (&dq)[T::kBlockM / 2], const uint8_t* k_atom,
                                             const uint8_t* ds_t, float (&acc_dv)[kAcc][T::kBlockN / 2],
                                             const uint8_t* do_s, int first, const uint8_t* p_t) {
@@ -472,6 +474,18 @@ __device__ __forceinline__ void issue_dq_dv(float (&dq)[T::kBlockM / 2], const u
   fh::wgmma_fence();
   gemm_dq<T>(dq, k_atom, ds_t);
   fh::wgmma_commit();
+  if constexpr (kWithDv) {
+#pragma unroll
+    for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dv[u], do_s + (first + u) * T::kQAtomBytes, p_t);
+    fh::wgmma_commit();
+  }
+}
+
+// (5) alone, one commit group (dv_early: issued before the hand-off barrier).
+template <class T, int kOwn, int kAcc>
+__device__ __forceinline__ void issue_dv(float (&acc_dv)[kAcc][T::kBlockN / 2], const uint8_t* do_s,
+                                         int first, const uint8_t* p_t) {
+  fh::wgmma_fence();
 #pragma unroll
   for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dv[u], do_s + (first + u) * T::kQAtomBytes, p_t);
   fh::wgmma_commit();
@@ -967,8 +981,18 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         store_hand_t<T, T::kBlockN>(p_t, acc, 0, t);
         // Warpgroup 1 reads P^T back with ldmatrix (generic proxy, like the stmatrix stores):
         // the named barrier orders them.
-        fh::named_bar_arrive(T::kBarPStored, T::kConsumerThreads);
-        pipe_do->consumer_wait(sd);  // dO_i, for (5) dV^T
+        if constexpr (T::kDvEarly) {
+          // (5) reads P^T through the async proxy: every thread fences its stores, and all of
+          // this warpgroup's must be in before its wgmmas read the tile, so a sync, not an
+          // arrive (warpgroup 1 reaches it once its dP is in, about when P is).
+          fh::fence_proxy_async_shared();
+          fh::named_bar_sync(T::kBarPStored, T::kConsumerThreads);
+          pipe_do->consumer_wait(sd);  // dO_i
+          issue_dv<T, kOwn>(acc_dv, do_s, first, p_t);
+        } else {
+          fh::named_bar_arrive(T::kBarPStored, T::kConsumerThreads);
+          pipe_do->consumer_wait(sd);  // dO_i, for (5) dV^T
+        }
       } else {
         if (T::kPairGhost ? v_pending : it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
         pipe_do->consumer_wait(sd);
@@ -996,6 +1020,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
           if (it > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
         }
         fh::named_bar_sync(T::kBarPStored, T::kConsumerThreads);
+        // dv_early: (5) on the tensor cores while dS is computed and stored (dO_i was waited for
+        // above; warpgroup 0 fenced P^T before the barrier).
+        if constexpr (T::kDvEarly) issue_dv<T, kOwn>(acc_dv, do_s, first, p_t);
         ds_values_from_hand<T>(p_t, acc, dsum0, dsum1, t);
         if constexpr (kPairOn) {
           // As in the split by keys (above): ds_t was sent at step it - 2; the partner has read it.
@@ -1034,7 +1061,10 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       // which needs no partner) K_peer^T dS_peer^T once the partner's dS^T is in; dK^T last.
       // dQ^T is complete after the first three groups: released, added while dK^T runs.
       float dq[T::kBlockM / 2];
-      issue_dq_dv<T, kOwn>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, ds_t, acc_dv, do_s, first, p_t);
+      // dv_early: dV^T is in flight already, one group ahead of dQ^T own; the waits below count
+      // the same groups.
+      issue_dq_dv<T, kOwn, !T::kDvEarly>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, ds_t, acc_dv,
+                                        do_s, first, p_t);
       if (T::kPairGhost && partner_ghost) {
         // Nothing from the partner: dQ^T own, dV^T, dK^T; dQ^T is complete at wait<1>.
         fh::wgmma_fence();  // a wgmma after a branch (C7519)
