@@ -320,6 +320,14 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false,
 constexpr BwdSm90Config kBwdSm90Hdim256DvEarly = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
                                                  false, false, false, true, false, true, true};
 
+// Candidates, not yet measured (docs/perf-log.md, "The stage rows back at d = 128 / 192"): the
+// d = 128 and d = 192 configs with the LSE / D rows in the Q / dO stages (stats_smem, by tensor
+// copy: racecheck-clean since 6b2ebb3) instead of stats_by_consumers.
+constexpr BwdSm90Config kBwdSm90Hdim128Rows = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, true, false, false,
+                                              false, false, false, false, false, true, true};
+constexpr BwdSm90Config kBwdSm90Hdim192Rows = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, true, false, false,
+                                              false, false, true, false, false, true};
+
 // What the main kernel reads besides the tensor maps of Q, K, V, dO (and the stage rows').
 struct BwdSm90Params {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, group;  // group = nheads / nheads_k
