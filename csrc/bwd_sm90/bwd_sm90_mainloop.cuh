@@ -464,7 +464,8 @@ __device__ __forceinline__ void gemm_dq(float (&acc)[T::kBlockM / 2], const uint
 }
 
 // (7) one dQ^T atom-column over this block's keys (overwriting dq), then (5) dV^T += dO^T P for
-// the kOwn atom-columns first ..: two commit groups, both in flight on return.
+// the kOwn atom-columns first ..: two commit groups, both in flight on return (kWithDv false,
+// dv_early: dQ^T alone, one group).
 template <class T, int kOwn, bool kWithDv = true, int kAcc>
 __device__ __forceinline__ void issue_dq_dv(float (&dq)[T::kBlockM / 2], const uint8_t* k_atom,
                                             const uint8_t* ds_t, float (&acc_dv)[kAcc][T::kBlockN / 2],
@@ -1059,14 +1060,16 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     if constexpr (kPairOn) {
       // (7) for atom-column dq_atom over both blocks' keys: K_own^T dS_own^T, then (after dV^T,
       // which needs no partner) K_peer^T dS_peer^T once the partner's dS^T is in; dK^T last.
-      // dQ^T is complete after the first three groups: released, added while dK^T runs.
+      // dQ^T is complete after the first three groups: released, added while dK^T runs. (dv_early:
+      // dV^T was issued before the hand-off barrier, so it is the first of the three.)
       float dq[T::kBlockM / 2];
       // dv_early: dV^T is in flight already, one group ahead of dQ^T own; the waits below count
       // the same groups.
       issue_dq_dv<T, kOwn, !T::kDvEarly>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, ds_t, acc_dv,
                                         do_s, first, p_t);
       if (T::kPairGhost && partner_ghost) {
-        // Nothing from the partner: dQ^T own, dV^T, dK^T; dQ^T is complete at wait<1>.
+        // Nothing from the partner: dQ^T own, dV^T (dv_early: dV^T, dQ^T own), dK^T; dQ^T is
+        // complete at wait<1>.
         fh::wgmma_fence();  // a wgmma after a branch (C7519)
 #pragma unroll
         for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
