@@ -171,6 +171,16 @@ struct BwdSm90Config {
   // barrier: the tensor cores run it while warpgroup 1 reads P back, computes dS and stores
   // dS^T, when they would otherwise idle. dQ^T and dK^T still follow the hand-off barrier.
   bool dv_early = false;
+  // Three warpgroups split by head dim: (1) S and (2) P on the first two, by keys (block_n / 2
+  // each), (3) dP over all block_n keys and (4) dS on the last, which reads P back from P^T
+  // (as sdp_by_role's warpgroup 1). Why: with each of three warpgroups at N = block_n / 3 the SS
+  // k-steps of S and dP read more shared memory than their math takes (d = 192 at N = 32: 67% of
+  // the math rate, docs/hopper-facts.md section 1). The last warpgroup holds dP over all keys
+  // beside dV^T and dK^T, the first two half of S: their register budgets may differ
+  // (consumer_regs for the first two, last_wg_regs for the last; setmaxnreg is per warpgroup),
+  // and the last runs its own instance of the consumer.
+  bool dp_on_last = false;
+  int last_wg_regs = 0;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -327,6 +337,14 @@ constexpr BwdSm90Config kBwdSm90Hdim128Rows = {128, 64, 128, 2, 2, 24, 240, true
                                               false, false, false, false, false, true, true};
 constexpr BwdSm90Config kBwdSm90Hdim192Rows = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, true, false, false,
                                               false, false, true, false, false, true};
+
+// Candidate, not yet measured (docs/perf-log.md, "S and dP off the operand bound at d = 192"):
+// d = 192 on 80-key blocks with dp_on_last (and the stage rows, which it needs): S at N = 40 on
+// two warpgroups, dP at N = 80 on the third; 160 / 160 / 168 registers; K, V 2 x 30 KB, Q 2 x 24
+// KB, dO 24 KB, P^T and dS^T 10 KB each, dQ buffers 3 x 16 KB.
+constexpr BwdSm90Config kBwdSm90Hdim192DpLast = {192, 64, 80, 2, 1, 24, 160, true, 3, false, false, true, false, false,
+                                                false, false, true, false, false, true, false, false, false, true,
+                                                168};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO (and the stage rows').
 struct BwdSm90Params {

@@ -125,6 +125,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                threadIdx.x / 32 <= T::kConsumerWgs) {
       bwd_sm90_dq_warp<T, kDet>(p, w, smem, threadIdx.x / 32 - 1);
     }
+  } else if (T::kDpOnLast && wg == T::kConsumerWgs) {
+    // dp_on_last: the last warpgroup (dP over all keys) on its own budget and instance.
+    if constexpr (T::kDpOnLast) {
+      fh::setmaxnreg_inc<T::kLastRegs>();
+      bwd_sm90_consumer<T, kDet, T::kOwn1, true>(p, w, smem, kv_bar, pipe_q, pipe_do, T::kConsumerWgs - 1);
+    }
   } else {
     fh::setmaxnreg_inc<T::kConsumerRegs>();
     if constexpr (T::kPairGhost) {

@@ -81,8 +81,13 @@ struct BwdSm90Traits {
   static_assert(kBlockM % kDqTileRows == 0, "a step covers whole dQaccum tiles");
   static constexpr int kStepTiles = kBlockM / kDqTileRows;  // workspace tiles per step
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "block_n: k16 steps of dQ^T, N of dV^T");
-  static_assert(kBlockN % (8 * kConsumerWgs) == 0, "each warpgroup's keys: a whole wgmma N");
-  static constexpr int kWgKeys = kBlockN / kConsumerWgs;  // keys per consumer warpgroup
+  // dp_on_last (bwd_sm90.h): S on the first kConsumerWgs - 1 warpgroups, dP on the last.
+  static constexpr bool kDpOnLast = kCfg.dp_on_last;
+  static constexpr int kSWgs = kDpOnLast ? kConsumerWgs - 1 : kConsumerWgs;
+  static_assert(kBlockN % (8 * kSWgs) == 0, "each warpgroup's keys: a whole wgmma N");
+  static constexpr int kWgKeys = kBlockN / kSWgs;  // keys per consumer warpgroup (of S)
+  // setmaxnreg of the last consumer warpgroup (dp_on_last: its own budget).
+  static constexpr int kLastRegs = kCfg.last_wg_regs > 0 ? kCfg.last_wg_regs : kCfg.consumer_regs;
   static constexpr int kAtomCols = kHeadDim / 64;          // 64-element (128-byte) columns
   static_assert(!kByKeys || (kWgKeys == 64 && kAtomCols == 1),
                 "by keys: each warpgroup's keys one wgmma M, one head-dim atom-column (d = 64: "
@@ -205,14 +210,18 @@ struct BwdSm90Traits {
   static constexpr uint32_t kStageBytes = kBlockN * kStageRowBytes;
   static_assert(2 * kStageBytes <= kOffDo, "dK/dV staging must fit over K, V and Q");
   // setmaxnreg budget: the pool is what the CTA got at entry (kEntryRegs per thread).
-  static_assert(128 * kCfg.producer_regs + kConsumerThreads * kCfg.consumer_regs <=
+  static_assert(128 * kCfg.producer_regs + (kConsumerThreads - 128) * kCfg.consumer_regs + 128 * kLastRegs <=
                     kEntryRegs * kThreads,
                 "setmaxnreg budget exceeds the register file: .inc would deadlock");
   // dV^T and dK^T live throughout; S and dP (kWgKeys / 2 each) die at the hand-off, before the
   // dQ^T atom (32) is born.
-  static_assert(kByKeys ||
+  static_assert(kByKeys || kDpOnLast ||
                     2 * kOwn0 * kBlockN / 2 + (kWgKeys > 32 ? kWgKeys : 32) <= kCfg.consumer_regs - 8,
                 "dV^T, dK^T and S + dP or one dQ^T atom exceed the consumer register budget");
+  static_assert(!kDpOnLast || (2 * kOwn0 * kBlockN / 2 + (kWgKeys / 2 > 32 ? kWgKeys / 2 : 32) <=
+                                   kCfg.consumer_regs - 8 &&
+                               2 * kOwn1 * kBlockN / 2 + kBlockN / 2 <= kLastRegs - 8),
+                "dp_on_last: dV^T, dK^T and S (first warpgroups) or dP (the last) exceed the budgets");
   // By keys: dV, dK (d / 2 each), S^T and dP^T (block_m / 2 each) and P^T's 16-bit fragments
   // (block_m / 4) live together while dV is issued.
   static_assert(!kByKeys || kHeadDim + kBlockM + kBlockM / 4 <= kCfg.consumer_regs - 16,
@@ -247,6 +256,10 @@ struct BwdSm90Traits {
                                 kBarPStored < kBarHandFree),
                 "sdp_by_role: split by head dim, two warpgroups (one per role), the stat rows from "
                 "the stages or global memory; its barrier ids clear of the others");
+  static_assert(!kDpOnLast || (!kByKeys && !kSdpByRole && kConsumerWgs == 3 && kStatsSmem && !kPair &&
+                               kBarPStored < kBarHandFree && kCfg.last_wg_regs > 0),
+                "dp_on_last: split by head dim, three warpgroups, the stat rows from the stages, no "
+                "pair; its barrier ids clear of the others; the last warpgroup's budget named");
 };
 
 struct BwdSm90Maps {
@@ -787,7 +800,7 @@ __device__ __forceinline__ void ds_values(const float (&s)[kN], float (&dp)[kN],
 // (BwdSm90Traits::kSharedConsumer): one copy of the step loop, measured no faster than two but
 // smaller and without the d = 128 deterministic instance's spills (docs/design.md section 7.2).
 // Otherwise (d = 192: 2 / 1) each warpgroup has its own.
-template <class T, bool kDet, int kOwn>
+template <class T, bool kDet, int kOwn, bool kLastWg = false>
 __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const BwdSm90Work& w,
                                                   uint8_t* smem, uint64_t* kv_bar,
                                                   fh::TmaPipeline<T::kQStages>* pipe_q,
@@ -883,7 +896,59 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     const uint8_t* q_s = smem + T::kOffQ + sq.stage * T::kQTileBytes;
     const uint8_t* do_s = smem + T::kOffDo + sd.stage * T::kQTileBytes;
 
-    if constexpr (!T::kSdpByRole) {
+    if constexpr (T::kDpOnLast && !kLastWg) {
+      // dp_on_last, warpgroups 0 .. W - 2: (1) S = Q_i K_w^T and (2) P for keys kWgKeys w ..
+      float s[T::kWgKeys / 2];
+      pipe_q->consumer_wait(sq);
+      fh::wgmma_fence();
+      gemm_q_by_kv<T>(s, q_s, k_half);
+      fh::wgmma_commit();
+      // The last warpgroup issues dP once every S is queued: the tensor cores take S first.
+      fh::named_bar_arrive(T::kBarSIssued, T::kConsumerThreads);
+      {
+        const float* lse_s = reinterpret_cast<const float*>(smem + T::kOffLse + sq.stage * T::kStatBytes);
+        lse0 = lse_s[q_row];
+        lse1 = lse_s[q_row + 8];
+        __syncwarp();  // every lane's reads before its leader may release the stage
+      }
+      fh::wgmma_wait<0>();
+      fh::wgmma_fence_operand(s);
+      p_values_of_block<T>(p, s, lse0, lse1, key0, n0, m0, q_row, seqlen_k, diag);
+      if constexpr (T::kSingleHand) {
+        if (it > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
+      }
+      store_hand_t<T>(p_t, s, T::kWgKeys * wg, t);
+      // The last warpgroup reads P^T back with ldmatrix (generic proxy): the barrier orders it.
+      fh::named_bar_arrive(T::kBarPStored, T::kConsumerThreads);
+      pipe_do->consumer_wait(sd);  // dO_i, for (5) dV^T
+    } else if constexpr (T::kDpOnLast) {
+      // dp_on_last, the last warpgroup: (3) dP = dO_i V^T over all block_n keys, then (4) dS from
+      // P read back from P^T, and dS^T stored whole.
+      float acc[T::kBlockN / 2];
+      // single_hand: this warpgroup's reads of the last step's P^T / dS^T are done (its wait<0>
+      // ended that step), so it passes the buffers' barrier before its dP, not after.
+      if constexpr (T::kSingleHand) {
+        if (it > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
+      }
+      if (it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
+      pipe_do->consumer_wait(sd);
+      {
+        const float* dsum_s = reinterpret_cast<const float*>(smem + T::kOffDsum + sd.stage * T::kStatBytes);
+        dsum0 = dsum_s[q_row];
+        dsum1 = dsum_s[q_row + 8];
+        __syncwarp();  // every lane's reads before its leader may release the stage
+      }
+      fh::named_bar_sync(T::kBarSIssued, T::kConsumerThreads);
+      fh::wgmma_fence();
+      gemm_q_by_kv<T, T::kBlockN>(acc, do_s, smem + T::kOffV);
+      fh::wgmma_commit();
+      pipe_q->consumer_wait(sq);  // Q_i, for (6) dK^T: this warpgroup has not waited for it
+      fh::wgmma_wait<0>();
+      fh::wgmma_fence_operand(acc);
+      fh::named_bar_sync(T::kBarPStored, T::kConsumerThreads);
+      ds_values_from_hand<T>(p_t, acc, dsum0, dsum1, t);
+      store_hand_t<T, T::kBlockN>(ds_t, acc, 0, t);
+    } else if constexpr (!T::kSdpByRole) {
       // (1) S = Q_i K_w^T  then  (3) dP = dO_i V_w^T, two commit groups.
       float s[T::kWgKeys / 2], dp[T::kWgKeys / 2];
       // Both start with a write-only wgmma (wgmma_ss_set): no zeroing pass, no old value kept.

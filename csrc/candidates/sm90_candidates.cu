@@ -15,6 +15,7 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg2)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256DvEarly)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim128Rows)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Rows)
+FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192DpLast)
 #undef FLASHBACK_BWD_CANDIDATE
 #define FLASHBACK_FWD_CANDIDATE(C)                                           \
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
