@@ -14,7 +14,9 @@
 //   warpgroups 1 .. consumer_wgs  consumers (setmaxnreg.inc to consumer_regs), split by
 //                data: keys (block_n / consumer_wgs) w.. for S, dP, P, dS; their head-dim
 //                atom-columns for dV^T, dK^T, dQ^T (by keys: their keys' dV, dK and one
-//                m64n64 dQ^T tile, bwd_sm90_mainloop_by_keys.cuh)
+//                m64n64 dQ^T tile, bwd_sm90_mainloop_by_keys.cuh). sdp_by_role splits S / P
+//                and dP / dS by warpgroup instead; dp_on_last gives S / P to all but the last
+//                warpgroup (by keys) and dP / dS to the last (its own setmaxnreg value).
 // See bwd_sm90_mainloop.cuh for the shared-memory plan and the GEMM operands.
 #pragma once
 

@@ -926,9 +926,11 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       // P read back from P^T, and dS^T stored whole.
       float acc[T::kBlockN / 2];
       // single_hand: this warpgroup's reads of the last step's P^T / dS^T are done (its wait<0>
-      // ended that step), so it passes the buffers' barrier before its dP, not after.
+      // ended that step): it only arrives. A sync would hold its dP until warpgroups 0 and 1
+      // reach the barrier after their exponentials; its own dS^T store follows the P-stored
+      // barrier, which they arrive at only after passing this one.
       if constexpr (T::kSingleHand) {
-        if (it > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
+        if (it > 0) fh::named_bar_arrive(T::kBarHandFree, T::kConsumerThreads);
       }
       if (it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
       pipe_do->consumer_wait(sd);
