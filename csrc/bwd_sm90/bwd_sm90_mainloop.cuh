@@ -896,61 +896,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     const uint8_t* q_s = smem + T::kOffQ + sq.stage * T::kQTileBytes;
     const uint8_t* do_s = smem + T::kOffDo + sd.stage * T::kQTileBytes;
 
-    if constexpr (T::kDpOnLast && !kLastWg) {
-      // dp_on_last, warpgroups 0 .. W - 2: (1) S = Q_i K_w^T and (2) P for keys kWgKeys w ..
-      float s[T::kWgKeys / 2];
-      pipe_q->consumer_wait(sq);
-      fh::wgmma_fence();
-      gemm_q_by_kv<T>(s, q_s, k_half);
-      fh::wgmma_commit();
-      // The last warpgroup issues dP once every S is queued: the tensor cores take S first.
-      fh::named_bar_arrive(T::kBarSIssued, T::kConsumerThreads);
-      {
-        const float* lse_s = reinterpret_cast<const float*>(smem + T::kOffLse + sq.stage * T::kStatBytes);
-        lse0 = lse_s[q_row];
-        lse1 = lse_s[q_row + 8];
-        __syncwarp();  // every lane's reads before its leader may release the stage
-      }
-      fh::wgmma_wait<0>();
-      fh::wgmma_fence_operand(s);
-      p_values_of_block<T>(p, s, lse0, lse1, key0, n0, m0, q_row, seqlen_k, diag);
-      if constexpr (T::kSingleHand) {
-        if (it > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
-      }
-      store_hand_t<T>(p_t, s, T::kWgKeys * wg, t);
-      // The last warpgroup reads P^T back with ldmatrix (generic proxy): the barrier orders it.
-      fh::named_bar_arrive(T::kBarPStored, T::kConsumerThreads);
-      pipe_do->consumer_wait(sd);  // dO_i, for (5) dV^T
-    } else if constexpr (T::kDpOnLast) {
-      // dp_on_last, the last warpgroup: (3) dP = dO_i V^T over all block_n keys, then (4) dS from
-      // P read back from P^T, and dS^T stored whole.
-      float acc[T::kBlockN / 2];
-      // single_hand: this warpgroup's reads of the last step's P^T / dS^T are done (its wait<0>
-      // ended that step): it only arrives. A sync would hold its dP until warpgroups 0 and 1
-      // reach the barrier after their exponentials; its own dS^T store follows the P-stored
-      // barrier, which they arrive at only after passing this one.
-      if constexpr (T::kSingleHand) {
-        if (it > 0) fh::named_bar_arrive(T::kBarHandFree, T::kConsumerThreads);
-      }
-      if (it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
-      pipe_do->consumer_wait(sd);
-      {
-        const float* dsum_s = reinterpret_cast<const float*>(smem + T::kOffDsum + sd.stage * T::kStatBytes);
-        dsum0 = dsum_s[q_row];
-        dsum1 = dsum_s[q_row + 8];
-        __syncwarp();  // every lane's reads before its leader may release the stage
-      }
-      fh::named_bar_sync(T::kBarSIssued, T::kConsumerThreads);
-      fh::wgmma_fence();
-      gemm_q_by_kv<T, T::kBlockN>(acc, do_s, smem + T::kOffV);
-      fh::wgmma_commit();
-      pipe_q->consumer_wait(sq);  // Q_i, for (6) dK^T: this warpgroup has not waited for it
-      fh::wgmma_wait<0>();
-      fh::wgmma_fence_operand(acc);
-      fh::named_bar_sync(T::kBarPStored, T::kConsumerThreads);
-      ds_values_from_hand<T>(p_t, acc, dsum0, dsum1, t);
-      store_hand_t<T, T::kBlockN>(ds_t, acc, 0, t);
-    } else if constexpr (!T::kSdpByRole) {
+    if constexpr (!T::kSdpByRole && !T::kDpOnLast) {
       // (1) S = Q_i K_w^T  then  (3) dP = dO_i V_w^T, two commit groups.
       float s[T::kWgKeys / 2], dp[T::kWgKeys / 2];
       // Both start with a write-only wgmma (wgmma_ss_set): no zeroing pass, no old value kept.
@@ -1018,17 +964,23 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     } else {
       // (1)-(4) split by role (sdp_by_role): warpgroup 0 S and P, warpgroup 1 dP and dS, each
       // over all block_n keys; P crosses through the P^T tile, which (5) reads anyway.
-      float acc[T::kBlockN / 2];
-      if (wg == 0) {
+      // dp_on_last: S and P on every warpgroup but the last, kWgKeys keys each, dP and dS on the
+      // last over all block_n keys.
+      constexpr int kSKeys = T::kDpOnLast ? T::kWgKeys : T::kBlockN;  // S keys per S warpgroup
+      if (T::kDpOnLast ? !kLastWg : wg == 0) {
+        float acc[kSKeys / 2];
+        // This warpgroup's keys: its part of K, of P^T and of the mask's key range.
+        const uint8_t* k_s = T::kDpOnLast ? k_half : smem + T::kOffK;
+        const int s_key0 = T::kDpOnLast ? key0 : n0 + fh::acc_col(0, t);
+        const int s_row0 = T::kDpOnLast ? T::kWgKeys * wg : 0;
         if constexpr (T::kQAtomBars) {
-          gemm_q_by_kv<T, T::kBlockN>(acc, q_s, smem + T::kOffK,
-                                      reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar) +
-                                          sq.stage * T::kAtomCols,
-                                      sq.phase);
+          gemm_q_by_kv<T, kSKeys>(acc, q_s, k_s,
+                                  reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar) + sq.stage * T::kAtomCols,
+                                  sq.phase);
         } else {
           pipe_q->consumer_wait(sq);
           fh::wgmma_fence();
-          gemm_q_by_kv<T, T::kBlockN>(acc, q_s, smem + T::kOffK);
+          gemm_q_by_kv<T, kSKeys>(acc, q_s, k_s);
         }
         fh::wgmma_commit();
         // S goes to the tensor cores before dP, so that it finishes first and the exponentials
@@ -1042,13 +994,13 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         }
         fh::wgmma_wait<0>();
         fh::wgmma_fence_operand(acc);
-        p_values_of_block<T>(p, acc, lse0, lse1, n0 + fh::acc_col(0, t), n0, m0, q_row, seqlen_k, diag);
+        p_values_of_block<T>(p, acc, lse0, lse1, s_key0, n0, m0, q_row, seqlen_k, diag);
         if constexpr (T::kSingleHand) {
           if (it > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
         }
-        store_hand_t<T, T::kBlockN>(p_t, acc, 0, t);
-        // Warpgroup 1 reads P^T back with ldmatrix (generic proxy, like the stmatrix stores):
-        // the named barrier orders them.
+        store_hand_t<T, kSKeys>(p_t, acc, s_row0, t);
+        // The dP warpgroup reads P^T back with ldmatrix (generic proxy, like the stmatrix
+        // stores): the named barrier orders them.
         if constexpr (T::kDvEarly) {
           // (5) reads P^T through the async proxy: every thread fences its stores, and all of
           // this warpgroup's must be in before its wgmmas read the tile, so a sync, not an
@@ -1062,6 +1014,14 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
           pipe_do->consumer_wait(sd);  // dO_i, for (5) dV^T
         }
       } else {
+        float acc[T::kBlockN / 2];
+        if constexpr (T::kDpOnLast && T::kSingleHand) {
+          // dp_on_last: this warpgroup's reads of the last step's P^T / dS^T are done (its
+          // wait<0> ended that step): it only arrives, at once. A sync would hold its dP until
+          // the S warpgroups reach the barrier after their exponentials; its own dS^T store
+          // follows the P-stored barrier, which they arrive at only after passing this one.
+          if (it > 0) fh::named_bar_arrive(T::kBarHandFree, T::kConsumerThreads);
+        }
         if (T::kPairGhost ? v_pending : it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
         pipe_do->consumer_wait(sd);
         if constexpr (T::kStatsSmem) {
@@ -1084,7 +1044,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         }
         fh::wgmma_wait<0>();
         fh::wgmma_fence_operand(acc);
-        if constexpr (T::kSingleHand) {
+        if constexpr (T::kSingleHand && !T::kDpOnLast) {
           if (it > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
         }
         fh::named_bar_sync(T::kBarPStored, T::kConsumerThreads);
