@@ -237,7 +237,7 @@ constexpr FwdSm90Grid kFwdSm90Hdim256Grid = {2048, 2048, 2048, 0, kAllKeys, 4096
 // Candidate, not yet measured (docs/perf-log.md, "The d = 128 non-causal forward in FA3's
 // arrangement"): the d = 128 non-causal forward on a persistent grid at every length (FA3's runs
 // persistent there; ours one CTA per tile from 8k, where the static stride read -1.9 and +2.0%
-// at 8k in two runs of 2026-12-03 at the power cap).
+// at 8k in two earlier runs at the power cap).
 constexpr FwdSm90Grid kFwdSm90Hdim128GridAll = {kAllKeys, kAllKeys, kAllKeys, 2048, 2048, 0};
 // The causal forward's L2 groups: (batch, q head) pairs whose K and V fill about this many MB of
 // L2 run together, longest Q block first inside a group (fwd_sm90_scheduler.cuh). At 32 MB, ncu
