@@ -14,7 +14,10 @@ An event-driven form (`event_makespan`) adds steps of random length 1 +- jitter 
 order, det_from_the_end (production at d = 128-256): units launch longest-first as in the default, walk
 their Q blocks from the last down to their diagonal, and a tile's adds go from unit 0 up.
 
-    python3 scripts/det_order_model.py [--slots 66] [--unit-keys 160] [--jitter 0,0.1,0.3]
+    python3 scripts/det_order_model.py [--slots 66] [--unit-keys 160] [--jitter 0,0.1,0.3] [--latency 0.4]
+
+--latency: a tile's turn passes from one unit's add to the next unit's after this many steps (the
+adds reaching L2 before the release, the poll that sees it), instead of at once.
 """
 import argparse
 import heapq
@@ -63,14 +66,16 @@ ORDERS = {
 
 
 def event_makespan(seqlen, pairs, l2_group, slots, unit_keys, order, jitter=0.0, seed=1, block_m=64,
-                   group=1):
+                   group=1, latency=0.0):
     """Makespan of the causal grid with `slots` units resident, each step of length 1 + U(-j, j)
     and a unit's dQ add at the end of its step. order: a name of ORDERS ("default": no add order,
     longest-first launch, upward walks; "prod": adds from the highest unit down, each head's units
     last-first, upward walks; "from_end": adds from unit 0 up, longest-first, walks from the last
     Q block down, q heads inner) or such a tuple. `group` q heads per kv head (GQA): a unit walks
     every head's tiles. A unit whose add is not next on its tile waits (holding its slot) until
-    it is. Returns (makespan, units left waiting: > 0 is a deadlock)."""
+    it is. latency (in steps): the hand-off of a tile's turn, from one unit's add to the next
+    unit's (its adds reaching L2 before the release, the next CTA's poll seeing the counter); 0:
+    at once. Returns (makespan, units left waiting: > 0 is a deadlock)."""
     last_first, from_end, adds, heads_inner = ORDERS[order] if isinstance(order, str) else order
     rng = random.Random(seed)
     m_blocks = seqlen // block_m
@@ -96,6 +101,7 @@ def event_makespan(seqlen, pairs, l2_group, slots, unit_keys, order, jitter=0.0,
             return max(v for v in range(units) if first[v] <= m) - u
         return u
     added = {}      # (pair, tile) -> adds made
+    free_at = {}    # (pair, tile) -> the earliest time of its next add (latency after the last)
     waiting = {}    # (pair, tile) -> {rank: (unit index, time ready)}
     events = []     # (time the unit's step ends, tie-break, unit index)
     at = [0] * len(walks)
@@ -118,7 +124,12 @@ def event_makespan(seqlen, pairs, l2_group, slots, unit_keys, order, jitter=0.0,
             if adds is not None and r != added.get(key, 0):
                 waiting.setdefault(key, {})[r] = i
                 break
+            if adds is not None and t < free_at.get(key, 0.0):
+                heapq.heappush(events, (free_at[key], seq, i))  # the turn has not reached it yet
+                seq += 1
+                break
             added[key] = added.get(key, 0) + 1
+            free_at[key] = t + latency
             at[i] += 1
             if at[i] < len(tiles):
                 begin_step(i, t)
@@ -130,6 +141,10 @@ def event_makespan(seqlen, pairs, l2_group, slots, unit_keys, order, jitter=0.0,
             nxt = waiting.get(key, {}).pop(added[key], None)
             if nxt is None:
                 break
+            if latency > 0:
+                heapq.heappush(events, (t + latency, seq, nxt))
+                seq += 1
+                break
             i = nxt
     return finish, sum(len(w) for w in waiting.values())
 
@@ -140,6 +155,8 @@ def main():
     ap.add_argument("--unit-keys", type=int, default=160, help="keys per unit (160: a pair of 80-key blocks)")
     ap.add_argument("--jitter", default="0,0.1,0.3", help="step-length jitters for the event model")
     ap.add_argument("--group", type=int, default=1, help="GQA q heads per kv head (event model)")
+    ap.add_argument("--latency", type=float, default=0.0,
+                    help="a tile's turn hand-off between two units' adds, in steps (event model)")
     a = ap.parse_args()
     sweep = ((4096, 32, 4), (8192, 16, 2), (16384, 8, 1))  # d = 256, 8 heads, 16k tokens
     for seqlen, pairs, l2 in sweep:
@@ -154,7 +171,8 @@ def main():
             base, _ = event_makespan(seqlen, pairs, l2, a.slots, a.unit_keys, "default", j, group=a.group)
             row = []
             for order in ("prod", "from_end"):
-                t, stuck = event_makespan(seqlen, pairs, l2, a.slots, a.unit_keys, order, j, group=a.group)
+                t, stuck = event_makespan(seqlen, pairs, l2, a.slots, a.unit_keys, order, j, group=a.group,
+                                          latency=a.latency)
                 row.append(f"{order} {base / t:.3f}" + (" (deadlock)" if stuck else ""))
             print(f"  seqlen {seqlen} jitter {j}: " + ", ".join(row))
 
