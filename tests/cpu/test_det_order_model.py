@@ -46,3 +46,20 @@ def test_gqa_heads_inner_keeps_from_end_at_the_default():
         assert stuck == 0 and stuck_outer == 0
         assert inner <= base * 1.02, (group, inner, base)
         assert outer > inner * 1.05, (group, outer, inner)
+
+
+def test_a_slow_turn_hand_off_costs_from_end_little_and_never_deadlocks():
+    # latency: a tile's turn reaches the next unit that many steps after the last add. It can
+    # only lengthen the makespan (0 is the model without it), and the walk from the end stays
+    # within a few percent of the default: the order is not what the deterministic pair loses on.
+    for seqlen, pairs, l2, slots in ((2048, 4, 1, 10), (4096, 8, 2, 24)):
+        base, _ = m.event_makespan(seqlen, pairs, l2, slots, 160, "default")
+        t0, stuck0 = m.event_makespan(seqlen, pairs, l2, slots, 160, "from_end")
+        assert m.event_makespan(seqlen, pairs, l2, slots, 160, "from_end", latency=0.0) == (t0, stuck0)
+        prev = t0
+        for latency in (0.2, 0.4, 0.6):
+            t, stuck = m.event_makespan(seqlen, pairs, l2, slots, 160, "from_end", latency=latency)
+            assert stuck == 0
+            assert t >= prev - 1e-9, (latency, t, prev)
+            assert t <= base * 1.08, (seqlen, latency, t, base)
+            prev = t
