@@ -181,6 +181,11 @@ struct BwdSm90Config {
   // and the last runs its own instance of the consumer.
   bool dp_on_last = false;
   int last_wg_regs = 0;
+  // Deterministic mode of the pair (one add phase per step): two turn warps take the steps in
+  // turn (warp 1 the even, warp 2 the odd, each with its own pair of named barriers), so that
+  // one step's release, which waits for that step's adds to reach L2, overlaps the next step's
+  // poll for its turn instead of preceding it.
+  bool det_turn_alternate = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -345,6 +350,12 @@ constexpr BwdSm90Config kBwdSm90Hdim192Rows = {192, 64, 96, 2, 1, 24, 160, true,
 constexpr BwdSm90Config kBwdSm90Hdim192DpLast = {192, 64, 80, 2, 1, 24, 160, true, 3, false, false, true, false, false,
                                                 false, false, true, false, false, true, false, false, false, true,
                                                 168};
+
+// Candidate, not yet measured (docs/perf-log.md, "Two turn warps for the deterministic pair"):
+// the d = 256 pair's deterministic config with det_turn_alternate (swap it in for
+// kBwdSm90Hdim256Det, which names the default's config today).
+constexpr BwdSm90Config kBwdSm90Hdim256TurnAlt = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
+                                                 false, false, false, true, false, true, false, false, 0, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO (and the stage rows').
 struct BwdSm90Params {

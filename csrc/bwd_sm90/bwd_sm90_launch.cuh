@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     if (threadIdx.x == 0) {
       const BwdSm90Maps maps{&map_q, &map_k, &map_v, &map_do, &map_stats};
       bwd_sm90_producer<T, kDet>(p, maps, w, smem, kv_bar, pipe_q, pipe_do);
-    } else if (kDet && !T::kDetDqWarp && threadIdx.x / 32 >= 1 && threadIdx.x / 32 <= T::kDqPhases) {
+    } else if (kDet && !T::kDetDqWarp && threadIdx.x / 32 >= 1 && threadIdx.x / 32 <= T::kTurnWarps) {
       bwd_sm90_turn_warp<T>(p, w, threadIdx.x / 32 - 1);
     } else if ((!kDet || T::kDetDqWarp) && T::kDqViaSmem && threadIdx.x / 32 >= 1 &&
                threadIdx.x / 32 <= T::kConsumerWgs) {

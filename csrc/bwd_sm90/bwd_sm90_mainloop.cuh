@@ -236,6 +236,11 @@ struct BwdSm90Traits {
   // warpgroup adds (pair_dq: one, the CTA's half of the head dim).
   static constexpr int kDqPhases = kByKeys ? kConsumerWgs : kPair ? 1 : kOwn0;
   static_assert(kDqPhases <= 2, "two turn warps and barrier pairs");
+  // det_turn_alternate (bwd_sm90.h): with one add phase, the two turn warps and barrier pairs
+  // take the steps in turn; turn_phase is the barrier pair (and turn warp) of step it's adds.
+  static constexpr bool kTurnAlternate = kCfg.det_turn_alternate;
+  static constexpr int kTurnWarps = kTurnAlternate ? 2 : kDqPhases;
+  static constexpr int turn_phase(int it) { return kTurnAlternate ? (it & 1) : 0; }
   static constexpr uint32_t kBarTurn0 = 3;   // 3 + h: the tile's turn for phase h has come
   static constexpr uint32_t kBarAdded0 = 5;  // 5 + h: all warpgroups issued their phase-h adds
   static constexpr uint32_t kTurnThreads = (kByKeys ? 128 : kConsumerThreads) + 32;
@@ -256,6 +261,9 @@ struct BwdSm90Traits {
                                 kBarPStored < kBarHandFree),
                 "sdp_by_role: split by head dim, two warpgroups (one per role), the stat rows from "
                 "the stages or global memory; its barrier ids clear of the others");
+  static_assert(!kTurnAlternate || (kPair && kDqPhases == 1 && !kCfg.det_dq_warp),
+                "det_turn_alternate: the pair, whose one add phase leaves the second turn warp and "
+                "barrier pair free");
   static_assert(!kDpOnLast || (!kByKeys && !kSdpByRole && kConsumerWgs == 3 && kStatsSmem && !kPair &&
                                kBarPStored < kBarHandFree && kCfg.last_wg_regs > 0),
                 "dp_on_last: split by head dim, three warpgroups, the stat rows from the stages, no "
@@ -629,7 +637,7 @@ __device__ __forceinline__ void pair_ghost_step(const BwdSm90Params& p, uint8_t*
   fh::wgmma_wait<0>();
   fh::wgmma_fence_operand(dq);
   if (threadIdx.x % 32 == 0) fh::mbar_arrive_cluster(pair_bar + 2 + b, 0);  // the lower
-  add_dq_in_turn<T, kDet>(p, tile, T::kPairAtoms + wg, t, dq);
+  add_dq_in_turn<T, kDet>(p, tile, T::kPairAtoms + wg, t, dq, T::turn_phase(it));
 }
 
 // ------------------------------------------------------------ deterministic turn warps ---
@@ -657,7 +665,8 @@ template <class T>
 __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const BwdSm90Work& w,
                                                    int h) {
   const bool leader = (threadIdx.x % 32) == 0;
-  for (int it = 0; it < w.n_iters; ++it) {
+  // det_turn_alternate: warp h keeps the turns of the steps it = h, h + 2, ...
+  for (int it = T::kTurnAlternate ? h : 0; it < w.n_iters; it += T::kTurnAlternate ? 2 : 1) {
     int head, m_block, pos;
     bwd_sm90_iter<true, T::kDetFromEnd>(p, w, it, head, m_block, pos);
     // By keys phase h is the step's tile h (one counter each), else both phases share a tile
@@ -1104,7 +1113,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         fh::wgmma_wait<1>();
         fh::wgmma_fence_operand(dq);
         if (warp_leader) pipe_do->consumer_release(sd);
-        add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
+        add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq, T::turn_phase(it));
         if constexpr (T::kAddsBeforeWait) fh::keep_waits_below(seqlen_k);  // (wgmma.h)
         fh::wgmma_wait<0>();
         if (warp_leader) pipe_q->consumer_release(sq);
@@ -1133,7 +1142,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
             fh::mbar_arrive_cluster(pair_bar + 2 + pb, pair_rank ^ 1);
           }
         }
-        add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
+        add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq, T::turn_phase(it));
         if constexpr (T::kAddsBeforeWait) fh::keep_waits_below(seqlen_k);  // (wgmma.h)
         fh::wgmma_wait<0>();
         if (warp_leader) pipe_q->consumer_release(sq);

@@ -16,6 +16,7 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256DvEarly)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim128Rows)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Rows)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192DpLast)
+FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256TurnAlt)
 #undef FLASHBACK_BWD_CANDIDATE
 #define FLASHBACK_FWD_CANDIDATE(C)                                           \
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
