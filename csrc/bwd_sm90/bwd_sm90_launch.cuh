@@ -7,8 +7,8 @@
 // (168 registers each at entry with two consumer warpgroups, 128 with three; setmaxnreg needs
 // the count known at entry):
 //   warpgroup 0  producer: setmaxnreg.dec to producer_regs, one thread issues every TMA copy;
-//                with deterministic=True warps 1 .. (one per add phase) keep the dQ turns
-//                (bwd_sm90_turn_warp); otherwise, where the config says dq_smem, warps 1 ..
+//                with deterministic=True warps 1 .. (one per add phase; det_turn_alternate:
+//                two, taking the steps in turn) keep the dQ turns (bwd_sm90_turn_warp); otherwise, where the config says dq_smem, warps 1 ..
 //                (one per consumer warpgroup) issue the bulk reduces of its dQ^T partials
 //                (bwd_sm90_dq_warp)
 //   warpgroups 1 .. consumer_wgs  consumers (setmaxnreg.inc to consumer_regs), split by

@@ -645,7 +645,9 @@ __device__ __forceinline__ void pair_ghost_step(const BwdSm90Params& p, uint8_t*
 // head dim the atom-column each consumer warpgroup adds first, h = 0, or second, h = 1, into the
 // step's tile; by keys warpgroup h's own tile of the step), so that neither the poll
 // nor the release (which waits for the adds to reach L2) stalls the consumers, and each has a
-// whole step to do both. Per step: poll the tile's phase-h counter until this K/V block's rank
+// whole step to do both (det_turn_alternate, the pair's one phase: warp 1 + h keeps the turns of
+// the steps it = h, h + 2, .. on barrier pair h, so a step's release overlaps the next's poll).
+// Per step: poll the tile's phase-h counter until this K/V block's rank
 // (bwd_sm90_dq_rank), let the consumers add (kBarTurn0 + h), wait until all warpgroups have
 // issued their adds (kBarAdded0 + h: their bar.arrive orders the adds before this warp's
 // bar.sync), then hand the turn on with one red.release. Each barrier has at most one phase
