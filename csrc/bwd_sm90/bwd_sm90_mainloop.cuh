@@ -484,6 +484,16 @@ __device__ __forceinline__ void gemm_dq(float (&acc)[T::kBlockM / 2], const uint
   }
 }
 
+// stats_smem: this thread's two rows (q_row, q_row + 8) of the step's LSE * log2(e) or D, from
+// the rows a Q or dO stage brought at `off`.
+template <class T>
+__device__ __forceinline__ void stage_rows(const uint8_t* smem, uint32_t off, int stage, int q_row, float& r0,
+                                           float& r1) {
+  const float* rows = reinterpret_cast<const float*>(smem + off + stage * T::kStatBytes);
+  r0 = rows[q_row];
+  r1 = rows[q_row + 8];
+}
+
 // (7) one dQ^T atom-column over this block's keys (overwriting dq), then (5) dV^T += dO^T P for
 // the kOwn atom-columns first ..: two commit groups, both in flight on return (kWithDv false,
 // dv_early: dQ^T alone, one group).
@@ -922,9 +932,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       }
       fh::wgmma_commit();
       if constexpr (T::kStatsSmem) {
-        const float* lse_s = reinterpret_cast<const float*>(smem + T::kOffLse + sq.stage * T::kStatBytes);
-        lse0 = lse_s[q_row];
-        lse1 = lse_s[q_row + 8];
+        stage_rows<T>(smem, T::kOffLse, sq.stage, q_row, lse0, lse1);
       }
       if (T::kPairGhost ? v_pending : it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
       v_pending = false;
@@ -933,9 +941,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       gemm_q_by_kv<T>(dp, do_s, v_half);
       fh::wgmma_commit();
       if constexpr (T::kStatsSmem) {
-        const float* dsum_s = reinterpret_cast<const float*>(smem + T::kOffDsum + sd.stage * T::kStatBytes);
-        dsum0 = dsum_s[q_row];
-        dsum1 = dsum_s[q_row + 8];
+        stage_rows<T>(smem, T::kOffDsum, sd.stage, q_row, dsum0, dsum1);
         // A warp's leader releases the stages for its lanes (an mbarrier arrive releases only its
         // own thread's accesses), and the next bulk copy into them overwrites these rows.
         __syncwarp();
@@ -998,9 +1004,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         // below overlap dP.
         fh::named_bar_arrive(T::kBarSIssued, T::kConsumerThreads);
         if constexpr (T::kStatsSmem) {
-          const float* lse_s = reinterpret_cast<const float*>(smem + T::kOffLse + sq.stage * T::kStatBytes);
-          lse0 = lse_s[q_row];
-          lse1 = lse_s[q_row + 8];
+          stage_rows<T>(smem, T::kOffLse, sq.stage, q_row, lse0, lse1);
           __syncwarp();  // every lane's reads before its leader may release the stage
         }
         fh::wgmma_wait<0>();
@@ -1036,9 +1040,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         if (T::kPairGhost ? v_pending : it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
         pipe_do->consumer_wait(sd);
         if constexpr (T::kStatsSmem) {
-          const float* dsum_s = reinterpret_cast<const float*>(smem + T::kOffDsum + sd.stage * T::kStatBytes);
-          dsum0 = dsum_s[q_row];
-          dsum1 = dsum_s[q_row + 8];
+          stage_rows<T>(smem, T::kOffDsum, sd.stage, q_row, dsum0, dsum1);
           __syncwarp();  // every lane's reads before its leader may release the stage
         }
         fh::named_bar_sync(T::kBarSIssued, T::kConsumerThreads);
