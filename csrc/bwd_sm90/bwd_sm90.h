@@ -270,7 +270,7 @@ static constexpr const BwdSm90Config& kBwdSm90Hdim192Det = kBwdSm90Hdim192;
 static constexpr const BwdSm90Config& kBwdSm90Hdim256Det = kBwdSm90Hdim256;
 // The single-CTA config of a head dim whose configs are pairs: it runs both modes where the
 // pair does not pay (short walks: fewer than kBwdSm90PairMinRows query rows per CTA, measured
-// 1.7-12% faster than the pair at seqlen 512-2048) or cannot run (no 2-CTA cluster fits, or
+// 2.0-5.6% faster than the pair at seqlen 512) or cannot run (no 2-CTA cluster fits, or
 // FLASHBACK_BWD_PAIR=0). d = 256: the second Q stage back, 216 KB, as measured before the
 // pair. Where no config is a pair it is the default's and never runs on its own.
 static constexpr const BwdSm90Config& kBwdSm90Hdim64Single = kBwdSm90Hdim64;
@@ -302,9 +302,11 @@ struct BwdSm90L2 {
 };
 constexpr BwdSm90L2 kBwdSm90L2 = {16384, 8192, 1024};
 // Query rows a CTA walks (seqlen_q x the GQA group) from which a pair config runs. Measured
-// at d = 256: the single CTA faster by 1.7-12% at 512-2048 rows, the pair faster from 4096
-// (docs/perf-log.md); between, the midpoint.
-constexpr int kBwdSm90PairMinRows = 3072;
+// at d = 256: the single CTA faster by 1.7-12% at 512-2048 rows, the pair faster from 4096,
+// before the pair split S and dP by role; after it, the pair against the single CTA (H100,
+// bf16, A B A B, default mode): causal -2.0 / +3.2 / +4.6%, non-causal -5.6 / +0.3 / +4.4% at
+// 512 / 1024 / 2048 (docs/perf-log.md, "Measured 2026-12-06, seventh run"). So from 1024.
+constexpr int kBwdSm90PairMinRows = 1024;
 
 // Measured slower and removed: the d = 256 pair on 64-key blocks with two Q stages (and its
 // single-CTA companion), -8..-14% (docs/perf-log.md, "dV after dS at d = 64, measured"); the

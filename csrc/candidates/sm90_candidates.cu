@@ -14,19 +14,12 @@ namespace sm90 {
       const flashback_bwd_params&, cudaStream_t);
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg2)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256DvEarly)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim128Rows)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Rows)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192DpLast)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256TurnAlt)
 #undef FLASHBACK_BWD_CANDIDATE
 #define FLASHBACK_FWD_CANDIDATE(C)                                           \
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
       const flashback_fwd_params&, cudaStream_t);
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128N176)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullN176)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullN176PpPv)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullPpPv)
 #undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

@@ -126,7 +126,7 @@ constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false, true, 
 // config serves both, the same object (and the same instance). Both of a head dim share
 // consumer_wgs: can_implement reads the causal one's.
 static constexpr const FwdSm90Config& kFwdSm90Hdim64Full = kFwdSm90Hdim64;
-// d = 128 without the mask (persistent up to 4096 keys, else one CTA per tile): O by TMA read
+// d = 128 without the mask up to 4096 keys (the persistent grid; from 8k FullLong). O by TMA read
 // -2.2..-5.4% at 8k / 16k in three per-call runs at the card's power cap, -2.3 / -0.0% at
 // 2k / 4k (+1.0..+2.2% in GPU time after an idle sleep), so this config copies O out per
 // thread (docs/perf-log.md, "O by TMA"), as one batch (copy_out_early): +2.1 / +1.0 / +0.1% at
@@ -136,19 +136,21 @@ constexpr FwdSm90Config kFwdSm90Hdim128Full = {128, 128, 2, 2, 24, 240, false, t
                                               false, false, false, false, true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim192Full = kFwdSm90Hdim192;
 static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
-// Candidate, measured slower: d = 128 with 176-key blocks (FA3's public non-causal d = 128
-// tile): O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 = 208 KB; non-causal
-// -1.2..-1.8% against 128 keys (docs/perf-log.md, "Five candidates measured").
-constexpr FwdSm90Config kFwdSm90Hdim128N176 = {128, 176, 2, 2, 24, 240, false, true};
-// Candidates, not yet measured (docs/perf-log.md, "The d = 128 non-causal forward in FA3's
-// arrangement"): kFwdSm90Hdim128Full on 176-key blocks, alone and with ping-pong and the P V wait
-// below the softmax; and with those two on 128-key blocks.
-constexpr FwdSm90Config kFwdSm90Hdim128FullN176 = {128, 176, 2, 2, 24, 240, false, true, false, false,
+// The config of a head dim's non-causal calls past full_persistent_keys (one CTA per tile);
+// where it is the Full config's object, Full serves them. d = 128: FA3's public arrangement for
+// these calls, 176-key blocks (O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 =
+// 208 KB) with ping-pong and the P V wait below the softmax. Measured as the Full config at every
+// length (H100, bf16, A B A B per call): +3.1 / +5.7% at 8k / 16k, -1.4% at 4k and -4..-15% at
+// 512-2048 on the persistent grid, hence from 8k only; 176 keys alone +3.1 / +3.7%, ping-pong
+// and the P V wait on 128 keys +1.7 / -0.1% (docs/perf-log.md, "Measured 2026-12-06, seventh run").
+static constexpr const FwdSm90Config& kFwdSm90Hdim64FullLong = kFwdSm90Hdim64Full;
+constexpr FwdSm90Config kFwdSm90Hdim128FullLong = {128, 176, 2, 2, 24, 240, true, true, true, false,
                                                   false, false, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim128FullN176PpPv = {128, 176, 2, 2, 24, 240, true, true, true, false,
-                                                      false, false, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim128FullPpPv = {128, 128, 2, 2, 24, 240, true, true, true, false,
-                                                  false, false, false, false, true};
+static constexpr const FwdSm90Config& kFwdSm90Hdim192FullLong = kFwdSm90Hdim192Full;
+static constexpr const FwdSm90Config& kFwdSm90Hdim256FullLong = kFwdSm90Hdim256Full;
+// Measured slower and removed: d = 128 with 176-key blocks on the causal config's flags
+// (-1.2..-1.8% non-causal, docs/perf-log.md, "Five candidates measured"); the non-causal forward
+// on a persistent grid at every length (+1.7 / +2.4% at 8k / 16k, below kFwdSm90Hdim128FullLong).
 // split_mask_loop at d = 256 (its causal row and its Multi row) measured -0.7..+2.1% causal,
 // -3.4..+0.7% non-causal at 4k-16k, -0.8..+0.5% at 512-2048 (docs/perf-log.md, "The split loops,
 // the dQ conversion and the late PDL wait measured"): off there.
@@ -234,11 +236,6 @@ constexpr FwdSm90Grid kFwdSm90Hdim64Grid = {4096, kAllKeys, kAllKeys, 2048, 0, 0
 constexpr FwdSm90Grid kFwdSm90Hdim128Grid = {4096, kAllKeys, kAllKeys, 2048, 2048, 0};
 constexpr FwdSm90Grid kFwdSm90Hdim192Grid = {kAllKeys, kAllKeys, kAllKeys, 0, 4096, 1024};
 constexpr FwdSm90Grid kFwdSm90Hdim256Grid = {2048, 2048, 2048, 0, kAllKeys, 4096};
-// Candidate, not yet measured (docs/perf-log.md, "The d = 128 non-causal forward in FA3's
-// arrangement"): the d = 128 non-causal forward on a persistent grid at every length (FA3's runs
-// persistent there; ours one CTA per tile from 8k, where the static stride read -1.9 and +2.0%
-// at 8k in two earlier runs at the power cap).
-constexpr FwdSm90Grid kFwdSm90Hdim128GridAll = {kAllKeys, kAllKeys, kAllKeys, 2048, 2048, 0};
 // The causal forward's L2 groups: (batch, q head) pairs whose K and V fill about this many MB of
 // L2 run together, longest Q block first inside a group (fwd_sm90_scheduler.cuh). At 32 MB, ncu
 // of the d = 256 causal 512 forward (b32 h8, H100) read 281 MB from DRAM against 204 MB at 16 MB

@@ -263,19 +263,25 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
 
 // The entry points of head dim D's instances, bf16 and fp16 (in fwd_sm90_hdim<D>.cu; the table in
 // fwd_sm90_launch.cu declares them): the Multi config for calls a persistent grid serves, where
-// it is a config of its own; else the non-causal config for calls without the mask (where it is
-// the causal one's object, both branches are the one instance).
+// it is a config of its own; else the non-causal configs for calls without the mask, FullLong
+// where one CTA per tile runs them (where configs are one object, the branches are one instance).
 #define FLASHBACK_FWD_SM90_ENTRY(D, DT, DTYPE)                                                       \
   cudaError_t run_fwd_sm90_hdim##D##_##DT(const flashback_fwd_params& p, cudaStream_t stream) {   \
     if constexpr (&kFwdSm90Hdim##D##Multi != &kFwdSm90Hdim##D) {                                   \
       if (fwd_sm90_multi_tile(p)) return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D##Multi, DTYPE>>(p, stream); \
     }                                                                                              \
-    return p.causal ? run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D, DTYPE>>(p, stream)        \
-                    : run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D##Full, DTYPE>>(p, stream); \
+    if (p.causal) return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D, DTYPE>>(p, stream);    \
+    if constexpr (&kFwdSm90Hdim##D##FullLong != &kFwdSm90Hdim##D##Full) {                          \
+      if (!fwd_sm90_persistent(p)) return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D##FullLong, DTYPE>>(p, stream); \
+    }                                                                                              \
+    return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D##Full, DTYPE>>(p, stream);            \
   }
 #define FLASHBACK_FWD_SM90_INSTANCES(D)                                                   \
   static_assert(kFwdSm90Hdim##D##Full.consumer_wgs == kFwdSm90Hdim##D.consumer_wgs &&      \
                     kFwdSm90Hdim##D##Full.head_dim == kFwdSm90Hdim##D.head_dim,           \
+                "can_implement reads the causal config's query rows per tile");           \
+  static_assert(kFwdSm90Hdim##D##FullLong.consumer_wgs == kFwdSm90Hdim##D.consumer_wgs &&  \
+                    kFwdSm90Hdim##D##FullLong.head_dim == kFwdSm90Hdim##D.head_dim,       \
                 "can_implement reads the causal config's query rows per tile");           \
   static_assert(kFwdSm90Hdim##D##Multi.consumer_wgs == kFwdSm90Hdim##D.consumer_wgs &&     \
                     kFwdSm90Hdim##D##Multi.head_dim == kFwdSm90Hdim##D.head_dim,          \

@@ -110,6 +110,9 @@ def _cases():
                 # More Q blocks than SMs, most of them (causal) seeing no key: a CTA that walks
                 # several tiles meets empty ones between full ones.
                 Case(4, 2000, 113, 8, 2, d, causal),
+                # seqlen_k past the persistent grid's bound (4096 non-causal at d = 64 / 128):
+                # one CTA per tile, at d = 128 its own config (kFwdSm90Hdim128FullLong).
+                Case(1, 300, 5000, 4, 2, d, causal),
             ]
         # fp16 at every head dim of the family.
         for d in (64, 128, 192, 256):
@@ -119,6 +122,7 @@ def _cases():
                 Case(2, 113, 1000, 4, 2, d, causal, dtype=f16),
                 Case(2, 1000, 113, 4, 4, d, causal, dtype=f16),
                 Case(1, 4095, 4095, 4, 2, d, causal, dtype=f16),
+                Case(1, 300, 5000, 2, 2, d, causal, dtype=f16),
             ]
     return cases
 
@@ -419,12 +423,12 @@ def test_bwd_pair_and_single_cta_agree(tmp_path, dtype, deterministic):
 @pytest.mark.gpu
 @pytest.mark.parametrize("deterministic", [False, True], ids=["nondet", "det"])
 def test_bwd_routes_by_query_rows_per_cta(deterministic):
-    """The d = 256 backward takes the 2-CTA pair from kBwdSm90PairMinRows = 3072 query rows per
+    """The d = 256 backward takes the 2-CTA pair from kBwdSm90PairMinRows = 1024 query rows per
     CTA (seqlen_q x GQA group), one CTA per K/V block below; other head dims always the latter.
-    (On an H200 a 2-CTA cluster of these CTAs fits; where none does the pair falls back.)"""
+    (On an H100 / H200 a 2-CTA cluster of these CTAs fits; where none does the pair falls back.)"""
     g = torch.Generator(device="cuda").manual_seed(99)
-    for headdim, seqlen, heads, heads_k, want in ((256, 1000, 8, 4, "single"), (256, 1535, 8, 4, "single"),
-                                                  (256, 1536, 8, 4, "pair"), (256, 1000, 8, 2, "pair"),
+    for headdim, seqlen, heads, heads_k, want in ((256, 1000, 4, 4, "single"), (256, 255, 8, 2, "single"),
+                                                  (256, 256, 8, 2, "pair"), (256, 1024, 4, 4, "pair"),
                                                   (256, 3072, 4, 4, "pair"), (128, 3072, 4, 4, "single")):
         q, do = (torch.randn(1, seqlen, heads, headdim, generator=g, device="cuda").to(torch.bfloat16)
                  for _ in range(2))
