@@ -165,27 +165,6 @@ struct BwdSm90Config {
   // clock than the math needs clocks (16 + N / 4 against N / 2 at 128 B and 4096 FLOP per clock),
   // at N = 80 it is not (docs/perf-log.md, "S and dP at N = 40: the shared-memory bound").
   bool sdp_by_role = false;
-  // With sdp_by_role in the pair: (5) dV^T = dO^T P needs only P^T, which warpgroup 0 writes
-  // whole, so each warpgroup issues its dV^T as soon as P^T is in shared memory (warpgroup 0
-  // after its own stores, warpgroup 1 after the P-stored barrier) instead of after the hand-off
-  // barrier: the tensor cores run it while warpgroup 1 reads P back, computes dS and stores
-  // dS^T, when they would otherwise idle. dQ^T and dK^T still follow the hand-off barrier.
-  bool dv_early = false;
-  // Three warpgroups split by head dim: (1) S and (2) P on the first two, by keys (block_n / 2
-  // each), (3) dP over all block_n keys and (4) dS on the last, which reads P back from P^T
-  // (as sdp_by_role's warpgroup 1). Why: with each of three warpgroups at N = block_n / 3 the SS
-  // k-steps of S and dP read more shared memory than their math takes (d = 192 at N = 32: 67% of
-  // the math rate, docs/hopper-facts.md section 1). The last warpgroup holds dP over all keys
-  // beside dV^T and dK^T, the first two half of S: their register budgets may differ
-  // (consumer_regs for the first two, last_wg_regs for the last; setmaxnreg is per warpgroup),
-  // and the last runs its own instance of the consumer.
-  bool dp_on_last = false;
-  int last_wg_regs = 0;
-  // Deterministic mode of the pair (one add phase per step): two turn warps take the steps in
-  // turn (warp 1 the even, warp 2 the odd, each with its own pair of named barriers), so that
-  // one step's release, which waits for that step's adds to reach L2, overlaps the next step's
-  // poll for its turn instead of preceding it.
-  bool det_turn_alternate = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -332,10 +311,13 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // because it is the one config with unequal shares, whose second consumer instance
 // (bwd_sm90_launch.cuh) no table row instantiates now.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false, 2, false, false, true};
-// Candidate, not yet measured (docs/perf-log.md, "dV^T before the hand-off"): the pair by role
-// with dv_early.
-constexpr BwdSm90Config kBwdSm90Hdim256DvEarly = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
-                                                 false, false, false, true, false, true, true};
+// Measured slower and removed (H100, bf16, against the production configs; docs/perf-log.md,
+// "Measured 2026-12-06, seventh run"): the d = 256 pair by role with each warpgroup's dV^T issued
+// as soon as P^T is in shared memory, before the hand-off barrier, -4.6..-7.8% default mode,
+// -4.1..-5.2% deterministic (the main sweep); the deterministic pair's two turn warps taking the
+// steps in turn, -0.2..-0.7%; d = 192 on 80-key blocks with S by keys on two warpgroups and dP
+// over all keys on the third (160 / 160 / 168 registers), -4.1..+3.0% default mode,
+// -6.0..-12.6% deterministic.
 
 // Candidates, not yet measured (docs/perf-log.md, "The stage rows back at d = 128 / 192"): the
 // d = 128 and d = 192 configs with the LSE / D rows in the Q / dO stages (stats_smem, by tensor
@@ -344,20 +326,6 @@ constexpr BwdSm90Config kBwdSm90Hdim128Rows = {128, 64, 128, 2, 2, 24, 240, true
                                               false, false, false, false, false, true, true};
 constexpr BwdSm90Config kBwdSm90Hdim192Rows = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, true, false, false,
                                               false, false, true, false, false, true};
-
-// Candidate, not yet measured (docs/perf-log.md, "S and dP off the operand bound at d = 192"):
-// d = 192 on 80-key blocks with dp_on_last (and the stage rows, which it needs): S at N = 40 on
-// two warpgroups, dP at N = 80 on the third; 160 / 160 / 168 registers; K, V 2 x 30 KB, Q 2 x 24
-// KB, dO 24 KB, P^T and dS^T 10 KB each, dQ buffers 3 x 16 KB.
-constexpr BwdSm90Config kBwdSm90Hdim192DpLast = {192, 64, 80, 2, 1, 24, 160, true, 3, false, false, true, false, false,
-                                                false, false, true, false, false, true, false, false, false, true,
-                                                168};
-
-// Candidate, not yet measured (docs/perf-log.md, "Two turn warps for the deterministic pair"):
-// the d = 256 pair's deterministic config with det_turn_alternate (swap it in for
-// kBwdSm90Hdim256Det, which names the default's config today).
-constexpr BwdSm90Config kBwdSm90Hdim256TurnAlt = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
-                                                 false, false, false, true, false, true, false, false, 0, true};
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO (and the stage rows').
 struct BwdSm90Params {

@@ -7,16 +7,15 @@
 // (168 registers each at entry with two consumer warpgroups, 128 with three; setmaxnreg needs
 // the count known at entry):
 //   warpgroup 0  producer: setmaxnreg.dec to producer_regs, one thread issues every TMA copy;
-//                with deterministic=True warps 1 .. (one per add phase; det_turn_alternate:
-//                two, taking the steps in turn) keep the dQ turns (bwd_sm90_turn_warp); otherwise, where the config says dq_smem, warps 1 ..
+//                with deterministic=True warps 1 .. (one per add phase) keep the dQ turns
+//                (bwd_sm90_turn_warp); otherwise, where the config says dq_smem, warps 1 ..
 //                (one per consumer warpgroup) issue the bulk reduces of its dQ^T partials
 //                (bwd_sm90_dq_warp)
 //   warpgroups 1 .. consumer_wgs  consumers (setmaxnreg.inc to consumer_regs), split by
 //                data: keys (block_n / consumer_wgs) w.. for S, dP, P, dS; their head-dim
 //                atom-columns for dV^T, dK^T, dQ^T (by keys: their keys' dV, dK and one
 //                m64n64 dQ^T tile, bwd_sm90_mainloop_by_keys.cuh). sdp_by_role splits S / P
-//                and dP / dS by warpgroup instead; dp_on_last gives S / P to all but the last
-//                warpgroup (by keys) and dP / dS to the last (its own setmaxnreg value).
+//                and dP / dS by warpgroup instead.
 // See bwd_sm90_mainloop.cuh for the shared-memory plan and the GEMM operands.
 #pragma once
 
@@ -121,17 +120,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     if (threadIdx.x == 0) {
       const BwdSm90Maps maps{&map_q, &map_k, &map_v, &map_do, &map_stats};
       bwd_sm90_producer<T, kDet>(p, maps, w, smem, kv_bar, pipe_q, pipe_do);
-    } else if (kDet && !T::kDetDqWarp && threadIdx.x / 32 >= 1 && threadIdx.x / 32 <= T::kTurnWarps) {
+    } else if (kDet && !T::kDetDqWarp && threadIdx.x / 32 >= 1 && threadIdx.x / 32 <= T::kDqPhases) {
       bwd_sm90_turn_warp<T>(p, w, threadIdx.x / 32 - 1);
     } else if ((!kDet || T::kDetDqWarp) && T::kDqViaSmem && threadIdx.x / 32 >= 1 &&
                threadIdx.x / 32 <= T::kConsumerWgs) {
       bwd_sm90_dq_warp<T, kDet>(p, w, smem, threadIdx.x / 32 - 1);
-    }
-  } else if (T::kDpOnLast && wg == T::kConsumerWgs) {
-    // dp_on_last: the last warpgroup (dP over all keys) on its own budget and instance.
-    if constexpr (T::kDpOnLast) {
-      fh::setmaxnreg_inc<T::kLastRegs>();
-      bwd_sm90_consumer<T, kDet, T::kOwn1, true>(p, w, smem, kv_bar, pipe_q, pipe_do, T::kConsumerWgs - 1);
     }
   } else {
     fh::setmaxnreg_inc<T::kConsumerRegs>();

@@ -81,13 +81,8 @@ struct BwdSm90Traits {
   static_assert(kBlockM % kDqTileRows == 0, "a step covers whole dQaccum tiles");
   static constexpr int kStepTiles = kBlockM / kDqTileRows;  // workspace tiles per step
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "block_n: k16 steps of dQ^T, N of dV^T");
-  // dp_on_last (bwd_sm90.h): S on the first kConsumerWgs - 1 warpgroups, dP on the last.
-  static constexpr bool kDpOnLast = kCfg.dp_on_last;
-  static constexpr int kSWgs = kDpOnLast ? kConsumerWgs - 1 : kConsumerWgs;
-  static_assert(kBlockN % (8 * kSWgs) == 0, "each warpgroup's keys: a whole wgmma N");
-  static constexpr int kWgKeys = kBlockN / kSWgs;  // keys per consumer warpgroup (of S)
-  // setmaxnreg of the last consumer warpgroup (dp_on_last: its own budget).
-  static constexpr int kLastRegs = kCfg.last_wg_regs > 0 ? kCfg.last_wg_regs : kCfg.consumer_regs;
+  static_assert(kBlockN % (8 * kConsumerWgs) == 0, "each warpgroup's keys: a whole wgmma N");
+  static constexpr int kWgKeys = kBlockN / kConsumerWgs;  // keys per consumer warpgroup
   static constexpr int kAtomCols = kHeadDim / 64;          // 64-element (128-byte) columns
   static_assert(!kByKeys || (kWgKeys == 64 && kAtomCols == 1),
                 "by keys: each warpgroup's keys one wgmma M, one head-dim atom-column (d = 64: "
@@ -133,8 +128,6 @@ struct BwdSm90Traits {
   // sdp_by_role (bwd_sm90.h): warpgroup 0 computes S and P, warpgroup 1 dP and dS, each over all
   // block_n keys (one m64 n block_n accumulator instead of S and dP of block_n / 2 keys each).
   static constexpr bool kSdpByRole = kCfg.sdp_by_role;
-  static constexpr bool kDvEarly = kCfg.dv_early;
-  static_assert(!kDvEarly || (kSdpByRole && kCfg.pair_dq), "dv_early: the pair by role (bwd_sm90.h)");
   static constexpr uint32_t kOffDs = kOffP + (kByKeys ? 0 : kHandBufs * kHandBytes);
   // dQ through shared memory (kCfg.dq_smem, default mode): one 64 x 64 fp32 buffer per consumer
   // warpgroup in dQaccum's fragment order, which a producer-warpgroup warp adds into dQaccum
@@ -210,18 +203,14 @@ struct BwdSm90Traits {
   static constexpr uint32_t kStageBytes = kBlockN * kStageRowBytes;
   static_assert(2 * kStageBytes <= kOffDo, "dK/dV staging must fit over K, V and Q");
   // setmaxnreg budget: the pool is what the CTA got at entry (kEntryRegs per thread).
-  static_assert(128 * kCfg.producer_regs + (kConsumerThreads - 128) * kCfg.consumer_regs + 128 * kLastRegs <=
+  static_assert(128 * kCfg.producer_regs + kConsumerThreads * kCfg.consumer_regs <=
                     kEntryRegs * kThreads,
                 "setmaxnreg budget exceeds the register file: .inc would deadlock");
   // dV^T and dK^T live throughout; S and dP (kWgKeys / 2 each) die at the hand-off, before the
   // dQ^T atom (32) is born.
-  static_assert(kByKeys || kDpOnLast ||
+  static_assert(kByKeys ||
                     2 * kOwn0 * kBlockN / 2 + (kWgKeys > 32 ? kWgKeys : 32) <= kCfg.consumer_regs - 8,
                 "dV^T, dK^T and S + dP or one dQ^T atom exceed the consumer register budget");
-  static_assert(!kDpOnLast || (2 * kOwn0 * kBlockN / 2 + (kWgKeys / 2 > 32 ? kWgKeys / 2 : 32) <=
-                                   kCfg.consumer_regs - 8 &&
-                               2 * kOwn1 * kBlockN / 2 + kBlockN / 2 <= kLastRegs - 8),
-                "dp_on_last: dV^T, dK^T and S (first warpgroups) or dP (the last) exceed the budgets");
   // By keys: dV, dK (d / 2 each), S^T and dP^T (block_m / 2 each) and P^T's 16-bit fragments
   // (block_m / 4) live together while dV is issued.
   static_assert(!kByKeys || kHeadDim + kBlockM + kBlockM / 4 <= kCfg.consumer_regs - 16,
@@ -236,11 +225,6 @@ struct BwdSm90Traits {
   // warpgroup adds (pair_dq: one, the CTA's half of the head dim).
   static constexpr int kDqPhases = kByKeys ? kConsumerWgs : kPair ? 1 : kOwn0;
   static_assert(kDqPhases <= 2, "two turn warps and barrier pairs");
-  // det_turn_alternate (bwd_sm90.h): with one add phase, the two turn warps and barrier pairs
-  // take the steps in turn; turn_phase is the barrier pair (and turn warp) of step it's adds.
-  static constexpr bool kTurnAlternate = kCfg.det_turn_alternate;
-  static constexpr int kTurnWarps = kTurnAlternate ? 2 : kDqPhases;
-  static constexpr int turn_phase(int it) { return kTurnAlternate ? (it & 1) : 0; }
   static constexpr uint32_t kBarTurn0 = 3;   // 3 + h: the tile's turn for phase h has come
   static constexpr uint32_t kBarAdded0 = 5;  // 5 + h: all warpgroups issued their phase-h adds
   static constexpr uint32_t kTurnThreads = (kByKeys ? 128 : kConsumerThreads) + 32;
@@ -261,13 +245,6 @@ struct BwdSm90Traits {
                                 kBarPStored < kBarHandFree),
                 "sdp_by_role: split by head dim, two warpgroups (one per role), the stat rows from "
                 "the stages or global memory; its barrier ids clear of the others");
-  static_assert(!kTurnAlternate || (kPair && kDqPhases == 1 && !kCfg.det_dq_warp),
-                "det_turn_alternate: the pair, whose one add phase leaves the second turn warp and "
-                "barrier pair free");
-  static_assert(!kDpOnLast || (!kByKeys && !kSdpByRole && kConsumerWgs == 3 && kStatsSmem && !kPair &&
-                               kBarPStored < kBarHandFree && kCfg.last_wg_regs > 0),
-                "dp_on_last: split by head dim, three warpgroups, the stat rows from the stages, no "
-                "pair; its barrier ids clear of the others; the last warpgroup's budget named");
 };
 
 struct BwdSm90Maps {
@@ -495,9 +472,8 @@ __device__ __forceinline__ void stage_rows(const uint8_t* smem, uint32_t off, in
 }
 
 // (7) one dQ^T atom-column over this block's keys (overwriting dq), then (5) dV^T += dO^T P for
-// the kOwn atom-columns first ..: two commit groups, both in flight on return (kWithDv false,
-// dv_early: dQ^T alone, one group).
-template <class T, int kOwn, bool kWithDv = true, int kAcc>
+// the kOwn atom-columns first ..: two commit groups, both in flight on return.
+template <class T, int kOwn, int kAcc>
 __device__ __forceinline__ void issue_dq_dv(float (&dq)[T::kBlockM / 2], const uint8_t* k_atom,
                                             const uint8_t* ds_t, float (&acc_dv)[kAcc][T::kBlockN / 2],
                                             const uint8_t* do_s, int first, const uint8_t* p_t) {
@@ -506,18 +482,6 @@ __device__ __forceinline__ void issue_dq_dv(float (&dq)[T::kBlockM / 2], const u
   fh::wgmma_fence();
   gemm_dq<T>(dq, k_atom, ds_t);
   fh::wgmma_commit();
-  if constexpr (kWithDv) {
-#pragma unroll
-    for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dv[u], do_s + (first + u) * T::kQAtomBytes, p_t);
-    fh::wgmma_commit();
-  }
-}
-
-// (5) alone, one commit group (dv_early: issued before the hand-off barrier).
-template <class T, int kOwn, int kAcc>
-__device__ __forceinline__ void issue_dv(float (&acc_dv)[kAcc][T::kBlockN / 2], const uint8_t* do_s,
-                                         int first, const uint8_t* p_t) {
-  fh::wgmma_fence();
 #pragma unroll
   for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dv[u], do_s + (first + u) * T::kQAtomBytes, p_t);
   fh::wgmma_commit();
@@ -647,7 +611,7 @@ __device__ __forceinline__ void pair_ghost_step(const BwdSm90Params& p, uint8_t*
   fh::wgmma_wait<0>();
   fh::wgmma_fence_operand(dq);
   if (threadIdx.x % 32 == 0) fh::mbar_arrive_cluster(pair_bar + 2 + b, 0);  // the lower
-  add_dq_in_turn<T, kDet>(p, tile, T::kPairAtoms + wg, t, dq, T::turn_phase(it));
+  add_dq_in_turn<T, kDet>(p, tile, T::kPairAtoms + wg, t, dq);
 }
 
 // ------------------------------------------------------------ deterministic turn warps ---
@@ -655,9 +619,7 @@ __device__ __forceinline__ void pair_ghost_step(const BwdSm90Params& p, uint8_t*
 // head dim the atom-column each consumer warpgroup adds first, h = 0, or second, h = 1, into the
 // step's tile; by keys warpgroup h's own tile of the step), so that neither the poll
 // nor the release (which waits for the adds to reach L2) stalls the consumers, and each has a
-// whole step to do both (det_turn_alternate, the pair's one phase: warp 1 + h keeps the turns of
-// the steps it = h, h + 2, .. on barrier pair h, so a step's release overlaps the next's poll).
-// Per step: poll the tile's phase-h counter until this K/V block's rank
+// whole step to do both. Per step: poll the tile's phase-h counter until this K/V block's rank
 // (bwd_sm90_dq_rank), let the consumers add (kBarTurn0 + h), wait until all warpgroups have
 // issued their adds (kBarAdded0 + h: their bar.arrive orders the adds before this warp's
 // bar.sync), then hand the turn on with one red.release. Each barrier has at most one phase
@@ -677,8 +639,7 @@ template <class T>
 __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const BwdSm90Work& w,
                                                    int h) {
   const bool leader = (threadIdx.x % 32) == 0;
-  // det_turn_alternate: warp h keeps the turns of the steps it = h, h + 2, ...
-  for (int it = T::kTurnAlternate ? h : 0; it < w.n_iters; it += T::kTurnAlternate ? 2 : 1) {
+  for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block, pos;
     bwd_sm90_iter<true, T::kDetFromEnd>(p, w, it, head, m_block, pos);
     // By keys phase h is the step's tile h (one counter each), else both phases share a tile
@@ -821,7 +782,7 @@ __device__ __forceinline__ void ds_values(const float (&s)[kN], float (&dp)[kN],
 // (BwdSm90Traits::kSharedConsumer): one copy of the step loop, measured no faster than two but
 // smaller and without the d = 128 deterministic instance's spills (docs/design.md section 7.2).
 // Otherwise (d = 192: 2 / 1) each warpgroup has its own.
-template <class T, bool kDet, int kOwn, bool kLastWg = false>
+template <class T, bool kDet, int kOwn>
 __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const BwdSm90Work& w,
                                                   uint8_t* smem, uint64_t* kv_bar,
                                                   fh::TmaPipeline<T::kQStages>* pipe_q,
@@ -917,7 +878,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     const uint8_t* q_s = smem + T::kOffQ + sq.stage * T::kQTileBytes;
     const uint8_t* do_s = smem + T::kOffDo + sd.stage * T::kQTileBytes;
 
-    if constexpr (!T::kSdpByRole && !T::kDpOnLast) {
+    if constexpr (!T::kSdpByRole) {
       // (1) S = Q_i K_w^T  then  (3) dP = dO_i V_w^T, two commit groups.
       float s[T::kWgKeys / 2], dp[T::kWgKeys / 2];
       // Both start with a write-only wgmma (wgmma_ss_set): no zeroing pass, no old value kept.
@@ -981,23 +942,17 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     } else {
       // (1)-(4) split by role (sdp_by_role): warpgroup 0 S and P, warpgroup 1 dP and dS, each
       // over all block_n keys; P crosses through the P^T tile, which (5) reads anyway.
-      // dp_on_last: S and P on every warpgroup but the last, kWgKeys keys each, dP and dS on the
-      // last over all block_n keys.
-      constexpr int kSKeys = T::kDpOnLast ? T::kWgKeys : T::kBlockN;  // S keys per S warpgroup
-      if (T::kDpOnLast ? !kLastWg : wg == 0) {
-        float acc[kSKeys / 2];
-        // This warpgroup's keys: its part of K, of P^T and of the mask's key range.
-        const uint8_t* k_s = T::kDpOnLast ? k_half : smem + T::kOffK;
-        const int s_key0 = T::kDpOnLast ? key0 : n0 + fh::acc_col(0, t);
-        const int s_row0 = T::kDpOnLast ? T::kWgKeys * wg : 0;
+      if (wg == 0) {
+        float acc[T::kBlockN / 2];
         if constexpr (T::kQAtomBars) {
-          gemm_q_by_kv<T, kSKeys>(acc, q_s, k_s,
-                                  reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar) + sq.stage * T::kAtomCols,
-                                  sq.phase);
+          gemm_q_by_kv<T, T::kBlockN>(acc, q_s, smem + T::kOffK,
+                                      reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar) +
+                                          sq.stage * T::kAtomCols,
+                                      sq.phase);
         } else {
           pipe_q->consumer_wait(sq);
           fh::wgmma_fence();
-          gemm_q_by_kv<T, kSKeys>(acc, q_s, k_s);
+          gemm_q_by_kv<T, T::kBlockN>(acc, q_s, smem + T::kOffK);
         }
         fh::wgmma_commit();
         // S goes to the tensor cores before dP, so that it finishes first and the exponentials
@@ -1009,34 +964,17 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         }
         fh::wgmma_wait<0>();
         fh::wgmma_fence_operand(acc);
-        p_values_of_block<T>(p, acc, lse0, lse1, s_key0, n0, m0, q_row, seqlen_k, diag);
+        p_values_of_block<T>(p, acc, lse0, lse1, n0 + fh::acc_col(0, t), n0, m0, q_row, seqlen_k, diag);
         if constexpr (T::kSingleHand) {
           if (it > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
         }
-        store_hand_t<T, kSKeys>(p_t, acc, s_row0, t);
-        // The dP warpgroup reads P^T back with ldmatrix (generic proxy, like the stmatrix
-        // stores): the named barrier orders them.
-        if constexpr (T::kDvEarly) {
-          // (5) reads P^T through the async proxy: every thread fences its stores, and all of
-          // this warpgroup's must be in before its wgmmas read the tile, so a sync, not an
-          // arrive (warpgroup 1 reaches it once its dP is in, about when P is).
-          fh::fence_proxy_async_shared();
-          fh::named_bar_sync(T::kBarPStored, T::kConsumerThreads);
-          pipe_do->consumer_wait(sd);  // dO_i
-          issue_dv<T, kOwn>(acc_dv, do_s, first, p_t);
-        } else {
-          fh::named_bar_arrive(T::kBarPStored, T::kConsumerThreads);
-          pipe_do->consumer_wait(sd);  // dO_i, for (5) dV^T
-        }
+        store_hand_t<T, T::kBlockN>(p_t, acc, 0, t);
+        // Warpgroup 1 reads P^T back with ldmatrix (generic proxy, like the stmatrix stores):
+        // the named barrier orders them.
+        fh::named_bar_arrive(T::kBarPStored, T::kConsumerThreads);
+        pipe_do->consumer_wait(sd);  // dO_i, for (5) dV^T
       } else {
         float acc[T::kBlockN / 2];
-        if constexpr (T::kDpOnLast && T::kSingleHand) {
-          // dp_on_last: this warpgroup's reads of the last step's P^T / dS^T are done (its
-          // wait<0> ended that step): it only arrives, at once. A sync would hold its dP until
-          // the S warpgroups reach the barrier after their exponentials; its own dS^T store
-          // follows the P-stored barrier, which they arrive at only after passing this one.
-          if (it > 0) fh::named_bar_arrive(T::kBarHandFree, T::kConsumerThreads);
-        }
         if (T::kPairGhost ? v_pending : it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
         pipe_do->consumer_wait(sd);
         if constexpr (T::kStatsSmem) {
@@ -1057,13 +995,10 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         }
         fh::wgmma_wait<0>();
         fh::wgmma_fence_operand(acc);
-        if constexpr (T::kSingleHand && !T::kDpOnLast) {
+        if constexpr (T::kSingleHand) {
           if (it > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
         }
         fh::named_bar_sync(T::kBarPStored, T::kConsumerThreads);
-        // dv_early: (5) on the tensor cores while dS is computed and stored (dO_i was waited for
-        // above; warpgroup 0 fenced P^T before the barrier).
-        if constexpr (T::kDvEarly) issue_dv<T, kOwn>(acc_dv, do_s, first, p_t);
         ds_values_from_hand<T>(p_t, acc, dsum0, dsum1, t);
         if constexpr (kPairOn) {
           // As in the split by keys (above): ds_t was sent at step it - 2; the partner has read it.
@@ -1100,16 +1035,11 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     if constexpr (kPairOn) {
       // (7) for atom-column dq_atom over both blocks' keys: K_own^T dS_own^T, then (after dV^T,
       // which needs no partner) K_peer^T dS_peer^T once the partner's dS^T is in; dK^T last.
-      // dQ^T is complete after the first three groups: released, added while dK^T runs. (dv_early:
-      // dV^T was issued before the hand-off barrier, so it is the first of the three.)
+      // dQ^T is complete after the first three groups: released, added while dK^T runs.
       float dq[T::kBlockM / 2];
-      // dv_early: dV^T is in flight already, one group ahead of dQ^T own; the waits below count
-      // the same groups.
-      issue_dq_dv<T, kOwn, !T::kDvEarly>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, ds_t, acc_dv,
-                                        do_s, first, p_t);
+      issue_dq_dv<T, kOwn>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, ds_t, acc_dv, do_s, first, p_t);
       if (T::kPairGhost && partner_ghost) {
-        // Nothing from the partner: dQ^T own, dV^T (dv_early: dV^T, dQ^T own), dK^T; dQ^T is
-        // complete at wait<1>.
+        // Nothing from the partner: dQ^T own, dV^T, dK^T; dQ^T is complete at wait<1>.
         fh::wgmma_fence();  // a wgmma after a branch (C7519)
 #pragma unroll
         for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
@@ -1117,7 +1047,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         fh::wgmma_wait<1>();
         fh::wgmma_fence_operand(dq);
         if (warp_leader) pipe_do->consumer_release(sd);
-        add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq, T::turn_phase(it));
+        add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
         if constexpr (T::kAddsBeforeWait) fh::keep_waits_below(seqlen_k);  // (wgmma.h)
         fh::wgmma_wait<0>();
         if (warp_leader) pipe_q->consumer_release(sq);
@@ -1146,7 +1076,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
             fh::mbar_arrive_cluster(pair_bar + 2 + pb, pair_rank ^ 1);
           }
         }
-        add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq, T::turn_phase(it));
+        add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
         if constexpr (T::kAddsBeforeWait) fh::keep_waits_below(seqlen_k);  // (wgmma.h)
         fh::wgmma_wait<0>();
         if (warp_leader) pipe_q->consumer_release(sq);

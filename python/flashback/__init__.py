@@ -69,7 +69,7 @@ def last_backward_path() -> str:
 
 def last_backward_kernel() -> str:
     """Which form of the Hopper backward the last backward of this process ran: "pair" (CTAs in
-    2-CTA clusters that swap dS, head dim 256 from 3072 query rows per CTA, i.e. seqlen_q x
+    2-CTA clusters that swap dS, head dim 256 from 1024 query rows per CTA, i.e. seqlen_q x
     nheads / nheads_k) or "single" (one CTA per K/V block); "" before any backward or when the
     reference kernels ran."""
     from . import _lib

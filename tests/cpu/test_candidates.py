@@ -8,7 +8,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HEADERS = {"Fwd": "csrc/fwd_sm90/fwd_sm90.h", "Bwd": "csrc/bwd_sm90/bwd_sm90.h"}
-ROW = re.compile(r"k(Fwd|Bwd)Sm90Hdim(64|128|192|256)(Full|Det|Single|Multi)?$")
+ROW = re.compile(r"k(Fwd|Bwd)Sm90Hdim(64|128|192|256)(Full|FullLong|Det|Single|Multi)?$")
 
 
 def configs(kind):
