@@ -234,6 +234,10 @@ constexpr int kAllKeys = 0x7fffffff;
 //   (the 16k column swings 3-6% between repeats of one build).
 constexpr FwdSm90Grid kFwdSm90Hdim64Grid = {4096, kAllKeys, kAllKeys, 2048, 0, 0};
 constexpr FwdSm90Grid kFwdSm90Hdim128Grid = {4096, kAllKeys, kAllKeys, 2048, 2048, 0};
+// Candidate, not yet measured (docs/perf-log.md, "The d = 128 non-causal forward at 4096 keys on
+// FullLong"): the persistent grid to 2048 keys, so 4096 runs one CTA per tile on
+// kFwdSm90Hdim128FullLong.
+constexpr FwdSm90Grid kFwdSm90Hdim128GridLong4k = {2048, kAllKeys, kAllKeys, 2048, 2048, 0};
 constexpr FwdSm90Grid kFwdSm90Hdim192Grid = {kAllKeys, kAllKeys, kAllKeys, 0, 4096, 1024};
 constexpr FwdSm90Grid kFwdSm90Hdim256Grid = {2048, 2048, 2048, 0, kAllKeys, 4096};
 // The causal forward's L2 groups: (batch, q head) pairs whose K and V fill about this many MB of
