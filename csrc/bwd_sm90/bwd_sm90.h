@@ -165,6 +165,15 @@ struct BwdSm90Config {
   // clock than the math needs clocks (16 + N / 4 against N / 2 at 128 B and 4096 FLOP per clock),
   // at N = 80 it is not (docs/perf-log.md, "S and dP at N = 40: the shared-memory bound").
   bool sdp_by_role = false;
+  // Deterministic pair: each warpgroup waits for its dK^T and hands Q's stage back before it
+  // waits for the dQ turn, instead of after its turn's adds. With one Q stage the next step's Q
+  // (and so its S) cannot load while Q is held, and a late turn then delays the next step by the
+  // turn's wait and the load. The adds no longer overlap dK^T.
+  bool det_q_first = false;
+  // Deterministic mode: the turn warp polls the tile's counter with relaxed reads and fences
+  // once after the last (hopper::ld_relaxed_gpu), instead of an acquire read per poll, each of
+  // which invalidates the SM's L1.
+  bool det_poll_relaxed = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -318,6 +327,14 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false,
 // steps in turn, -0.2..-0.7%; d = 192 on 80-key blocks with S by keys on two warpgroups and dP
 // over all keys on the third (160 / 160 / 168 registers), -4.1..+3.0% default mode,
 // -6.0..-12.6% deterministic.
+
+// Candidates, not yet measured (docs/perf-log.md, "The deterministic pair's Q stage and turn
+// poll"): the d = 256 pair's deterministic config with det_q_first, and with det_poll_relaxed too
+// (swap either in for kBwdSm90Hdim256Det, which names the default's config today).
+constexpr BwdSm90Config kBwdSm90Hdim256DetQFirst = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
+                                                   false, false, false, true, false, true, true};
+constexpr BwdSm90Config kBwdSm90Hdim256DetQFirstPoll = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
+                                                       false, false, false, true, false, true, true, true};
 
 // Candidates, not yet measured (docs/perf-log.md, "The stage rows back at d = 128 / 192"): the
 // d = 128 and d = 192 configs with the LSE / D rows in the Q / dO stages (stats_smem, by tensor

@@ -173,6 +173,9 @@ struct BwdSm90Traits {
   static constexpr int kPairAtoms = kAtomCols / 2;  // dQ^T atom-columns per CTA of a pair
   static constexpr bool kPairGhost = kCfg.pair_ghost;
   static constexpr bool kAddsBeforeWait = kCfg.adds_before_wait;
+  static constexpr bool kDetQFirst = kCfg.det_q_first;
+  static constexpr bool kDetPollRelaxed = kCfg.det_poll_relaxed;
+  static_assert(!kDetQFirst || kPair, "det_q_first: the pair's adds from registers");
   static_assert(!kPairGhost || kPair, "pair_ghost: the pair's upper CTA");
   // Swizzled tiles start on 1024 bytes (the stat rows before may end anywhere).
   static constexpr uint32_t kOffKPeer = (kOffRows + kRowsBytes + 1023) / 1024 * 1024;
@@ -647,7 +650,14 @@ __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const
     const int counter = T::kPair ? static_cast<int>(blockIdx.x & 1) : h;  // by keys: h
     int* turn = dq_turn_counter<T>(p, w, head, m_block, counter);
     constexpr int kUnitKeys = (T::kPair ? 2 : 1) * T::kBlockN;
-    if (leader) dq_turn_acquire(turn, bwd_sm90_dq_rank<T::kBlockM, kUnitKeys, T::kDetFromEnd>(p, w, m_block, pos));
+    if (leader) {
+      const int rank = bwd_sm90_dq_rank<T::kBlockM, kUnitKeys, T::kDetFromEnd>(p, w, m_block, pos);
+      if constexpr (T::kDetPollRelaxed) {
+        dq_turn_acquire_relaxed(turn, rank);
+      } else {
+        dq_turn_acquire(turn, rank);
+      }
+    }
     __syncwarp();
     fh::named_bar_arrive(T::kBarTurn0 + h, T::kTurnThreads);
     fh::named_bar_sync(T::kBarAdded0 + h, T::kTurnThreads);
@@ -1047,10 +1057,16 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         fh::wgmma_wait<1>();
         fh::wgmma_fence_operand(dq);
         if (warp_leader) pipe_do->consumer_release(sd);
-        add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
-        if constexpr (T::kAddsBeforeWait) fh::keep_waits_below(seqlen_k);  // (wgmma.h)
-        fh::wgmma_wait<0>();
-        if (warp_leader) pipe_q->consumer_release(sq);
+        if constexpr (kDet && T::kDetQFirst) {
+          fh::wgmma_wait<0>();
+          if (warp_leader) pipe_q->consumer_release(sq);
+          add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
+        } else {
+          add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
+          if constexpr (T::kAddsBeforeWait) fh::keep_waits_below(seqlen_k);  // (wgmma.h)
+          fh::wgmma_wait<0>();
+          if (warp_leader) pipe_q->consumer_release(sq);
+        }
       } else {
         if (T::kPairGhost && pair_rank == 0) {
           // The phase of this buffer's full barrier: the upper's sends into it so far.
@@ -1076,10 +1092,16 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
             fh::mbar_arrive_cluster(pair_bar + 2 + pb, pair_rank ^ 1);
           }
         }
-        add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
-        if constexpr (T::kAddsBeforeWait) fh::keep_waits_below(seqlen_k);  // (wgmma.h)
-        fh::wgmma_wait<0>();
-        if (warp_leader) pipe_q->consumer_release(sq);
+        if constexpr (kDet && T::kDetQFirst) {
+          fh::wgmma_wait<0>();
+          if (warp_leader) pipe_q->consumer_release(sq);
+          add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
+        } else {
+          add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
+          if constexpr (T::kAddsBeforeWait) fh::keep_waits_below(seqlen_k);  // (wgmma.h)
+          fh::wgmma_wait<0>();
+          if (warp_leader) pipe_q->consumer_release(sq);
+        }
       }
     } else if (has_cols) {
       float dq[T::kBlockM / 2];
