@@ -1046,6 +1046,20 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       // (7) for atom-column dq_atom over both blocks' keys: K_own^T dS_own^T, then (after dV^T,
       // which needs no partner) K_peer^T dS_peer^T once the partner's dS^T is in; dK^T last.
       // dQ^T is complete after the first three groups: released, added while dK^T runs.
+      // The step's end once dQ^T is complete: its adds, and Q handed back after dK^T (det_q_first:
+      // before the turn).
+      const auto add_dq_release_q = [&](const float(&dq)[T::kBlockM / 2]) {
+        if constexpr (kDet && T::kDetQFirst) {
+          fh::wgmma_wait<0>();
+          if (warp_leader) pipe_q->consumer_release(sq);
+          add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
+        } else {
+          add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
+          if constexpr (T::kAddsBeforeWait) fh::keep_waits_below(seqlen_k);  // (wgmma.h)
+          fh::wgmma_wait<0>();
+          if (warp_leader) pipe_q->consumer_release(sq);
+        }
+      };
       float dq[T::kBlockM / 2];
       issue_dq_dv<T, kOwn>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, ds_t, acc_dv, do_s, first, p_t);
       if (T::kPairGhost && partner_ghost) {
@@ -1057,16 +1071,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         fh::wgmma_wait<1>();
         fh::wgmma_fence_operand(dq);
         if (warp_leader) pipe_do->consumer_release(sd);
-        if constexpr (kDet && T::kDetQFirst) {
-          fh::wgmma_wait<0>();
-          if (warp_leader) pipe_q->consumer_release(sq);
-          add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
-        } else {
-          add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
-          if constexpr (T::kAddsBeforeWait) fh::keep_waits_below(seqlen_k);  // (wgmma.h)
-          fh::wgmma_wait<0>();
-          if (warp_leader) pipe_q->consumer_release(sq);
-        }
+        add_dq_release_q(dq);
       } else {
         if (T::kPairGhost && pair_rank == 0) {
           // The phase of this buffer's full barrier: the upper's sends into it so far.
@@ -1092,16 +1097,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
             fh::mbar_arrive_cluster(pair_bar + 2 + pb, pair_rank ^ 1);
           }
         }
-        if constexpr (kDet && T::kDetQFirst) {
-          fh::wgmma_wait<0>();
-          if (warp_leader) pipe_q->consumer_release(sq);
-          add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
-        } else {
-          add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
-          if constexpr (T::kAddsBeforeWait) fh::keep_waits_below(seqlen_k);  // (wgmma.h)
-          fh::wgmma_wait<0>();
-          if (warp_leader) pipe_q->consumer_release(sq);
-        }
+        add_dq_release_q(dq);
       }
     } else if (has_cols) {
       float dq[T::kBlockM / 2];
