@@ -23,6 +23,41 @@ REFERENCE_HEADDIMS = (64, 128, 256)
 REFERENCE_DTYPES = (torch.bfloat16,)
 
 
+# The differentiable calls (attention, attention_varlen and the flash-attn interfaces on them)
+# also take the head dims between, up to the largest, as FlashAttention does: zero-padded to the
+# next supported one (zero columns of q and k add nothing to q k^T, those of v give zero columns
+# of out, sliced off; the gradients' padded columns are dropped by the pad's backward), at the
+# padded head dim's cost.
+MAX_PADDED_HEADDIM = SUPPORTED_HEADDIMS[-1]
+
+
+def padded_headdim(d: int) -> int | None:
+    """The supported head dim that a head dim d between the supported ones runs at, or None
+    (d supported itself, or out of range)."""
+    if d in SUPPORTED_HEADDIMS or not 1 <= d <= MAX_PADDED_HEADDIM:
+        return None
+    return next(s for s in SUPPORTED_HEADDIMS if s > d)
+
+
+def headdim_error(d: int, pads: bool) -> ValueError:
+    supported = ", ".join(map(str, SUPPORTED_HEADDIMS))
+    if pads:
+        return ValueError(f"headdim {d} is not supported (supported: {supported}, and every head dim "
+                          f"from 1 to {MAX_PADDED_HEADDIM}, padded to the next of those)")
+    return ValueError(f"headdim {d} is not supported (supported: {supported}; attention() and "
+                      f"attention_varlen() also take 1 to {MAX_PADDED_HEADDIM}, padded)")
+
+
+def run_padded(fn, q, k, v, scale: float, *args, **kwargs):
+    """(out, lse) of fn (attention or attention_varlen) on q, k, v zero-padded from their head
+    dim to padded_headdim's, with the softmax scale of the head dim given; out sliced back."""
+    d = q.shape[-1]
+    pad = padded_headdim(d) - d
+    qp, kp, vp = (torch.nn.functional.pad(x, (0, pad)) for x in (q, k, v))
+    out, lse = fn(qp, kp, vp, *args, softmax_scale=scale, return_lse=True, **kwargs)
+    return out.narrow(-1, 0, d), lse
+
+
 def hopper_only(dtype: torch.dtype, headdim: int) -> bool:
     return dtype not in REFERENCE_DTYPES or headdim not in REFERENCE_HEADDIMS
 
@@ -88,8 +123,9 @@ def check_scale(softmax_scale, headdim: int) -> float:
     return float(softmax_scale)
 
 
-def check_qkv(q, k, v) -> tuple[int, int, int, int, int, int]:
-    """Validates q, k, v; returns (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim)."""
+def check_qkv(q, k, v, pads: bool = False) -> tuple[int, int, int, int, int, int]:
+    """Validates q, k, v; returns (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim).
+    pads: the caller pads head dims between the supported ones (padded_headdim)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, x)
     _check_same_dtype({"q": q, "k": k, "v": v})
@@ -115,9 +151,8 @@ def check_qkv(q, k, v) -> tuple[int, int, int, int, int, int]:
         raise ValueError(f"batch {b} is larger than the supported maximum {MAX_BATCH}")
     if h > MAX_HEADS:
         raise ValueError(f"nheads {h} is larger than the supported maximum {MAX_HEADS}")
-    if d not in SUPPORTED_HEADDIMS:
-        raise ValueError(
-            f"headdim {d} is not supported (supported: {', '.join(map(str, SUPPORTED_HEADDIMS))})")
+    if d not in SUPPORTED_HEADDIMS and not (pads and padded_headdim(d)):
+        raise headdim_error(d, pads)
     return b, sq, sk, h, hk, d
 
 
@@ -153,11 +188,11 @@ def check_output_layout(name: str, x) -> None:
         reach = stride * size
 
 
-def check_forward_args(q, k, v, out=None, lse=None, softmax_scale=None, require_cuda=True):
+def check_forward_args(q, k, v, out=None, lse=None, softmax_scale=None, require_cuda=True, pads=False):
     """All metadata checks of a forward call; returns (batch, seqlen_q, seqlen_k, nheads,
     nheads_k, headdim). Runs on fake tensors too (no data access). The fake kernels pass
     require_cuda=False: the ops' dispatch already limits the real kernels to CUDA."""
-    dims = check_qkv(q, k, v)
+    dims = check_qkv(q, k, v, pads)
     b, sq, _, h, _, _ = dims
     named = dict(q=q, k=k, v=v)
     if out is not None:

@@ -21,13 +21,19 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, softmax_sca
               deterministic: bool = False, return_lse: bool = False):
     """Differentiable softmax(scale * q k^T) v. Returns out, or (out, lse) when return_lse.
 
+    Head dims between 1 and 256 that have no kernel of their own (not 64, 128, 192, 256) run
+    zero-padded to the next that has, with the softmax scale of the head dim given.
+
     deterministic: the gradients are bitwise reproducible run to run (the Hopper backward with
     the dQ adds of each tile in a fixed order: ~0.9x the default speed at head dim 256; the
     reference backward, which has no atomics, where the Hopper path declines the layout). When
     False, dQ is summed with atomics. The returned lse carries no gradient.
     """
-    _checks.check_forward_args(q, k, v, softmax_scale=softmax_scale)
+    _checks.check_forward_args(q, k, v, softmax_scale=softmax_scale, pads=True)
     scale = _checks.check_scale(softmax_scale, q.shape[-1])
+    if _checks.padded_headdim(q.shape[-1]):
+        out, lse = _checks.run_padded(attention, q, k, v, scale, causal=causal, deterministic=deterministic)
+        return (out, lse) if return_lse else out
     if _ops.eager_ok(q, k, v):
         out, lse = _ops.attention_eager(q, k, v, scale, bool(causal), bool(deterministic))
     else:  # torch.compile, modes, subclasses: the op, which they see and trace

@@ -72,8 +72,9 @@ def _check_max(name: str, value) -> int:
 
 
 def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                      softmax_scale=None, require_cuda=True):
-    """Metadata checks (also on fake tensors); returns (batch, nheads, nheads_k, headdim)."""
+                      softmax_scale=None, require_cuda=True, pads=False):
+    """Metadata checks (also on fake tensors); returns (batch, nheads, nheads_k, headdim).
+    pads: the caller pads head dims between the supported ones (_checks.padded_headdim)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_packed(name, x)
     _checks._check_same_dtype({"q": q, "k": k, "v": v})
@@ -87,8 +88,8 @@ def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
         raise ValueError(f"nheads of q ({h}) must be a positive multiple of nheads of k and v ({hk}) (GQA/MQA)")
     if h > _checks.MAX_HEADS:
         raise ValueError(f"nheads {h} is larger than the supported maximum {_checks.MAX_HEADS}")
-    if d not in _checks.SUPPORTED_HEADDIMS:
-        raise ValueError(f"headdim {d} is not supported (supported: {', '.join(map(str, _checks.SUPPORTED_HEADDIMS))})")
+    if d not in _checks.SUPPORTED_HEADDIMS and not (pads and _checks.padded_headdim(d)):
+        raise _checks.headdim_error(d, pads)
     batch = _check_offsets("cu_seqlens_q", cu_seqlens_q, q, None)
     _check_offsets("cu_seqlens_k", cu_seqlens_k, q, batch)
     if batch > _checks.MAX_BATCH:
@@ -357,10 +358,15 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_s
                      softmax_scale: float | None = None, deterministic: bool = False,
                      return_lse: bool = False):
     """Differentiable attention over a packed variable-length batch (module docstring). Returns
-    out (total_q, nheads, headdim), or (out, lse) with lse (nheads, total_q) when return_lse."""
+    out (total_q, nheads, headdim), or (out, lse) with lse (nheads, total_q) when return_lse.
+    Head dims 1-256 without a kernel of their own run zero-padded, as in attention()."""
     d = check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                          softmax_scale)[-1]
+                          softmax_scale, pads=True)[-1]
     scale = _checks.check_scale(softmax_scale, d)
+    if _checks.padded_headdim(d):
+        out, lse = _checks.run_padded(attention_varlen, q, k, v, scale, cu_seqlens_q, cu_seqlens_k,
+                                      max_seqlen_q, max_seqlen_k, causal=causal, deterministic=deterministic)
+        return (out, lse) if return_lse else out
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), scale,
             bool(causal), bool(deterministic))
     if _ops.eager_ok(q, k, v, cu_seqlens_q, cu_seqlens_k):

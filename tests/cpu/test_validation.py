@@ -91,9 +91,82 @@ def test_nheads_not_divisible():
 
 @pytest.mark.parametrize("d", [32, 80, 96, 160, 320])
 def test_unsupported_headdim(d):
+    """The calls without autograd take the supported head dims only, and say that the
+    differentiable ones pad the others."""
     q, k, v = qkv(d=d)
-    with pytest.raises(ValueError, match=rf"headdim {d} is not supported \(supported: 64, 128, 192, 256\)"):
+    with pytest.raises(ValueError, match=rf"headdim {d} is not supported \(supported: 64, 128, 192, 256; "
+                                         r"attention\(\) and attention_varlen\(\) also take 1 to 256, padded\)"):
+        flashback.attention_forward(q, k, v)
+
+
+@pytest.mark.parametrize("d", [257, 320])
+def test_headdim_past_the_largest(d):
+    q, k, v = qkv(d=d)
+    with pytest.raises(ValueError, match=rf"headdim {d} is not supported \(supported: 64, 128, 192, 256, "
+                                         r"and every head dim from 1 to 256, padded to the next of those\)"):
         flashback.attention(q, k, v)
+
+
+@pytest.mark.parametrize("d", [1, 32, 80, 96, 160, 224])
+def test_padded_headdims_pass_the_checks(d):
+    """attention() takes the head dims between the supported ones: these CPU inputs get past
+    the head-dim check to the device check."""
+    q, k, v = qkv(d=d)
+    with pytest.raises(ValueError, match=r"q is on device 'cpu'; flashback runs on CUDA GPUs"):
+        flashback.attention(q, k, v)
+
+
+@pytest.mark.parametrize("d", [80, 96, 224])
+def test_padded_headdim_on_fake_cuda_tensors(d):
+    """Under a fake mode (as torch.compile traces) the padded call gives out of the head dim
+    given and lse as usual; varlen the same."""
+    with fake_mode():
+        q, k, v = qkv(b=2, sq=33, sk=17, h=8, hk=2, d=d, device="cuda")
+        out, lse = flashback.attention(q, k, v, causal=True, return_lse=True)
+        assert out.shape == q.shape and out.dtype == BF16 and lse.shape == (2, 8, 33)
+        cu = torch.tensor([0, 5, 33], dtype=torch.int32, device="cuda")
+        qv, kv, vv = (torch.empty(33, h, d, dtype=BF16, device="cuda") for h in (8, 2, 2))
+        out, lse = flashback.attention_varlen(qv, kv, vv, cu, cu, 28, 28, return_lse=True)
+        assert out.shape == qv.shape and lse.shape == (8, 33)
+
+
+def _attention_math(q, k, v, causal=False, softmax_scale=None, deterministic=False, return_lse=True):
+    """softmax(scale q k^T) v and its LSE in fp32 on (batch, seqlen, heads, d), GQA by repeat:
+    a stand-in for the kernels, to check what run_padded does around them."""
+    assert return_lse
+    g = q.shape[2] // k.shape[2]
+    kk, vv = (x.repeat_interleave(g, dim=2).float() for x in (k, v))
+    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), kk) * softmax_scale
+    if causal:
+        sq, sk = q.shape[1], k.shape[1]
+        keep = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + sk - sq
+        s = s.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1), vv)
+    return out.to(q.dtype), lse
+
+
+@pytest.mark.parametrize("d", [1, 40, 96, 160, 224])
+@pytest.mark.parametrize("causal", [False, True])
+def test_run_padded_equals_the_unpadded_math(d, causal):
+    """Zero columns of q and k leave q k^T as it is, those of v give zero columns of out: the
+    padded call's out, LSE and gradients (through the pad and the slice) equal the math at d,
+    with d's softmax scale."""
+    from flashback import _checks
+    torch.manual_seed(d)
+    q, k, v = (t.float().requires_grad_() for t in qkv(b=2, sq=9, sk=13, h=4, hk=2, d=d))
+    scale = _checks.check_scale(None, d)
+    out, lse = _checks.run_padded(_attention_math, q, k, v, scale, causal=causal)
+    ref_out, ref_lse = _attention_math(q, k, v, causal=causal, softmax_scale=scale)
+    assert out.shape == q.shape and lse.shape == ref_lse.shape
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-5, atol=1e-5)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref_grads = torch.autograd.grad(ref_out, (q, k, v), dout)
+    for name, g, r in zip("qkv", grads, ref_grads):
+        assert g.shape == r.shape, name
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5, msg=f"d{name}")
 
 
 @pytest.mark.parametrize("sq,sk", [(0, 16), (16, 0), (0, 0)])

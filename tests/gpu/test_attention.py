@@ -303,6 +303,38 @@ def test_matches_reference(case, deterministic):
         assert bool((grads[0][:, :n] == 0).all()), f"{ctx}: dq is not 0 in the {n} rows that see no key"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [
+    Case(2, 1000, 1000, 8, 2, 96, True),
+    Case(2, 113, 1000, 4, 4, 80, False),
+    Case(1, 17, 4095, 2, 2, 160, True),
+    Case(2, 1000, 113, 4, 2, 224, True),       # empty rows
+    Case(1, 300, 300, 2, 1, 32, False),
+    Case(2, 113, 113, 4, 4, 96, True, dtype=torch.float16),
+], ids=str)
+def test_padded_headdims_match_reference(case):
+    """attention() at head dims between the supported ones (zero-padded to the next): out, lse
+    and the gradients through autograd within the bar, on the Hopper kernels."""
+    padded = flashback._checks.padded_headdim(case.headdim)
+    if _FORCE_REFERENCE and flashback._checks.hopper_only(case.dtype, padded):
+        pytest.skip("runs on the Hopper kernels only (FLASHBACK_FORCE_REFERENCE is set)")
+    x, (out32, lse32, g32), (outlp, _, glp) = _inputs_and_references(case)
+    ctx = f"{case} (padded to {padded}) seed={x.seed}"
+    leaves = [t.clone().requires_grad_() for t in (x.q, x.k, x.v)]
+    out, lse = flashback.attention(*leaves, causal=case.causal, softmax_scale=case.softmax_scale,
+                                   return_lse=True)
+    grads = torch.autograd.grad(out, leaves, x.dout)
+    for direction, path in (("forward", flashback.last_forward_path()),
+                            ("backward", flashback.last_backward_path())):
+        assert path == "sm90" or _FORCE_REFERENCE, f"{ctx}: the {direction} ran {path!r}"
+    assert out.shape == x.q.shape and out.dtype == case.dtype
+    _check(ctx, "out", out, out32, outlp)
+    _check_lse(ctx, lse, lse32, case.empty_rows)
+    for name, ours, r32, rlp in zip(("dq", "dk", "dv"), grads, g32, glp):
+        assert ours.shape == r32.shape, f"{ctx}: {name} shape {tuple(ours.shape)}"
+        _check(ctx, name, ours, r32, rlp)
+
+
 # ----------------------------------------------------------------------------------------------
 # Autograd, determinism, torch.compile, custom-op registration
 
