@@ -48,12 +48,13 @@ def main():
                 out, _ = flashback.attention_forward(q, k, v, causal=causal)
                 assert flashback.last_forward_path() == "sm90", flashback.last_forward_path()
                 assert not torch.isnan(out).any(), (d, name, causal)
-            q = torch.randn(1, 300, 2, d, generator=g, device="cuda").to(dtype)
-            k, v = (torch.randn(1, 5000, 2, d, generator=g, device="cuda").to(dtype) for _ in range(2))
-            for causal in (True, False):
-                out, _ = flashback.attention_forward(q, k, v, causal=causal)
-                assert flashback.last_forward_path() == "sm90", flashback.last_forward_path()
-                assert not torch.isnan(out).any(), (d, name, causal, "long keys")
+            for sq in (300, 256):  # 3 Q blocks of 128, then 2 (an even number: 2-CTA clusters)
+                q = torch.randn(1, sq, 2, d, generator=g, device="cuda").to(dtype)
+                k, v = (torch.randn(1, 5000, 2, d, generator=g, device="cuda").to(dtype) for _ in range(2))
+                for causal in (True, False):
+                    out, _ = flashback.attention_forward(q, k, v, causal=causal)
+                    assert flashback.last_forward_path() == "sm90", flashback.last_forward_path()
+                    assert not torch.isnan(out).any(), (d, name, causal, "long keys", sq)
             torch.cuda.synchronize()
             print(f"d={d} {name}: ok", flush=True)
 

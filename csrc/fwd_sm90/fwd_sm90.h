@@ -97,6 +97,15 @@ struct FwdSm90Config {
   // multiply-shift divisors instead of three integer divisions (~20 instructions each), which a
   // persistent CTA runs between its tiles with the tensor cores idle.
   bool fast_tile_decode = false;
+  // Non-causal calls on one CTA per tile: clusters of two CTAs on Q blocks 2i and 2i + 1 of one
+  // (batch, head), which walk the same K/V blocks. Each CTA loads half the rows of every K / V
+  // block and multicasts them into both CTAs' stage (hopper::tma_load_multicast_4d), so a block
+  // crosses from L2 to the SMs once per pair instead of twice: at 1 / block_m bytes per FLOP that
+  // traffic is ~5 TB/s at 650 TFLOP/s. A stage is refilled only when the consumers of both CTAs
+  // have released it (their arrivals go to both CTAs' empty barriers), which ties the two CTAs'
+  // steps together. Calls with an odd number of Q blocks and varlen calls run the head dim's Full
+  // config instead (fwd_sm90_multicast_ok). FA3 launches its non-causal forwards at d >= 128 so.
+  bool kv_multicast = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -148,6 +157,11 @@ constexpr FwdSm90Config kFwdSm90Hdim128FullLong = {128, 176, 2, 2, 24, 240, true
                                                   false, false, false, false, true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim192FullLong = kFwdSm90Hdim192Full;
 static constexpr const FwdSm90Config& kFwdSm90Hdim256FullLong = kFwdSm90Hdim256Full;
+// Candidate, not yet measured (docs/perf-log.md, "K/V multicast in 2-CTA clusters for the d = 128
+// non-causal forward"): kFwdSm90Hdim128FullLong with kv_multicast (no tile counter: one CTA per
+// tile only).
+constexpr FwdSm90Config kFwdSm90Hdim128FullLongMc = {128, 176, 2, 2, 24, 240, true, false, true, false,
+                                                    false, false, false, false, true, false, true};
 // Measured slower and removed: d = 128 with 176-key blocks on the causal config's flags
 // (-1.2..-1.8% non-causal, docs/perf-log.md, "Five candidates measured"); the non-causal forward
 // on a persistent grid at every length (+1.7 / +2.4% at 8k / 16k, below kFwdSm90Hdim128FullLong).
@@ -336,6 +350,9 @@ bool fwd_sm90_k_ahead(const flashback_fwd_params& p);
 // Whether a CTA of this call walks more than one tile (persistent or counter-fed): the head
 // dim's Multi config serves it.
 bool fwd_sm90_multi_tile(const flashback_fwd_params& p);
+// Whether a kv_multicast config can run the call: dense (no varlen: a cluster's two tiles must
+// be one sequence's) and an even number of Q blocks of 64 x consumer_wgs rows.
+bool fwd_sm90_multicast_ok(const flashback_fwd_params& p, int consumer_wgs);
 
 // Runs the forward on `stream`. Returns cudaErrorNotSupported without launching anything when
 // a tensor map cannot be encoded (the caller then takes the reference path).

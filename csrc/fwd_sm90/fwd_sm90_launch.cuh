@@ -127,8 +127,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       if (p.out_tma) fh::tma_prefetch_map(&map_o);
     }
     pipe_q->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp after its O left
-    pipe_k->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp
-    pipe_v->init(T::kConsumerWarps);
+    // empty[s]: one arrival per consumer warp (kv_multicast: of both CTAs)
+    pipe_k->init(T::kConsumerWarps * (T::kKvMulticast ? 2 : 1));
+    pipe_v->init(T::kConsumerWarps * (T::kKvMulticast ? 2 : 1));
     if constexpr (T::kDynamic) {
       // full[s]: the producer's arrive after it wrote the id; empty[s]: one per consumer warp
       reinterpret_cast<fh::TmaPipeline<2>*>(smem + T::kOffPipeTile)->init(T::kConsumerWarps);
@@ -138,7 +139,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       reinterpret_cast<fh::TmaPipeline<1>*>(smem + T::kOffPipeO)->init(T::kConsumerWarps);
     }
   }
-  __syncthreads();
+  // kv_multicast: the partner's barriers are initialised before any multicast or remote arrive
+  // reaches them.
+  if constexpr (T::kKvMulticast) {
+    fh::cluster_sync();
+  } else {
+    __syncthreads();
+  }
   if constexpr (T::kDynamic) {
     if (p.tile_counter != nullptr) {
       fwd_sm90_dynamic_tiles<T>(p, map_q, map_k, map_v, map_o, smem, pipe_q, pipe_k, pipe_v, wg);
@@ -165,13 +172,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     auto next_id = [&] { return id += static_cast<int>(gridDim.x); };
     fwd_sm90_consumer_tiles<T>(p, smem, pipe_q, pipe_k, pipe_v, wg - 1, &map_o, next_id);
   }
+  // kv_multicast: no CTA leaves while its partner may still arrive on its barriers.
+  if constexpr (T::kKvMulticast) fh::cluster_sync();
 }
 
 template <class T>
 cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stream) {
   CUtensorMap map_q, map_k, map_v;
   bool hi[3];
-  constexpr uint32_t kRowsQ = T::kBlockM, kRowsKv = T::kBlockN;
+  constexpr uint32_t kRowsQ = T::kBlockM, kRowsKv = T::kKvLoadRows;
   if (make_call_map(&map_q, &hi[0], p.q, p.q_strides, p, true, kRowsQ) != cudaSuccess ||
       make_call_map(&map_k, &hi[1], p.k, p.k_strides, p, false, kRowsKv) != cudaSuccess ||
       make_call_map(&map_v, &hi[2], p.v, p.v_strides, p, false, kRowsKv) != cudaSuccess) {
@@ -256,6 +265,13 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
       kp.tile_counter = nullptr;
     }
   }
+  if constexpr (T::kKvMulticast) {
+    // One CTA per tile, Q blocks 2i and 2i + 1 of a pair in one cluster (fwd_sm90_multicast_ok:
+    // an even number of Q blocks, so every cluster's two tiles share the pair).
+    if (fwd_sm90_persistent(p) || kp.m_blocks % 2 != 0 || p.causal) return cudaErrorNotSupported;
+    return fh::launch_with_cluster(kernel, dim3(kp.num_tiles), dim3(T::kThreads), T::kSmemBytes, stream,
+                                   dim3(2, 1, 1), map_q, map_k, map_v, map_o, kp);
+  }
   const int grid = fwd_sm90_persistent(p) ? std::min(kp.num_tiles, fwd_sm90_sm_count()) : kp.num_tiles;
   kernel<<<dim3(grid), T::kThreads, T::kSmemBytes, stream>>>(map_q, map_k, map_v, map_o, kp);
   return cudaGetLastError();
@@ -272,7 +288,9 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
     }                                                                                              \
     if (p.causal) return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D, DTYPE>>(p, stream);    \
     if constexpr (&kFwdSm90Hdim##D##FullLong != &kFwdSm90Hdim##D##Full) {                          \
-      if (!fwd_sm90_persistent(p)) return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D##FullLong, DTYPE>>(p, stream); \
+      if (!fwd_sm90_persistent(p) &&                                                               \
+          (!kFwdSm90Hdim##D##FullLong.kv_multicast || fwd_sm90_multicast_ok(p, kFwdSm90Hdim##D.consumer_wgs))) \
+        return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D##FullLong, DTYPE>>(p, stream);   \
     }                                                                                              \
     return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D##Full, DTYPE>>(p, stream);            \
   }
