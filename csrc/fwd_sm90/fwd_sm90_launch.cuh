@@ -268,7 +268,7 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
   if constexpr (T::kKvMulticast) {
     // One CTA per tile, Q blocks 2i and 2i + 1 of a pair in one cluster (fwd_sm90_multicast_ok:
     // an even number of Q blocks, so every cluster's two tiles share the pair).
-    if (fwd_sm90_persistent(p) || kp.m_blocks % 2 != 0 || p.causal) return cudaErrorNotSupported;
+    if (!fwd_sm90_multicast_ok(p, T::kConsumerWgs) || fwd_sm90_persistent(p)) return cudaErrorNotSupported;
     return fh::launch_with_cluster(kernel, dim3(kp.num_tiles), dim3(T::kThreads), T::kSmemBytes, stream,
                                    dim3(2, 1, 1), map_q, map_k, map_v, map_o, kp);
   }
