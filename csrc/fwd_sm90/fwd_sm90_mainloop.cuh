@@ -141,7 +141,6 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
                                                   fh::PipelineState<T::kStages>& st) {
   const int kv_head = w.head / p.group;
   using State = fh::PipelineState<T::kStages>;
-  // K_j / V_j into stage `at`.
   // kv_multicast: this CTA's half of the block into both CTAs (the partner's half arrives on
   // the same full barrier, which expects the whole tile).
   auto load_half = [&](uint8_t* dst, const CUtensorMap* map, uint64_t* bar, bool head_inner, int j) {
@@ -150,6 +149,7 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
                                      w.row_k + j * T::kBlockN + static_cast<int>(rank) * T::kKvLoadRows,
                                      kv_head, w.map_batch, 0x3);
   };
+  // K_j / V_j into stage `at`.
   auto load_k = [&](int j, const State& at) {
     pipe_k->producer_acquire(at);
     pipe_k->producer_expect(at, T::kKvTileBytes);
