@@ -292,7 +292,7 @@ constexpr BwdSm90L2 kBwdSm90L2 = {16384, 8192, 1024};
 // Query rows a CTA walks (seqlen_q x the GQA group) from which a pair config runs. Measured
 // at d = 256: the single CTA faster by 1.7-12% at 512-2048 rows, the pair faster from 4096,
 // before the pair split S and dP by role; after it, the pair against the single CTA (H100,
-// bf16, A B A B, default mode): causal -2.0 / +3.2 / +4.6%, non-causal -5.6 / +0.3 / +4.4% at
+// bf16, GPU time, builds interleaved x 2, default mode): causal -2.0 / +3.2 / +4.6%, non-causal -5.6 / +0.3 / +4.4% at
 // 512 / 1024 / 2048 (docs/perf-log.md, "Measured 2026-12-06, seventh run"). So from 1024.
 constexpr int kBwdSm90PairMinRows = 1024;
 

@@ -149,9 +149,11 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // where it is the Full config's object, Full serves them. d = 128: FA3's public arrangement for
 // these calls, 176-key blocks (O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 =
 // 208 KB) with ping-pong and the P V wait below the softmax. Measured as the Full config at every
-// length (H100, bf16, A B A B per call): +3.1 / +5.7% at 8k / 16k, -1.4% at 4k and -4..-15% at
-// 512-2048 on the persistent grid, hence from 8k only; 176 keys alone +3.1 / +3.7%, ping-pong
-// and the P V wait on 128 keys +1.7 / -0.1% (docs/perf-log.md, "Measured 2026-12-06, seventh run").
+// length (H100, bf16, GPU time, builds interleaved x 2): +3.1 / +5.7% at 8k / 16k, -1.4% at 4k
+// and -4..-15% at 512-2048 on the persistent grid, hence from 8k only; 176 keys alone +3.1 /
+// +3.7%, ping-pong and the P V wait on 128 keys +1.7 / -0.1%. From 8k against the 128-key config
+// per call at the power cap (A B x 3): +4.7 / +3.2% at 8k / 16k (docs/perf-log.md, "Measured
+// 2026-12-06, seventh run").
 static constexpr const FwdSm90Config& kFwdSm90Hdim64FullLong = kFwdSm90Hdim64Full;
 constexpr FwdSm90Config kFwdSm90Hdim128FullLong = {128, 176, 2, 2, 24, 240, true, true, true, false,
                                                   false, false, false, false, true};
