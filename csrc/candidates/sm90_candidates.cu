@@ -23,6 +23,7 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256DetQFirstPoll)
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
       const flashback_fwd_params&, cudaStream_t);
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullLongMc)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullMc)
 #undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

@@ -164,6 +164,11 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256FullLong = kFwdSm90Hdim256F
 // tile only).
 constexpr FwdSm90Config kFwdSm90Hdim128FullLongMc = {128, 176, 2, 2, 24, 240, true, false, true, false,
                                                     false, false, false, false, true, false, true};
+// And kFwdSm90Hdim128Full with kv_multicast: the non-causal calls to 4096 keys, on the persistent
+// grid, in clusters (swap it in for kFwdSm90Hdim128Full; calls with an odd number of Q blocks
+// then run the causal config).
+constexpr FwdSm90Config kFwdSm90Hdim128FullMc = {128, 128, 2, 2, 24, 240, false, false, false, false,
+                                                false, false, false, false, true, false, true};
 // Measured slower and removed: d = 128 with 176-key blocks on the causal config's flags
 // (-1.2..-1.8% non-causal, docs/perf-log.md, "Five candidates measured"); the non-causal forward
 // on a persistent grid at every length (+1.7 / +2.4% at 8k / 16k, below kFwdSm90Hdim128FullLong).

@@ -266,10 +266,14 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
     }
   }
   if constexpr (T::kKvMulticast) {
-    // One CTA per tile, Q blocks 2i and 2i + 1 of a pair in one cluster (fwd_sm90_multicast_ok:
-    // an even number of Q blocks, so every cluster's two tiles share the pair).
-    if (!fwd_sm90_multicast_ok(p, T::kConsumerWgs) || fwd_sm90_persistent(p)) return cudaErrorNotSupported;
-    return fh::launch_with_cluster(kernel, dim3(kp.num_tiles), dim3(T::kThreads), T::kSmemBytes, stream,
+    // Q blocks 2i and 2i + 1 of a pair in one cluster (fwd_sm90_multicast_ok: an even number of
+    // Q blocks, so every cluster's two tiles share the pair). A persistent grid of an even
+    // number of CTAs keeps that through its stride: a cluster's CTAs take tiles 2c + k x grid and
+    // 2c + 1 + k x grid, both or neither (the tile count is even).
+    if (!fwd_sm90_multicast_ok(p, T::kConsumerWgs)) return cudaErrorNotSupported;
+    const int grid = fwd_sm90_persistent(p) ? std::max(2, std::min(kp.num_tiles, fwd_sm90_sm_count()) / 2 * 2)
+                                            : kp.num_tiles;
+    return fh::launch_with_cluster(kernel, dim3(grid), dim3(T::kThreads), T::kSmemBytes, stream,
                                    dim3(2, 1, 1), map_q, map_k, map_v, map_o, kp);
   }
   const int grid = fwd_sm90_persistent(p) ? std::min(kp.num_tiles, fwd_sm90_sm_count()) : kp.num_tiles;
@@ -287,6 +291,12 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
       if (fwd_sm90_multi_tile(p)) return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D##Multi, DTYPE>>(p, stream); \
     }                                                                                              \
     if (p.causal) return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D, DTYPE>>(p, stream);    \
+    /* A Full config with kv_multicast takes the calls that clusters can pair, the causal */      \
+    /* config (which serves non-causal calls too) the others. */                                  \
+    if constexpr (kFwdSm90Hdim##D##Full.kv_multicast) {                                            \
+      if (!fwd_sm90_multicast_ok(p, kFwdSm90Hdim##D.consumer_wgs))                                 \
+        return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D, DTYPE>>(p, stream);              \
+    }                                                                                              \
     if constexpr (&kFwdSm90Hdim##D##FullLong != &kFwdSm90Hdim##D##Full) {                          \
       if (!fwd_sm90_persistent(p) &&                                                               \
           (!kFwdSm90Hdim##D##FullLong.kv_multicast || fwd_sm90_multicast_ok(p, kFwdSm90Hdim##D.consumer_wgs))) \

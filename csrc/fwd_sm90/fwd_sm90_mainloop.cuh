@@ -80,8 +80,10 @@ struct FwdSm90Traits {
   // periods (kKvLoadRows % 8 == 0), so the tile's layout is as if one box had brought it.
   static constexpr bool kKvMulticast = kCfg.kv_multicast;
   static constexpr int kKvLoadRows = kKvMulticast ? kBlockN / 2 : kBlockN;
-  static_assert(!kKvMulticast || (kKvLoadRows % 8 == 0 && !kCfg.dynamic_tiles),
-                "kv_multicast: halves of whole swizzle periods; one CTA per tile (no tile counter)");
+  static_assert(!kKvMulticast || (kKvLoadRows % 8 == 0 && !kCfg.dynamic_tiles && !kCfg.o_over_v),
+                "kv_multicast: halves of whole swizzle periods; no tile counter (a cluster's CTAs "
+                "take tiles 2i, 2i + 1 of the static order); no O staged over V (the partner's V "
+                "half could land before this CTA's O has left)");
   // o_over_v: the O-free barrier (one arrival per consumer warp after its O rows left the V
   // stages; the producer waits for it before the next tile's V_0). It runs in step with the one
   // Q stage, so it shares the Q ring's state.
