@@ -269,10 +269,19 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
     // Q blocks 2i and 2i + 1 of a pair in one cluster (fwd_sm90_multicast_ok: an even number of
     // Q blocks, so every cluster's two tiles share the pair). A persistent grid of an even
     // number of CTAs keeps that through its stride: a cluster's CTAs take tiles 2c + k x grid and
-    // 2c + 1 + k x grid, both or neither (the tile count is even).
+    // 2c + 1 + k x grid, both or neither (the tile count is even). Where no cluster fits (SMs
+    // partitioned away), nothing is launched and the caller takes the reference path.
+    // The persistent grid has as many clusters as can be resident at once (a GPC with an odd
+    // number of free SMs leaves one idle), so none waits for another to finish its tiles.
     if (!fwd_sm90_multicast_ok(p, T::kConsumerWgs)) return cudaErrorNotSupported;
-    const int grid = fwd_sm90_persistent(p) ? std::max(2, std::min(kp.num_tiles, fwd_sm90_sm_count()) / 2 * 2)
-                                            : kp.num_tiles;
+    int clusters = 0;
+    if (fh::max_active_clusters(kernel, dim3(2), dim3(T::kThreads), T::kSmemBytes, dim3(2, 1, 1), &clusters) !=
+            cudaSuccess ||
+        clusters < 1) {
+      (void)cudaGetLastError();
+      return cudaErrorNotSupported;
+    }
+    const int grid = fwd_sm90_persistent(p) ? std::min(kp.num_tiles, 2 * clusters) : kp.num_tiles;
     return fh::launch_with_cluster(kernel, dim3(grid), dim3(T::kThreads), T::kSmemBytes, stream,
                                    dim3(2, 1, 1), map_q, map_k, map_v, map_o, kp);
   }
