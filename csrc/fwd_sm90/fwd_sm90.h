@@ -97,14 +97,16 @@ struct FwdSm90Config {
   // multiply-shift divisors instead of three integer divisions (~20 instructions each), which a
   // persistent CTA runs between its tiles with the tensor cores idle.
   bool fast_tile_decode = false;
-  // Non-causal calls on one CTA per tile: clusters of two CTAs on Q blocks 2i and 2i + 1 of one
-  // (batch, head), which walk the same K/V blocks. Each CTA loads half the rows of every K / V
+  // Non-causal calls (a Full or FullLong config): clusters of two CTAs on Q blocks 2i and 2i + 1
+  // of one (batch, head), which walk the same K/V blocks (one CTA per tile, or a persistent grid
+  // whose stride keeps each cluster on one pair). Each CTA loads half the rows of every K / V
   // block and multicasts them into both CTAs' stage (hopper::tma_load_multicast_4d), so a block
   // crosses from L2 to the SMs once per pair instead of twice: at 1 / block_m bytes per FLOP that
   // traffic is ~5 TB/s at 650 TFLOP/s. A stage is refilled only when the consumers of both CTAs
   // have released it (their arrivals go to both CTAs' empty barriers), which ties the two CTAs'
-  // steps together. Calls with an odd number of Q blocks and varlen calls run the head dim's Full
-  // config instead (fwd_sm90_multicast_ok). FA3 launches its non-causal forwards at d >= 128 so.
+  // steps together. Calls with an odd number of Q blocks and varlen calls (fwd_sm90_multicast_ok)
+  // run another config: a multicast FullLong's the Full config, a multicast Full's the causal
+  // config. FA3 launches its non-causal forwards at d >= 128 so.
   bool kv_multicast = false;
 };
 

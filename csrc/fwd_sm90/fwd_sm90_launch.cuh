@@ -12,6 +12,7 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "sm90/sm90_hang_guard.h"  // first: before anything includes the Hopper layer
 
@@ -274,13 +275,21 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
     // The persistent grid has as many clusters as can be resident at once (a GPC with an odd
     // number of free SMs leaves one idle), so none waits for another to finish its tiles.
     if (!fwd_sm90_multicast_ok(p, T::kConsumerWgs)) return cudaErrorNotSupported;
-    int clusters = 0;
-    if (fh::max_active_clusters(kernel, dim3(2), dim3(T::kThreads), T::kSmemBytes, dim3(2, 1, 1), &clusters) !=
-            cudaSuccess ||
-        clusters < 1) {
-      (void)cudaGetLastError();
-      return cudaErrorNotSupported;
+    // Asked once per device and instance (a fixed property of the two), as the SM count is.
+    static std::atomic<int> resident[64] = {};  // per device ordinal; 0 = not asked yet, -1 = none
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return cudaErrorNotSupported;
+    int clusters = resident[dev].load(std::memory_order_relaxed);
+    if (clusters == 0) {
+      if (fh::max_active_clusters(kernel, dim3(2), dim3(T::kThreads), T::kSmemBytes, dim3(2, 1, 1), &clusters) !=
+              cudaSuccess ||
+          clusters < 1) {
+        (void)cudaGetLastError();
+        clusters = -1;
+      }
+      resident[dev].store(clusters, std::memory_order_relaxed);
     }
+    if (clusters < 1) return cudaErrorNotSupported;
     const int grid = fwd_sm90_persistent(p) ? std::min(kp.num_tiles, 2 * clusters) : kp.num_tiles;
     return fh::launch_with_cluster(kernel, dim3(grid), dim3(T::kThreads), T::kSmemBytes, stream,
                                    dim3(2, 1, 1), map_q, map_k, map_v, map_o, kp);
@@ -300,16 +309,16 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
       if (fwd_sm90_multi_tile(p)) return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D##Multi, DTYPE>>(p, stream); \
     }                                                                                              \
     if (p.causal) return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D, DTYPE>>(p, stream);    \
+    if constexpr (&kFwdSm90Hdim##D##FullLong != &kFwdSm90Hdim##D##Full) {                          \
+      if (!fwd_sm90_persistent(p) &&                                                               \
+          (!kFwdSm90Hdim##D##FullLong.kv_multicast || fwd_sm90_multicast_ok(p, kFwdSm90Hdim##D.consumer_wgs))) \
+        return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D##FullLong, DTYPE>>(p, stream);   \
+    }                                                                                              \
     /* A Full config with kv_multicast takes the calls that clusters can pair, the causal */      \
     /* config (which serves non-causal calls too) the others. */                                  \
     if constexpr (kFwdSm90Hdim##D##Full.kv_multicast) {                                            \
       if (!fwd_sm90_multicast_ok(p, kFwdSm90Hdim##D.consumer_wgs))                                 \
         return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D, DTYPE>>(p, stream);              \
-    }                                                                                              \
-    if constexpr (&kFwdSm90Hdim##D##FullLong != &kFwdSm90Hdim##D##Full) {                          \
-      if (!fwd_sm90_persistent(p) &&                                                               \
-          (!kFwdSm90Hdim##D##FullLong.kv_multicast || fwd_sm90_multicast_ok(p, kFwdSm90Hdim##D.consumer_wgs))) \
-        return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D##FullLong, DTYPE>>(p, stream);   \
     }                                                                                              \
     return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D##Full, DTYPE>>(p, stream);            \
   }
