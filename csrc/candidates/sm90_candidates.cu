@@ -24,6 +24,7 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256DetQFirstPoll)
       const flashback_fwd_params&, cudaStream_t);
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullLongMc)
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullMc)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64PpTiles)
 #undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

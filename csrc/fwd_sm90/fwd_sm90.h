@@ -108,6 +108,13 @@ struct FwdSm90Config {
   // run another config: a multicast FullLong's the Full config, a multicast Full's the causal
   // config. FA3 launches its non-causal forwards at d >= 128 so.
   bool kv_multicast = false;
+  // Ping-pong across a persistent CTA's tiles: the last warpgroup's last turn of a tile hands on
+  // to the first warpgroup (opened once, at the first tile with keys; the first warpgroup takes
+  // the last hand-on before exit), instead of the rotation closing at each tile's end and the
+  // last warpgroup reopening it at the next tile's start, after its epilogue and tile decode.
+  // The first warpgroup's first S of tile k + 1 then runs while the last one finishes tile k
+  // (FA3's rotation runs on the same way).
+  bool pingpong_across_tiles = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -161,6 +168,10 @@ constexpr FwdSm90Config kFwdSm90Hdim128FullLong = {128, 176, 2, 2, 24, 240, true
                                                   false, false, false, false, true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim192FullLong = kFwdSm90Hdim192Full;
 static constexpr const FwdSm90Config& kFwdSm90Hdim256FullLong = kFwdSm90Hdim256Full;
+// Candidate, not yet measured (docs/perf-log.md, "Ping-pong across tiles at d = 64"): the d = 64
+// config with pingpong_across_tiles.
+constexpr FwdSm90Config kFwdSm90Hdim64PpTiles = {64, 128, 3, 2, 24, 160, true, true, false, false,
+                                                false, false, true, false, false, false, false, true};
 // Candidate, not yet measured (docs/perf-log.md, "K/V multicast in 2-CTA clusters for the d = 128
 // non-causal forward"): kFwdSm90Hdim128FullLong with kv_multicast (no tile counter: one CTA per
 // tile only).

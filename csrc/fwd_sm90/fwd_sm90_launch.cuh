@@ -37,11 +37,16 @@ __device__ __forceinline__ void fwd_sm90_consumer_tiles(const FwdSm90Params& p, 
                                                         NextId next_id) {
   fh::PipelineState<T::kQStages> sq;
   fh::PipelineState<T::kStages> st;
+  bool turns_open = false;  // pingpong_across_tiles: the rotation has been opened
   for (;;) {
     const int id = next_id();
     if (id >= p.num_tiles) break;
     const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN, T::kFastTileDecode>(p, id);
-    if (w.active) fwd_sm90_consumer<T>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg, map_o);
+    if (w.active) fwd_sm90_consumer<T>(p, w, smem, pipe_q, sq, pipe_k, pipe_v, st, wg, map_o, turns_open);
+  }
+  if constexpr (T::kPingpong && T::kPingpongAcrossTiles) {
+    // The last warpgroup's last hand-on, so that the barrier's last phase completes.
+    if (turns_open && wg == 0) fh::named_bar_sync(T::kBarTurn0, 256);
   }
 }
 

@@ -78,6 +78,7 @@ struct FwdSm90Traits {
   // kv_multicast: each CTA of a 2-CTA cluster loads kKvLoadRows of every K / V block (its half,
   // starting kKvLoadRows x rank rows in) into both CTAs; the halves start on whole 8-row swizzle
   // periods (kKvLoadRows % 8 == 0), so the tile's layout is as if one box had brought it.
+  static constexpr bool kPingpongAcrossTiles = kCfg.pingpong_across_tiles;
   static constexpr bool kKvMulticast = kCfg.kv_multicast;
   static constexpr int kKvLoadRows = kKvMulticast ? kBlockN / 2 : kBlockN;
   static_assert(!kKvMulticast || (kKvLoadRows % 8 == 0 && !kCfg.dynamic_tiles && !kCfg.o_over_v),
@@ -265,7 +266,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
                                                   fh::TmaPipeline<T::kStages>* pipe_k,
                                                   fh::TmaPipeline<T::kStages>* pipe_v,
                                                   fh::PipelineState<T::kStages>& st, int wg,
-                                                  const CUtensorMap* map_o) {
+                                                  const CUtensorMap* map_o, bool& turns_open) {
   constexpr int kS = T::kBlockN / 2;  // S accumulator registers (64 x block_n)
   const int t = threadIdx.x % 128;
   const bool warp_leader = (threadIdx.x % 32) == 0;
@@ -292,13 +293,20 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       ++turn;
       if (wg + 1 < T::kConsumerWgs) {
         fh::named_bar_arrive(T::kBarTurn0 + wg + 1, 256);
-      } else if (turn < n_turns) {
+      } else if (T::kPingpongAcrossTiles || turn < n_turns) {
         fh::named_bar_arrive(T::kBarTurn0, 256);
       }
     }
   };
   if constexpr (T::kPingpong) {
-    if (wg + 1 == T::kConsumerWgs && n_turns > 0) fh::named_bar_arrive(T::kBarTurn0, 256);
+    if constexpr (T::kPingpongAcrossTiles) {
+      // pingpong_across_tiles: opened once; every later tile's first turn takes the previous
+      // tile's last hand-on (fwd_sm90_consumer_tiles takes the last one before exit).
+      if (wg + 1 == T::kConsumerWgs && n_turns > 0 && !turns_open) fh::named_bar_arrive(T::kBarTurn0, 256);
+      if (n_turns > 0) turns_open = true;
+    } else {
+      if (wg + 1 == T::kConsumerWgs && n_turns > 0) fh::named_bar_arrive(T::kBarTurn0, 256);
+    }
   }
 
   float o[T::kHeadDim / 2];
