@@ -79,6 +79,7 @@ struct FwdSm90Traits {
   // starting kKvLoadRows x rank rows in) into both CTAs; the halves start on whole 8-row swizzle
   // periods (kKvLoadRows % 8 == 0), so the tile's layout is as if one box had brought it.
   static constexpr bool kPingpongAcrossTiles = kCfg.pingpong_across_tiles;
+  static_assert(!kPingpongAcrossTiles || kCfg.pingpong, "pingpong_across_tiles: a ping-pong config");
   static constexpr bool kKvMulticast = kCfg.kv_multicast;
   static constexpr int kKvLoadRows = kKvMulticast ? kBlockN / 2 : kBlockN;
   static_assert(!kKvMulticast || (kKvLoadRows % 8 == 0 && !kCfg.dynamic_tiles && !kCfg.o_over_v),
@@ -281,8 +282,9 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   // softmax runs while the others' GEMMs do, instead of all softmaxes at once with the tensor
   // cores idle. A turn is bar.sync on this warpgroup's barrier (128 syncing + 128 arriving
   // threads) and ends with bar.arrive on the next one's; the last warpgroup opens the first turn
-  // and leaves out its last hand-on, so every barrier phase that opens also closes. Each of the
-  // tile's n_count + 1 GEMM groups is one turn of every warpgroup.
+  // and leaves out its last hand-on, so every barrier phase that opens also closes (with
+  // pingpong_across_tiles once per CTA instead of once per tile). Each of the tile's n_count + 1
+  // GEMM groups is one turn of every warpgroup.
   const int n_turns = w.n_count > 0 ? w.n_count + 1 : 0;
   int turn = 0;
   auto turn_begin = [&] {
