@@ -107,6 +107,12 @@ def test_headdim_past_the_largest(d):
         flashback.attention(q, k, v)
 
 
+def test_padded_headdim_is_the_next_supported():
+    from flashback import _checks
+    assert [_checks.padded_headdim(d) for d in (1, 63, 64, 65, 128, 129, 192, 193, 255, 256, 257, 0)] == \
+        [64, 64, None, 128, None, 192, None, 256, 256, None, None, None]
+
+
 @pytest.mark.parametrize("d", [1, 32, 80, 96, 160, 224])
 def test_padded_headdims_pass_the_checks(d):
     """attention() takes the head dims between the supported ones: these CPU inputs get past
