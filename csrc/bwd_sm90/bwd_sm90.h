@@ -215,7 +215,11 @@ struct BwdSm90Config {
 // unchanged (-0.4..+0.2%) (docs/perf-log.md, "dV after dS at d = 64, measured").
 constexpr BwdSm90Config kBwdSm90Hdim64 = {64, 128, 128, 2, 2, 24, 240, true, 2, true, false, false,
                                          false, false, false, false, false, true, true, false, true};
-constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, false, false, true,
+// The LSE / D rows arrive with the Q / dO stages (stats_smem) rather than by the consumers'
+// loads: +0.6..+3.5% default mode, +0.1..+3.6% deterministic at 512-16k, one -0.9% at
+// non-causal 8k with a 5% spread (H100, bf16, A B A B; docs/perf-log.md, "Measured 2026-12-06,
+// eighth run"). At d = 192 the same swap read -2.3..+1.8% and -1.6..+1.2% there: left off.
+constexpr BwdSm90Config kBwdSm90Hdim128 = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, true, false, false,
                                           false, false, false, false, false, true, true};
 // d = 192: three consumer warpgroups of one atom-column each (64 x 96), dQ^T through shared
 // memory, one P^T / dS^T buffer (single_hand) for the room of a second Q stage: K, V 2 x 36 KB,
@@ -328,21 +332,9 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false,
 // over all keys on the third (160 / 160 / 168 registers), -4.1..+3.0% default mode,
 // -6.0..-12.6% deterministic.
 
-// Candidates, not yet measured (docs/perf-log.md, "The deterministic pair's Q stage and turn
-// poll"): the d = 256 pair's deterministic config with det_q_first, and with det_poll_relaxed too
-// (swap either in for kBwdSm90Hdim256Det, which names the default's config today).
-constexpr BwdSm90Config kBwdSm90Hdim256DetQFirst = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
-                                                   false, false, false, true, false, true, true};
-constexpr BwdSm90Config kBwdSm90Hdim256DetQFirstPoll = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
-                                                       false, false, false, true, false, true, true, true};
-
-// Candidates, not yet measured (docs/perf-log.md, "The stage rows back at d = 128 / 192"): the
-// d = 128 and d = 192 configs with the LSE / D rows in the Q / dO stages (stats_smem, by tensor
-// copy: racecheck-clean since 6b2ebb3) instead of stats_by_consumers.
-constexpr BwdSm90Config kBwdSm90Hdim128Rows = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, true, false, false,
-                                              false, false, false, false, false, true, true};
-constexpr BwdSm90Config kBwdSm90Hdim192Rows = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, true, false, false,
-                                              false, false, true, false, false, true};
+// Measured slower and removed (docs/perf-log.md, "Measured 2026-12-06, eighth run"): the
+// deterministic d = 256 pair releasing Q before its dQ turn, -0.0..-1.1%, and with the turn
+// poll by relaxed loads too, -0.0..-2.2%.
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO (and the stage rows').
 struct BwdSm90Params {

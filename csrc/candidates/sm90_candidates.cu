@@ -14,17 +14,13 @@ namespace sm90 {
       const flashback_bwd_params&, cudaStream_t);
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg2)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim128Rows)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Rows)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256DetQFirst)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256DetQFirstPoll)
 #undef FLASHBACK_BWD_CANDIDATE
 #define FLASHBACK_FWD_CANDIDATE(C)                                           \
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
       const flashback_fwd_params&, cudaStream_t);
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullLongMc)
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullMc)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64PpTiles)
 #undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

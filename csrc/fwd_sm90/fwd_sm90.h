@@ -134,7 +134,7 @@ struct FwdSm90Config {
 // and without pv_wait_below: -1.5..+1.1% and -3.1..+2.1%, noise (docs/perf-log.md, "Ping-pong
 // at d = 128 per call"): on at d = 64 only.
 constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true, true, false, false,
-                                         false, false, true};
+                                         false, false, true, false, false, false, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false, true, false, false, true, true,
                                           true};
 constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false, true, true, false, true, true};
@@ -168,10 +168,6 @@ constexpr FwdSm90Config kFwdSm90Hdim128FullLong = {128, 176, 2, 2, 24, 240, true
                                                   false, false, false, false, true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim192FullLong = kFwdSm90Hdim192Full;
 static constexpr const FwdSm90Config& kFwdSm90Hdim256FullLong = kFwdSm90Hdim256Full;
-// Candidate, not yet measured (docs/perf-log.md, "Ping-pong across tiles at d = 64"): the d = 64
-// config with pingpong_across_tiles.
-constexpr FwdSm90Config kFwdSm90Hdim64PpTiles = {64, 128, 3, 2, 24, 160, true, true, false, false,
-                                                false, false, true, false, false, false, false, true};
 // Candidate, not yet measured (docs/perf-log.md, "K/V multicast in 2-CTA clusters for the d = 128
 // non-causal forward"): kFwdSm90Hdim128FullLong with kv_multicast (no tile counter: one CTA per
 // tile only).
