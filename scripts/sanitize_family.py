@@ -49,7 +49,7 @@ def main():
                 out, _ = flashback.attention_forward(q, k, v, causal=causal)
                 assert flashback.last_forward_path() == "sm90", flashback.last_forward_path()
                 assert not torch.isnan(out).any(), (d, name, causal)
-            for sq in (300, 256):  # 3 Q blocks of 128, then 2 (an even number: 2-CTA clusters)
+            for sq in (300, 256):  # 3 Q blocks of 128, then 2 (a partial last one and none)
                 q = torch.randn(1, sq, 2, d, generator=g, device="cuda").to(dtype)
                 k, v = (torch.randn(1, 5000, 2, d, generator=g, device="cuda").to(dtype) for _ in range(2))
                 for causal in (True, False):

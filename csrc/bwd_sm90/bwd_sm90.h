@@ -165,15 +165,6 @@ struct BwdSm90Config {
   // clock than the math needs clocks (16 + N / 4 against N / 2 at 128 B and 4096 FLOP per clock),
   // at N = 80 it is not (docs/perf-log.md, "S and dP at N = 40: the shared-memory bound").
   bool sdp_by_role = false;
-  // Deterministic pair: each warpgroup waits for its dK^T and hands Q's stage back before it
-  // waits for the dQ turn, instead of after its turn's adds. With one Q stage the next step's Q
-  // (and so its S) cannot load while Q is held, and a late turn then delays the next step by the
-  // turn's wait and the load. The adds no longer overlap dK^T.
-  bool det_q_first = false;
-  // Deterministic mode: the turn warp polls the tile's counter with relaxed reads and fences
-  // once after the last (hopper::ld_relaxed_gpu), instead of an acquire read per poll, each of
-  // which invalidates the SM's L1.
-  bool det_poll_relaxed = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role

@@ -76,15 +76,6 @@ __device__ __forceinline__ void dq_turn_acquire(const int* turn, int n) {
   FLASHBACK_MBAR_SPIN(hopper::ld_acquire_gpu(turn) == n);
 }
 
-// The same wait on relaxed reads and one fence after the last (det_poll_relaxed, bwd_sm90.h).
-__device__ __forceinline__ void dq_turn_acquire_relaxed(const int* turn, int n) {
-#if defined(FLASHBACK_MBAR_TIMEOUT_CYCLES)
-  using hopper::mbar_timeout_trap;  // named by the macro
-#endif
-  FLASHBACK_MBAR_SPIN(hopper::ld_relaxed_gpu(turn) == n);
-  hopper::fence_acq_rel_gpu();
-}
-
 __device__ __forceinline__ void dq_turn_release(int* turn) { hopper::red_release_gpu_add(turn, 1); }
 
 // dV^T or dK^T of one warpgroup (kOwn head-dim atom-columns from `first`, m64 x kBlockN each),

@@ -173,9 +173,6 @@ struct BwdSm90Traits {
   static constexpr int kPairAtoms = kAtomCols / 2;  // dQ^T atom-columns per CTA of a pair
   static constexpr bool kPairGhost = kCfg.pair_ghost;
   static constexpr bool kAddsBeforeWait = kCfg.adds_before_wait;
-  static constexpr bool kDetQFirst = kCfg.det_q_first;
-  static constexpr bool kDetPollRelaxed = kCfg.det_poll_relaxed;
-  static_assert(!kDetQFirst || kPair, "det_q_first: the pair's adds from registers");
   static_assert(!kPairGhost || kPair, "pair_ghost: the pair's upper CTA");
   // Swizzled tiles start on 1024 bytes (the stat rows before may end anywhere).
   static constexpr uint32_t kOffKPeer = (kOffRows + kRowsBytes + 1023) / 1024 * 1024;
@@ -652,11 +649,7 @@ __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const
     constexpr int kUnitKeys = (T::kPair ? 2 : 1) * T::kBlockN;
     if (leader) {
       const int rank = bwd_sm90_dq_rank<T::kBlockM, kUnitKeys, T::kDetFromEnd>(p, w, m_block, pos);
-      if constexpr (T::kDetPollRelaxed) {
-        dq_turn_acquire_relaxed(turn, rank);
-      } else {
-        dq_turn_acquire(turn, rank);
-      }
+      dq_turn_acquire(turn, rank);
     }
     __syncwarp();
     fh::named_bar_arrive(T::kBarTurn0 + h, T::kTurnThreads);
@@ -1046,19 +1039,12 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       // (7) for atom-column dq_atom over both blocks' keys: K_own^T dS_own^T, then (after dV^T,
       // which needs no partner) K_peer^T dS_peer^T once the partner's dS^T is in; dK^T last.
       // dQ^T is complete after the first three groups: released, added while dK^T runs.
-      // The step's end once dQ^T is complete: its adds, and Q handed back after dK^T (det_q_first:
-      // before the turn).
+      // The step's end once dQ^T is complete: its adds, and Q handed back after dK^T.
       const auto add_dq_release_q = [&](const float(&dq)[T::kBlockM / 2]) {
-        if constexpr (kDet && T::kDetQFirst) {
-          fh::wgmma_wait<0>();
-          if (warp_leader) pipe_q->consumer_release(sq);
-          add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
-        } else {
-          add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
-          if constexpr (T::kAddsBeforeWait) fh::keep_waits_below(seqlen_k);  // (wgmma.h)
-          fh::wgmma_wait<0>();
-          if (warp_leader) pipe_q->consumer_release(sq);
-        }
+        add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
+        if constexpr (T::kAddsBeforeWait) fh::keep_waits_below(seqlen_k);  // (wgmma.h)
+        fh::wgmma_wait<0>();
+        if (warp_leader) pipe_q->consumer_release(sq);
       };
       float dq[T::kBlockM / 2];
       issue_dq_dv<T, kOwn>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, ds_t, acc_dv, do_s, first, p_t);

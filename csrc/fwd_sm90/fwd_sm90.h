@@ -97,17 +97,6 @@ struct FwdSm90Config {
   // multiply-shift divisors instead of three integer divisions (~20 instructions each), which a
   // persistent CTA runs between its tiles with the tensor cores idle.
   bool fast_tile_decode = false;
-  // Non-causal calls (a Full or FullLong config): clusters of two CTAs on Q blocks 2i and 2i + 1
-  // of one (batch, head), which walk the same K/V blocks (one CTA per tile, or a persistent grid
-  // whose stride keeps each cluster on one pair). Each CTA loads half the rows of every K / V
-  // block and multicasts them into both CTAs' stage (hopper::tma_load_multicast_4d), so a block
-  // crosses from L2 to the SMs once per pair instead of twice: at 1 / block_m bytes per FLOP that
-  // traffic is ~5 TB/s at 650 TFLOP/s. A stage is refilled only when the consumers of both CTAs
-  // have released it (their arrivals go to both CTAs' empty barriers), which ties the two CTAs'
-  // steps together. Calls with an odd number of Q blocks and varlen calls (fwd_sm90_multicast_ok)
-  // run another config: a multicast FullLong's the Full config, a multicast Full's the causal
-  // config. FA3 launches its non-causal forwards at d >= 128 so.
-  bool kv_multicast = false;
   // Ping-pong across a persistent CTA's tiles: the last warpgroup's last turn of a tile hands on
   // to the first warpgroup (opened once, at the first tile with keys; the first warpgroup takes
   // the last hand-on before exit), instead of the rotation closing at each tile's end and the
@@ -134,7 +123,7 @@ struct FwdSm90Config {
 // and without pv_wait_below: -1.5..+1.1% and -3.1..+2.1%, noise (docs/perf-log.md, "Ping-pong
 // at d = 128 per call"): on at d = 64 only.
 constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true, true, false, false,
-                                         false, false, true, false, false, false, false, true};
+                                         false, false, true, false, false, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false, true, false, false, true, true,
                                           true};
 constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false, true, true, false, true, true};
@@ -168,16 +157,6 @@ constexpr FwdSm90Config kFwdSm90Hdim128FullLong = {128, 176, 2, 2, 24, 240, true
                                                   false, false, false, false, true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim192FullLong = kFwdSm90Hdim192Full;
 static constexpr const FwdSm90Config& kFwdSm90Hdim256FullLong = kFwdSm90Hdim256Full;
-// Candidate, not yet measured (docs/perf-log.md, "K/V multicast in 2-CTA clusters for the d = 128
-// non-causal forward"): kFwdSm90Hdim128FullLong with kv_multicast (no tile counter: one CTA per
-// tile only).
-constexpr FwdSm90Config kFwdSm90Hdim128FullLongMc = {128, 176, 2, 2, 24, 240, true, false, true, false,
-                                                    false, false, false, false, true, false, true};
-// And kFwdSm90Hdim128Full with kv_multicast: the non-causal calls to 4096 keys, on the persistent
-// grid, in clusters (swap it in for kFwdSm90Hdim128Full; calls with an odd number of Q blocks
-// then run the causal config).
-constexpr FwdSm90Config kFwdSm90Hdim128FullMc = {128, 128, 2, 2, 24, 240, false, false, false, false,
-                                                false, false, false, false, true, false, true};
 // Measured slower and removed: d = 128 with 176-key blocks on the causal config's flags
 // (-1.2..-1.8% non-causal, docs/perf-log.md, "Five candidates measured"); the non-causal forward
 // on a persistent grid at every length (+1.7 / +2.4% at 8k / 16k, below kFwdSm90Hdim128FullLong).
@@ -264,10 +243,6 @@ constexpr int kAllKeys = 0x7fffffff;
 //   (the 16k column swings 3-6% between repeats of one build).
 constexpr FwdSm90Grid kFwdSm90Hdim64Grid = {4096, kAllKeys, kAllKeys, 2048, 0, 0};
 constexpr FwdSm90Grid kFwdSm90Hdim128Grid = {4096, kAllKeys, kAllKeys, 2048, 2048, 0};
-// Candidate, not yet measured (docs/perf-log.md, "The d = 128 non-causal forward at 4096 keys on
-// FullLong"): the persistent grid to 2048 keys, so 4096 runs one CTA per tile on
-// kFwdSm90Hdim128FullLong.
-constexpr FwdSm90Grid kFwdSm90Hdim128GridLong4k = {2048, kAllKeys, kAllKeys, 2048, 2048, 0};
 constexpr FwdSm90Grid kFwdSm90Hdim192Grid = {kAllKeys, kAllKeys, kAllKeys, 0, 4096, 1024};
 constexpr FwdSm90Grid kFwdSm90Hdim256Grid = {2048, 2048, 2048, 0, kAllKeys, 4096};
 // The causal forward's L2 groups: (batch, q head) pairs whose K and V fill about this many MB of
@@ -366,9 +341,6 @@ bool fwd_sm90_k_ahead(const flashback_fwd_params& p);
 // Whether a CTA of this call walks more than one tile (persistent or counter-fed): the head
 // dim's Multi config serves it.
 bool fwd_sm90_multi_tile(const flashback_fwd_params& p);
-// Whether a kv_multicast config can run the call: dense (no varlen: a cluster's two tiles must
-// be one sequence's) and an even number of Q blocks of 64 x consumer_wgs rows.
-bool fwd_sm90_multicast_ok(const flashback_fwd_params& p, int consumer_wgs);
 
 // Runs the forward on `stream`. Returns cudaErrorNotSupported without launching anything when
 // a tensor map cannot be encoded (the caller then takes the reference path).

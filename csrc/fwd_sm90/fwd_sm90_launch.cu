@@ -86,12 +86,6 @@ bool fwd_sm90_k_ahead(const flashback_fwd_params& p) {
   return p.seqlen_k <= (p.causal ? g.causal_k_ahead_keys : g.full_k_ahead_keys);
 }
 
-bool fwd_sm90_multicast_ok(const flashback_fwd_params& p, int consumer_wgs) {
-  const int block_m = 64 * consumer_wgs;
-  return p.cu_seqlens_q == nullptr && p.cu_seqlens_k == nullptr && !p.causal &&
-         (p.seqlen_q + block_m - 1) / block_m % 2 == 0;
-}
-
 bool fwd_sm90_multi_tile(const flashback_fwd_params& p) {
   return fwd_sm90_persistent(p) || (p.causal && p.seqlen_k <= grid_of(p.headdim).causal_multi_keys);
 }

@@ -12,7 +12,6 @@
 #include <cuda.h>
 
 #include <algorithm>
-#include <atomic>
 
 #include "sm90/sm90_hang_guard.h"  // first: before anything includes the Hopper layer
 
@@ -133,9 +132,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       if (p.out_tma) fh::tma_prefetch_map(&map_o);
     }
     pipe_q->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp after its O left
-    // empty[s]: one arrival per consumer warp (kv_multicast: of both CTAs)
-    pipe_k->init(T::kConsumerWarps * (T::kKvMulticast ? 2 : 1));
-    pipe_v->init(T::kConsumerWarps * (T::kKvMulticast ? 2 : 1));
+    pipe_k->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp
+    pipe_v->init(T::kConsumerWarps);
     if constexpr (T::kDynamic) {
       // full[s]: the producer's arrive after it wrote the id; empty[s]: one per consumer warp
       reinterpret_cast<fh::TmaPipeline<2>*>(smem + T::kOffPipeTile)->init(T::kConsumerWarps);
@@ -145,13 +143,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       reinterpret_cast<fh::TmaPipeline<1>*>(smem + T::kOffPipeO)->init(T::kConsumerWarps);
     }
   }
-  // kv_multicast: the partner's barriers are initialised before any multicast or remote arrive
-  // reaches them.
-  if constexpr (T::kKvMulticast) {
-    fh::cluster_sync();
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
   if constexpr (T::kDynamic) {
     if (p.tile_counter != nullptr) {
       fwd_sm90_dynamic_tiles<T>(p, map_q, map_k, map_v, map_o, smem, pipe_q, pipe_k, pipe_v, wg);
@@ -178,15 +170,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     auto next_id = [&] { return id += static_cast<int>(gridDim.x); };
     fwd_sm90_consumer_tiles<T>(p, smem, pipe_q, pipe_k, pipe_v, wg - 1, &map_o, next_id);
   }
-  // kv_multicast: no CTA leaves while its partner may still arrive on its barriers.
-  if constexpr (T::kKvMulticast) fh::cluster_sync();
 }
 
 template <class T>
 cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stream) {
   CUtensorMap map_q, map_k, map_v;
   bool hi[3];
-  constexpr uint32_t kRowsQ = T::kBlockM, kRowsKv = T::kKvLoadRows;
+  constexpr uint32_t kRowsQ = T::kBlockM, kRowsKv = T::kBlockN;
   if (make_call_map(&map_q, &hi[0], p.q, p.q_strides, p, true, kRowsQ) != cudaSuccess ||
       make_call_map(&map_k, &hi[1], p.k, p.k_strides, p, false, kRowsKv) != cudaSuccess ||
       make_call_map(&map_v, &hi[2], p.v, p.v_strides, p, false, kRowsKv) != cudaSuccess) {
@@ -271,34 +261,6 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
       kp.tile_counter = nullptr;
     }
   }
-  if constexpr (T::kKvMulticast) {
-    // Q blocks 2i and 2i + 1 of a pair in one cluster (fwd_sm90_multicast_ok: an even number of
-    // Q blocks, so every cluster's two tiles share the pair). A persistent grid of an even
-    // number of CTAs keeps that through its stride: a cluster's CTAs take tiles 2c + k x grid and
-    // 2c + 1 + k x grid, both or neither (the tile count is even). Where no cluster fits (SMs
-    // partitioned away), nothing is launched and the caller takes the reference path.
-    // The persistent grid has as many clusters as can be resident at once (a GPC with an odd
-    // number of free SMs leaves one idle), so none waits for another to finish its tiles.
-    if (!fwd_sm90_multicast_ok(p, T::kConsumerWgs)) return cudaErrorNotSupported;
-    // Asked once per device and instance (a fixed property of the two), as the SM count is.
-    static std::atomic<int> resident[64] = {};  // per device ordinal; 0 = not asked yet, -1 = none
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return cudaErrorNotSupported;
-    int clusters = resident[dev].load(std::memory_order_relaxed);
-    if (clusters == 0) {
-      if (fh::max_active_clusters(kernel, dim3(2), dim3(T::kThreads), T::kSmemBytes, dim3(2, 1, 1), &clusters) !=
-              cudaSuccess ||
-          clusters < 1) {
-        (void)cudaGetLastError();
-        clusters = -1;
-      }
-      resident[dev].store(clusters, std::memory_order_relaxed);
-    }
-    if (clusters < 1) return cudaErrorNotSupported;
-    const int grid = fwd_sm90_persistent(p) ? std::min(kp.num_tiles, 2 * clusters) : kp.num_tiles;
-    return fh::launch_with_cluster(kernel, dim3(grid), dim3(T::kThreads), T::kSmemBytes, stream,
-                                   dim3(2, 1, 1), map_q, map_k, map_v, map_o, kp);
-  }
   const int grid = fwd_sm90_persistent(p) ? std::min(kp.num_tiles, fwd_sm90_sm_count()) : kp.num_tiles;
   kernel<<<dim3(grid), T::kThreads, T::kSmemBytes, stream>>>(map_q, map_k, map_v, map_o, kp);
   return cudaGetLastError();
@@ -315,15 +277,7 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
     }                                                                                              \
     if (p.causal) return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D, DTYPE>>(p, stream);    \
     if constexpr (&kFwdSm90Hdim##D##FullLong != &kFwdSm90Hdim##D##Full) {                          \
-      if (!fwd_sm90_persistent(p) &&                                                               \
-          (!kFwdSm90Hdim##D##FullLong.kv_multicast || fwd_sm90_multicast_ok(p, kFwdSm90Hdim##D.consumer_wgs))) \
-        return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D##FullLong, DTYPE>>(p, stream);   \
-    }                                                                                              \
-    /* A Full config with kv_multicast takes the calls that clusters can pair, the causal */      \
-    /* config (which serves non-causal calls too) the others. */                                  \
-    if constexpr (kFwdSm90Hdim##D##Full.kv_multicast) {                                            \
-      if (!fwd_sm90_multicast_ok(p, kFwdSm90Hdim##D.consumer_wgs))                                 \
-        return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D, DTYPE>>(p, stream);              \
+      if (!fwd_sm90_persistent(p)) return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D##FullLong, DTYPE>>(p, stream); \
     }                                                                                              \
     return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D##Full, DTYPE>>(p, stream);            \
   }

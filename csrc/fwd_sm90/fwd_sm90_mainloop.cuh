@@ -75,17 +75,8 @@ struct FwdSm90Traits {
   static constexpr bool kFinalizeInPv = kCfg.finalize_in_pv;
   static constexpr bool kCopyOutEarly = kCfg.copy_out_early;
   static constexpr bool kFastTileDecode = kCfg.fast_tile_decode;
-  // kv_multicast: each CTA of a 2-CTA cluster loads kKvLoadRows of every K / V block (its half,
-  // starting kKvLoadRows x rank rows in) into both CTAs; the halves start on whole 8-row swizzle
-  // periods (kKvLoadRows % 8 == 0), so the tile's layout is as if one box had brought it.
   static constexpr bool kPingpongAcrossTiles = kCfg.pingpong_across_tiles;
   static_assert(!kPingpongAcrossTiles || kCfg.pingpong, "pingpong_across_tiles: a ping-pong config");
-  static constexpr bool kKvMulticast = kCfg.kv_multicast;
-  static constexpr int kKvLoadRows = kKvMulticast ? kBlockN / 2 : kBlockN;
-  static_assert(!kKvMulticast || (kKvLoadRows % 8 == 0 && !kCfg.dynamic_tiles && !kCfg.o_over_v),
-                "kv_multicast: halves of whole swizzle periods; no tile counter (a cluster's CTAs "
-                "take tiles 2i, 2i + 1 of the static order); no O staged over V (the partner's V "
-                "half could land before this CTA's O has left)");
   // o_over_v: the O-free barrier (one arrival per consumer warp after its O rows left the V
   // stages; the producer waits for it before the next tile's V_0). It runs in step with the one
   // Q stage, so it shares the Q ring's state.
@@ -145,36 +136,20 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
                                                   fh::PipelineState<T::kStages>& st) {
   const int kv_head = w.head / p.group;
   using State = fh::PipelineState<T::kStages>;
-  // kv_multicast: this CTA's half of the block into both CTAs (the partner's half arrives on
-  // the same full barrier, which expects the whole tile).
-  auto load_half = [&](uint8_t* dst, const CUtensorMap* map, uint64_t* bar, bool head_inner, int j) {
-    const uint32_t rank = fh::cluster_ctarank();
-    tma_tile_multicast<T::kAtomCols>(dst + rank * T::kKvLoadRows * 128, T::kKvAtomBytes, map, bar, head_inner,
-                                     w.row_k + j * T::kBlockN + static_cast<int>(rank) * T::kKvLoadRows,
-                                     kv_head, w.map_batch, 0x3);
-  };
   // K_j / V_j into stage `at`.
   auto load_k = [&](int j, const State& at) {
     pipe_k->producer_acquire(at);
     pipe_k->producer_expect(at, T::kKvTileBytes);
-    if constexpr (T::kKvMulticast) {
-      load_half(smem + T::kOffK + at.stage * T::kKvTileBytes, m.k, pipe_k->full_barrier(at), p.head_inner & 2, j);
-    } else {
-      tma_tile<T::kAtomCols>(smem + T::kOffK + at.stage * T::kKvTileBytes, T::kKvAtomBytes, m.k,
-                             pipe_k->full_barrier(at), p.head_inner & 2, w.row_k + j * T::kBlockN, kv_head,
-                             w.map_batch);
-    }
+    tma_tile<T::kAtomCols>(smem + T::kOffK + at.stage * T::kKvTileBytes, T::kKvAtomBytes, m.k,
+                           pipe_k->full_barrier(at), p.head_inner & 2, w.row_k + j * T::kBlockN, kv_head,
+                           w.map_batch);
   };
   auto load_v = [&](int j, const State& at) {
     pipe_v->producer_acquire(at);
     pipe_v->producer_expect(at, T::kKvTileBytes);
-    if constexpr (T::kKvMulticast) {
-      load_half(smem + T::kOffV + at.stage * T::kKvTileBytes, m.v, pipe_v->full_barrier(at), p.head_inner & 4, j);
-    } else {
-      tma_tile<T::kAtomCols>(smem + T::kOffV + at.stage * T::kKvTileBytes, T::kKvAtomBytes, m.v,
-                             pipe_v->full_barrier(at), p.head_inner & 4, w.row_k + j * T::kBlockN, kv_head,
-                             w.map_batch);
-    }
+    tma_tile<T::kAtomCols>(smem + T::kOffV + at.stage * T::kKvTileBytes, T::kKvAtomBytes, m.v,
+                           pipe_v->full_barrier(at), p.head_inner & 4, w.row_k + j * T::kBlockN, kv_head,
+                           w.map_batch);
   };
   auto load_kv = [&](int j) {
     load_k(j, st);
@@ -235,19 +210,6 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
 }
 
 // ------------------------------------------------------------------------------ consumer ---
-// A K / V stage read to the end: free for the producer. kv_multicast: both CTAs' producers write
-// into it (each its half), so it is released in both CTAs.
-template <class T>
-__device__ __forceinline__ void release_kv(fh::TmaPipeline<T::kStages>* pipe,
-                                           const fh::PipelineState<T::kStages>& st) {
-  if constexpr (T::kKvMulticast) {
-    pipe->consumer_release_cluster(st, 0);
-    pipe->consumer_release_cluster(st, 1);
-  } else {
-    pipe->consumer_release(st);
-  }
-}
-
 // Max over the 4 lanes of a quad (the lanes that hold one accumulator row).
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
@@ -445,7 +407,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     turn_end();
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(s);
-    if (warp_leader) release_kv<T>(pipe_k, st);
+    if (warp_leader) pipe_k->consumer_release(st);
     release_q_after_last_s(w.n_count == 1);
     softmax(s, 0, alpha, 0);
     to_frags(s, a);  // O is 0: no rescale
@@ -458,14 +420,14 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       turn_end();
       fh::wgmma_wait<1>();  // S_{j+1}; P_j V_j may still run
       fh::wgmma_fence_operand(s);
-      if (warp_leader) release_kv<T>(pipe_k, next);
+      if (warp_leader) pipe_k->consumer_release(next);
       release_q_after_last_s(j + 2 == w.n_count);
       softmax(s, j + 1, alpha, mask);
       if constexpr (T::kPvWaitBelow) fh::keep_waits_below(w.seqlen_k);  // (wgmma.h)
       fh::wgmma_wait<0>();  // P_j V_j
       fh::wgmma_fence_operand(o);
       fence_frags(a);
-      if (warp_leader) release_kv<T>(pipe_v, st);
+      if (warp_leader) pipe_v->consumer_release(st);
       rescale_o(alpha);
       to_frags(s, a);
       st = next;
@@ -496,7 +458,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     }
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(o);
-    if (warp_leader) release_kv<T>(pipe_v, st);
+    if (warp_leader) pipe_v->consumer_release(st);
     st.advance();  // the next tile's first block
   }
   if (!T::kFinalizeInPv || w.n_count == 0) finalize();

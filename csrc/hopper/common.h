@@ -65,17 +65,6 @@ FB_DEVICE int ld_acquire_gpu(const int* p) {
 FB_DEVICE void red_release_gpu_add(int* p, int v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
-// A strong relaxed read at GPU scope, and the acquire-release fence: a relaxed read that sees a
-// released value, followed by the fence, is an acquire pattern (PTX ISA, memory consistency
-// model; the PTX interoperability guide's atomics ABI maps an acquire load to ld.relaxed and a
-// fence). A spin on ld.acquire.gpu compiles to a load and an L1 invalidate (CCTL.IVALL) per
-// poll; on relaxed reads it invalidates once, at the fence.
-FB_DEVICE int ld_relaxed_gpu(const int* p) {
-  int v;
-  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-FB_DEVICE void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
 // Makes mbarrier.init visible to the async proxy (TMA complete_tx) and to other CTAs of the
 // cluster. Follow with __syncthreads() or a cluster barrier before anyone uses the barrier.

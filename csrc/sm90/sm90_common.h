@@ -147,24 +147,6 @@ __device__ __forceinline__ void tma_tile(uint8_t* dst, uint32_t atom_bytes, cons
   }
 }
 
-// The same, each box multicast into the CTAs of the cluster in `cta_mask` (at dst's offset in
-// each, completing on each one's barrier at bar's offset).
-template <int kAtoms>
-__device__ __forceinline__ void tma_tile_multicast(uint8_t* dst, uint32_t atom_bytes, const CUtensorMap* map,
-                                                   uint64_t* bar, bool head_inner, int row, int head,
-                                                   int batch, uint16_t cta_mask) {
-#pragma unroll
-  for (int a = 0; a < kAtoms; ++a) {
-    if (head_inner) {
-      const int c[4] = {64 * a, head, row, batch};
-      hopper::tma_load_multicast_4d(dst + a * atom_bytes, map, bar, cta_mask, c);
-    } else {
-      const int c[4] = {64 * a, row, head, batch};
-      hopper::tma_load_multicast_4d(dst + a * atom_bytes, map, bar, cta_mask, c);
-    }
-  }
-}
-
 // Whether `n` tensors can be read through make_rows_map by the fast kernels. TMA with 128-byte
 // swizzle: the driver accepts 16-byte aligned bases and byte strides that are multiples of 16,
 // but whether the swizzle pattern then still matches what the wgmma descriptors assume is

@@ -112,8 +112,7 @@ def _cases():
                 Case(4, 2000, 113, 8, 2, d, causal),
                 # seqlen_k past the persistent grid's bound (4096 non-causal at d = 64 / 128):
                 # one CTA per tile, at d = 128 its own config (kFwdSm90Hdim128FullLong); 3 Q
-                # blocks, then 8 (an even number, as 2-CTA clusters want), with a last K/V block
-                # of 50 keys (less than half a block of 176).
+                # blocks, then 8 with a last K/V block of 50 keys (less than half a block of 176).
                 Case(1, 300, 5000, 4, 2, d, causal),
                 Case(2, 1000, 4450, 4, 2, d, causal),
             ]

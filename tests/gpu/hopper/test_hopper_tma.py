@@ -115,19 +115,17 @@ def test_bulk_reduce_add_f32(hlib, n, ncta):
     torch.testing.assert_close(dst, expect, rtol=1e-6, atol=1e-5)
 
 
-@pytest.mark.parametrize("relaxed", [0, 1], ids=["acquire", "relaxed_fence"])
 @pytest.mark.parametrize("n,ncta", [(4096, 8), (1000, 5)])
-def test_ordered_bulk_reduce_is_the_sequential_sum(hlib, n, ncta, relaxed):
+def test_ordered_bulk_reduce_is_the_sequential_sum(hlib, n, ncta):
     """Bulk reduces handed on by acquire / release turns (the deterministic dQ warp's pattern)
-    land in turn order: the result is the fp32 sum taken in that order, bitwise. The turn is
-    polled with ld.acquire, or with relaxed reads and one fence.acq_rel (det_poll_relaxed)."""
+    land in turn order: the result is the fp32 sum taken in that order, bitwise."""
     src = torch.randn(ncta, n, device="cuda") * 1e3
     dst = torch.randn(n, device="cuda")
     expect = dst.clone()
     for b in range(ncta):
         expect = expect + src[b]
     turn = torch.zeros(1, dtype=torch.int32, device="cuda")
-    rc = hlib.fbh_ordered_bulk_reduce_add_f32(ptr(src), ptr(dst), ptr(turn), n, ncta, relaxed)
+    rc = hlib.fbh_ordered_bulk_reduce_add_f32(ptr(src), ptr(dst), ptr(turn), n, ncta)
     check(hlib, rc, "fbh_ordered_bulk_reduce_add_f32")
     assert int(turn.item()) == ncta
     assert torch.equal(dst, expect), f"{int((dst != expect).sum())} elements differ from the ordered sum"

@@ -105,8 +105,6 @@ __global__ void bulk_reduce_kernel(const float* src, float* dst, int n) {
 // row src[b] into dst, waits for the global writes, and hands the turn on (release); the proxy
 // fences order the async-proxy reduce after the acquire and before the release. dst then holds
 // the sequential fp32 sum in CTA order, bitwise. Every CTA must be resident (ncta small).
-// kRelaxed: the wait on relaxed reads and one acquire-release fence after the last.
-template <bool kRelaxed>
 __global__ void ordered_bulk_reduce_kernel(const float* src, float* dst, int* turn, int n) {
   extern __shared__ uint8_t smem_raw[];
   float* buf = fh::align_smem<float>(smem_raw, 128);
@@ -115,10 +113,9 @@ __global__ void ordered_bulk_reduce_kernel(const float* src, float* dst, int* tu
   __syncthreads();
   if (threadIdx.x == 0) {
     const long long start = clock64();
-    while ((kRelaxed ? fh::ld_relaxed_gpu(turn) : fh::ld_acquire_gpu(turn)) != static_cast<int>(blockIdx.x)) {
+    while (fh::ld_acquire_gpu(turn) != static_cast<int>(blockIdx.x)) {
       if (clock64() - start > (1ll << 34)) __trap();  // a lost turn fails the test, not hangs it
     }
-    if constexpr (kRelaxed) fh::fence_acq_rel_gpu();
     fh::fence_proxy_async_global();
     fh::bulk_reduce_add_f32(dst, buf, n * 4);
     fh::bulk_commit_group();
@@ -298,15 +295,12 @@ FBH_EXPORT int fbh_bulk_reduce_add_f32(const float* src, float* dst, int n, int 
 }
 
 // src: fp32 [ncta][n]; dst: fp32 [n] += src_0, then += src_1, ... in that order; turn: one
-// zeroed int. n multiple of 4; ncta at most the SM count (all CTAs resident). relaxed: the turn
-// polled with relaxed reads and a fence (fh::ld_relaxed_gpu, fh::fence_acq_rel_gpu).
-FBH_EXPORT int fbh_ordered_bulk_reduce_add_f32(const float* src, float* dst, int* turn, int n, int ncta,
-                                               int relaxed) {
+// zeroed int. n multiple of 4; ncta at most the SM count (all CTAs resident).
+FBH_EXPORT int fbh_ordered_bulk_reduce_add_f32(const float* src, float* dst, int* turn, int n, int ncta) {
   if (n % 4 != 0 || ncta < 1 || ncta > 64) return (int)cudaErrorInvalidValue;
   const size_t smem = n * 4 + 128;
-  auto kernel = relaxed ? ordered_bulk_reduce_kernel<true> : ordered_bulk_reduce_kernel<false>;
-  FBH_TRY(fbh_test::allow_smem(reinterpret_cast<const void*>(kernel), smem));
-  kernel<<<ncta, 256, smem>>>(src, dst, turn, n);
+  FBH_TRY(fbh_test::allow_smem(reinterpret_cast<const void*>(ordered_bulk_reduce_kernel), smem));
+  ordered_bulk_reduce_kernel<<<ncta, 256, smem>>>(src, dst, turn, n);
   return (int)cudaGetLastError();
 }
 
