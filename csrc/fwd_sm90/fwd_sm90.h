@@ -157,6 +157,13 @@ constexpr FwdSm90Config kFwdSm90Hdim128FullLong = {128, 176, 2, 2, 24, 240, true
                                                   false, false, false, false, true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim192FullLong = kFwdSm90Hdim192Full;
 static constexpr const FwdSm90Config& kFwdSm90Hdim256FullLong = kFwdSm90Hdim256Full;
+// Candidates, not yet measured (docs/perf-log.md, "The d = 64 forward's tile tail with the
+// rotation running on"): kFwdSm90Hdim64 with O by TMA, and with the statistics in the last
+// P V's shadow and the fast tile decode too (swap either in for kFwdSm90Hdim64).
+constexpr FwdSm90Config kFwdSm90Hdim64Tma = {64, 128, 3, 2, 24, 160, true, true, false, false,
+                                            false, true, true, false, false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim64TmaTail = {64, 128, 3, 2, 24, 160, true, true, false, false,
+                                                false, true, true, true, false, true, true};
 // Measured slower and removed: d = 128 with 176-key blocks on the causal config's flags
 // (-1.2..-1.8% non-causal, docs/perf-log.md, "Five candidates measured"); the non-causal forward
 // on a persistent grid at every length (+1.7 / +2.4% at 8k / 16k, below kFwdSm90Hdim128FullLong).
