@@ -20,6 +20,9 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg2)
       const flashback_fwd_params&, cudaStream_t);
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64Tma)
 FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64TmaTail)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128PpRb)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128PpPv)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullLongRb)
 #undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

@@ -104,6 +104,12 @@ struct FwdSm90Config {
   // The first warpgroup's first S of tile k + 1 then runs while the last one finishes tile k
   // (FA3's rotation runs on the same way).
   bool pingpong_across_tiles = false;
+  // O rescaled by block j's factor after S_{j+1} is issued and before P_j V_j, in the S GEMM's
+  // shadow, instead of between the wait for P_j V_j and the next issue (FA3's order). Block 0's
+  // factor is 0 (O is still 0). Alone it measured -0.5% (mean) at d = 64 / 128 and nothing at
+  // 192 / 256 (docs/perf-log.md, "The forward's O rescale between the GEMM issues"); FA3 runs it
+  // with ping-pong and the P V wait below the softmax, which the d = 128 candidates do.
+  bool rescale_between = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -164,6 +170,16 @@ constexpr FwdSm90Config kFwdSm90Hdim64Tma = {64, 128, 3, 2, 24, 160, true, true,
                                             false, true, true, false, false, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim64TmaTail = {64, 128, 3, 2, 24, 160, true, true, false, false,
                                                 false, true, true, true, false, true, true};
+// Candidates, not yet measured (docs/perf-log.md, "FA3's loop order at d = 128"): the causal
+// config (which also serves the counter-fed calls) with ping-pong running across tiles and the
+// P V wait below the softmax, with the O rescale between the GEMM issues (PpRb) and without
+// (PpPv); the non-causal long config with the rescale between the issues (FullLongRb).
+constexpr FwdSm90Config kFwdSm90Hdim128PpRb = {128, 128, 2, 2, 24, 240, true, true, true, false, true, true,
+                                              true, false, false, false, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim128PpPv = {128, 128, 2, 2, 24, 240, true, true, true, false, true, true,
+                                              true, false, false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim128FullLongRb = {128, 176, 2, 2, 24, 240, true, true, true, false,
+                                                    false, false, false, false, true, false, false, true};
 // Measured slower and removed: d = 128 with 176-key blocks on the causal config's flags
 // (-1.2..-1.8% non-causal, docs/perf-log.md, "Five candidates measured"); the non-causal forward
 // on a persistent grid at every length (+1.7 / +2.4% at 8k / 16k, below kFwdSm90Hdim128FullLong).
