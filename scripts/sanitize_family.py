@@ -7,8 +7,7 @@
 Each (head dim, dtype): forward, then the backward in both modes, causal, GQA, seqlen 200 (not
 a multiple of any tile); then forwards with more tiles than SMs at seqlen 300, causal and not,
 so that the persistent grid's CTAs walk several tiles (the Q, K/V rings carried from tile to
-tile); then forwards of 300 and of 256 queries (3 and 2 Q blocks of 128; 2-CTA clusters want an
-even number) against 5000 keys, causal and not, which run one CTA per tile
+tile); then forwards of 300 and of 256 queries (3 and 2 Q blocks of 128) against 5000 keys, causal and not, which run one CTA per tile
 where a head dim's grid row ends its persistent grid or counter below 5000 keys (d = 64 / 128
 non-causal, d = 128 on its own config, kFwdSm90Hdim128FullLong; d = 256 both, whose configs
 store O by TMA). --forward-only leaves out the backward (racecheck is slow there). Asserts that the Hopper kernels ran and that nothing is NaN; the sanitizer reports memory

@@ -63,7 +63,7 @@ struct BwdSm90Config {
   // Split by head dim: each Q / dO stage also brings the step's LSE * log2(e) / D rows into
   // shared memory (as by keys), read after the stage's full wait, instead of four global loads
   // per thread at the step's top, whose latency the S wgmma does not hide. Measured +0.5..+4.7%
-  // at d = 128 / 192 (which now take stats_by_consumers, below); on the d = 256 pair
+  // at d = 128 / 192 (d = 192 now takes stats_by_consumers, below); on the d = 256 pair
   // -0.2..-2.0% (its one Q stage then waits for the rows too), on the d = 256 single CTA (two Q
   // stages) +0.5..+2.5%: on there. The producer brings the rows with a tensor copy through a
   // 2-D map of the workspace's rows (64 fp32 per tile), a fifth kernel parameter: the same
@@ -88,8 +88,8 @@ struct BwdSm90Config {
   // by a named barrier, which compute-sanitizer racecheck follows (it reports the stage copies,
   // which only mbarriers order). Measured against the stage rows (H200, bf16): d = 128 -0.8..-0.0%
   // (within the run's noise), racecheck no report; d = 192 -1.1..-2.7% (two warpgroups) and
-  // -0.4..-1.6% (three), d = 64 (by keys) -6..-7%: on at d = 128 and 192, for racecheck-clean
-  // instances (docs/perf-log.md, "The forward's P V wait, the pair's Q atoms", "Five candidates
+  // -0.4..-1.6% (three), d = 64 (by keys) -6..-7%: on at d = 192, for racecheck-clean
+  // instances (d = 128 went back to the stage rows, racecheck-clean since: +0.6..+3.5%) (docs/perf-log.md, "The forward's P V wait, the pair's Q atoms", "Five candidates
   // measured, one kept").
   bool stats_by_consumers = false;
   // pair_dq: the step's dQ adds kept above the wait for dK^T (hopper::keep_waits_below). In the
@@ -186,7 +186,7 @@ struct BwdSm90Config {
 // stage, P^T and dS^T double-buffered (step parity: one barrier per step; single_hand: one of
 // each), block_n x 128 B each.
 //   d = 128: 64 x 128, own 1 each: 224 registers; 64 + 2 x 2 x 16 + 64 = 192 KB, + 2 x 16 KB
-//            dQ buffers (dq_smem) = 224 KB, + LSE / D rows (stats_by_consumers) 1 KB.
+//            dQ buffers (dq_smem) = 224 KB, + LSE / D rows (stats_smem) 1 KB.
 //   d = 192 (the two-warpgroup shape, measured before three): 64 x 80, own 2 / 1: 160 + 40 + 32
 //            = 232; 60 + 2 x 2 x 24 + 40 = 196 KB, + 1 KB of LSE / D rows.
 //   d = 256: 64 x 80, own 2 each: 232; 80 + 2 x 32 + 1 x 32 + 40 = 216 KB (a second dO stage

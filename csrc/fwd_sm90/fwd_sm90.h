@@ -127,7 +127,9 @@ struct FwdSm90Config {
 // warpgroups, softmax as costly as the GEMMs) and -0 to -6% at d = 128 and 256, mixed at 192
 // (docs/perf-log.md, "Forward ping-pong"); at d = 128 causal again per call at the power cap, with
 // and without pv_wait_below: -1.5..+1.1% and -3.1..+2.1%, noise (docs/perf-log.md, "Ping-pong
-// at d = 128 per call"): on at d = 64 only.
+// at d = 128 per call"): on at d = 64 only. There the rotation runs across a persistent CTA's
+// tiles (pingpong_across_tiles): +2.3..+8.7% causal, -1.2..+6.0% non-causal at 512-16k (H100,
+// docs/perf-log.md, "Measured 2026-12-06, eighth run").
 constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true, true, false, false,
                                          false, false, true, false, false, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false, true, false, false, true, true,
@@ -186,6 +188,10 @@ constexpr FwdSm90Config kFwdSm90Hdim128FullLongRb = {128, 176, 2, 2, 24, 240, tr
 // split_mask_loop at d = 256 (its causal row and its Multi row) measured -0.7..+2.1% causal,
 // -3.4..+0.7% non-causal at 4k-16k, -0.8..+0.5% at 512-2048 (docs/perf-log.md, "The split loops,
 // the dQ conversion and the late PDL wait measured"): off there.
+// Also measured and removed (H100, docs/perf-log.md, "Measured 2026-12-06, eighth run"): the
+// d = 128 non-causal forward in 2-CTA clusters multicasting K / V halves (kv_multicast): -0.7 /
+// +0.5% at 8k / 16k (noise), -7.7..-0.4% at 512-4096 on the persistent grid; the 4096-key calls on
+// FullLong one CTA per tile: -0.9% with 6% spreads.
 // The config of a head dim's calls whose tiles a persistent grid walks (fwd_sm90_multi_tile:
 // non-causal up to 2048 keys, 4096 at d = 64 / 128, every length at d = 192; causal up to 2048 keys
 // at d = 256, every length at d = 192, where the counter feeds the tiles), causal or not; where it
