@@ -175,11 +175,17 @@ constexpr FwdSm90Config kFwdSm90Hdim64TmaTail = {64, 128, 3, 2, 24, 160, true, t
 // Candidates, not yet measured (docs/perf-log.md, "FA3's loop order at d = 128"): the causal
 // config (which also serves the counter-fed calls) with ping-pong running across tiles and the
 // P V wait below the softmax, with the O rescale between the GEMM issues (PpRb) and without
-// (PpPv); the non-causal long config with the rescale between the issues (FullLongRb).
+// (PpPv); the non-causal config of the persistent grid (to 4096 keys) the same two ways
+// (FullPpRb, FullPpPv); the non-causal long config with the rescale between the issues
+// (FullLongRb).
 constexpr FwdSm90Config kFwdSm90Hdim128PpRb = {128, 128, 2, 2, 24, 240, true, true, true, false, true, true,
                                               true, false, false, false, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim128PpPv = {128, 128, 2, 2, 24, 240, true, true, true, false, true, true,
                                               true, false, false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim128FullPpRb = {128, 128, 2, 2, 24, 240, true, true, true, false,
+                                                  false, false, false, false, true, false, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim128FullPpPv = {128, 128, 2, 2, 24, 240, true, true, true, false,
+                                                  false, false, false, false, true, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim128FullLongRb = {128, 176, 2, 2, 24, 240, true, true, true, false,
                                                     false, false, false, false, true, false, false, true};
 // Measured slower and removed: d = 128 with 176-key blocks on the causal config's flags
