@@ -105,10 +105,11 @@ struct FwdSm90Config {
   // (FA3's rotation runs on the same way).
   bool pingpong_across_tiles = false;
   // O rescaled by block j's factor after S_{j+1} is issued and before P_j V_j, in the S GEMM's
-  // shadow, instead of between the wait for P_j V_j and the next issue (FA3's order). Block 0's
+  // shadow, instead of between the wait for P_j V_j and the next issue (FA3's order above
+  // d = 128; at d <= 128 it rescales after the wait, as production does). Block 0's
   // factor is 0 (O is still 0). Alone it measured -0.5% (mean) at d = 64 / 128 and nothing at
-  // 192 / 256 (docs/perf-log.md, "The forward's O rescale between the GEMM issues"); FA3 runs it
-  // with ping-pong and the P V wait below the softmax, which the d = 128 candidates do.
+  // 192 / 256 (docs/perf-log.md, "The forward's O rescale between the GEMM issues"); the d = 128
+  // candidates try it with ping-pong and the P V wait below the softmax.
   bool rescale_between = false;
 };
 
