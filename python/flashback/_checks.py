@@ -39,13 +39,16 @@ def padded_headdim(d: int) -> int | None:
     return next(s for s in SUPPORTED_HEADDIMS if s > d)
 
 
-def headdim_error(d: int, pads: bool) -> ValueError:
+def check_headdim(d: int, pads: bool) -> None:
+    """Raises unless head dim d has a kernel, or (pads: the caller pads) padded_headdim takes it."""
+    if d in SUPPORTED_HEADDIMS or (pads and padded_headdim(d)):
+        return
     supported = ", ".join(map(str, SUPPORTED_HEADDIMS))
     if pads:
-        return ValueError(f"headdim {d} is not supported (supported: {supported}, and every head dim "
-                          f"from 1 to {MAX_PADDED_HEADDIM}, padded to the next of those)")
-    return ValueError(f"headdim {d} is not supported (supported: {supported}; attention() and "
-                      f"attention_varlen() also take 1 to {MAX_PADDED_HEADDIM}, padded)")
+        raise ValueError(f"headdim {d} is not supported (supported: {supported}, and every head dim "
+                         f"from 1 to {MAX_PADDED_HEADDIM}, padded to the next of those)")
+    raise ValueError(f"headdim {d} is not supported (supported: {supported}; attention() and "
+                     f"attention_varlen() also take 1 to {MAX_PADDED_HEADDIM}, padded)")
 
 
 def run_padded(fn, q, k, v, scale: float, *args, **kwargs):
@@ -151,8 +154,7 @@ def check_qkv(q, k, v, pads: bool = False) -> tuple[int, int, int, int, int, int
         raise ValueError(f"batch {b} is larger than the supported maximum {MAX_BATCH}")
     if h > MAX_HEADS:
         raise ValueError(f"nheads {h} is larger than the supported maximum {MAX_HEADS}")
-    if d not in SUPPORTED_HEADDIMS and not (pads and padded_headdim(d)):
-        raise headdim_error(d, pads)
+    check_headdim(d, pads)
     return b, sq, sk, h, hk, d
 
 

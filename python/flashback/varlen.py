@@ -88,8 +88,7 @@ def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
         raise ValueError(f"nheads of q ({h}) must be a positive multiple of nheads of k and v ({hk}) (GQA/MQA)")
     if h > _checks.MAX_HEADS:
         raise ValueError(f"nheads {h} is larger than the supported maximum {_checks.MAX_HEADS}")
-    if d not in _checks.SUPPORTED_HEADDIMS and not (pads and _checks.padded_headdim(d)):
-        raise _checks.headdim_error(d, pads)
+    _checks.check_headdim(d, pads)
     batch = _check_offsets("cu_seqlens_q", cu_seqlens_q, q, None)
     _check_offsets("cu_seqlens_k", cu_seqlens_k, q, batch)
     if batch > _checks.MAX_BATCH:
