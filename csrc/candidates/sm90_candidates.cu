@@ -18,13 +18,7 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg2)
 #define FLASHBACK_FWD_CANDIDATE(C)                                           \
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
       const flashback_fwd_params&, cudaStream_t);
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64Tma)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64TmaTail)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128PpRb)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128PpPv)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullPpRb)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullPpPv)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullLongRb)
+// (No forward candidate at present: list one here as FLASHBACK_FWD_CANDIDATE(kFwdSm90...).)
 #undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

@@ -104,13 +104,6 @@ struct FwdSm90Config {
   // The first warpgroup's first S of tile k + 1 then runs while the last one finishes tile k
   // (FA3's rotation runs on the same way).
   bool pingpong_across_tiles = false;
-  // O rescaled by block j's factor after S_{j+1} is issued and before P_j V_j, in the S GEMM's
-  // shadow, instead of between the wait for P_j V_j and the next issue (FA3's order above
-  // d = 128; at d <= 128 it rescales after the wait, as production does). Block 0's
-  // factor is 0 (O is still 0). Alone it measured -0.5% (mean) at d = 64 / 128 and nothing at
-  // 192 / 256 (docs/perf-log.md, "The forward's O rescale between the GEMM issues"); the d = 128
-  // candidates try it with ping-pong and the P V wait below the softmax.
-  bool rescale_between = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -166,29 +159,6 @@ constexpr FwdSm90Config kFwdSm90Hdim128FullLong = {128, 176, 2, 2, 24, 240, true
                                                   false, false, false, false, true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim192FullLong = kFwdSm90Hdim192Full;
 static constexpr const FwdSm90Config& kFwdSm90Hdim256FullLong = kFwdSm90Hdim256Full;
-// Candidates, not yet measured (docs/perf-log.md, "The d = 64 forward's tile tail with the
-// rotation running on"): kFwdSm90Hdim64 with O by TMA, and with the statistics in the last
-// P V's shadow and the fast tile decode too (swap either in for kFwdSm90Hdim64).
-constexpr FwdSm90Config kFwdSm90Hdim64Tma = {64, 128, 3, 2, 24, 160, true, true, false, false,
-                                            false, true, true, false, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim64TmaTail = {64, 128, 3, 2, 24, 160, true, true, false, false,
-                                                false, true, true, true, false, true, true};
-// Candidates, not yet measured (docs/perf-log.md, "FA3's loop order at d = 128"): the causal
-// config (which also serves the counter-fed calls) with ping-pong running across tiles and the
-// P V wait below the softmax, with the O rescale between the GEMM issues (PpRb) and without
-// (PpPv); the non-causal config of the persistent grid (to 4096 keys) the same two ways
-// (FullPpRb, FullPpPv); the non-causal long config with the rescale between the issues
-// (FullLongRb).
-constexpr FwdSm90Config kFwdSm90Hdim128PpRb = {128, 128, 2, 2, 24, 240, true, true, true, false, true, true,
-                                              true, false, false, false, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim128PpPv = {128, 128, 2, 2, 24, 240, true, true, true, false, true, true,
-                                              true, false, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim128FullPpRb = {128, 128, 2, 2, 24, 240, true, true, true, false,
-                                                  false, false, false, false, true, false, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim128FullPpPv = {128, 128, 2, 2, 24, 240, true, true, true, false,
-                                                  false, false, false, false, true, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim128FullLongRb = {128, 176, 2, 2, 24, 240, true, true, true, false,
-                                                    false, false, false, false, true, false, false, true};
 // Measured slower and removed: d = 128 with 176-key blocks on the causal config's flags
 // (-1.2..-1.8% non-causal, docs/perf-log.md, "Five candidates measured"); the non-causal forward
 // on a persistent grid at every length (+1.7 / +2.4% at 8k / 16k, below kFwdSm90Hdim128FullLong).
@@ -198,10 +168,14 @@ constexpr FwdSm90Config kFwdSm90Hdim128FullLongRb = {128, 176, 2, 2, 24, 240, tr
 // Also measured and removed (H100, docs/perf-log.md, "Measured 2026-12-06, eighth run"): the
 // d = 128 non-causal forward in 2-CTA clusters multicasting K / V halves (kv_multicast): -0.7 /
 // +0.5% at 8k / 16k (noise), -7.7..-0.4% at 512-4096 on the persistent grid; the 4096-key calls on
-// FullLong one CTA per tile: -0.9% with 6% spreads.
+// FullLong one CTA per tile: -0.9% with 6% spreads. Measured and removed after the ninth run
+// (H100, GPU time, A B C x 2; docs/perf-log.md, "Measured 2026-12-06, ninth run"): the d = 128
+// forward in FA3's loop order, ping-pong across tiles with the P V wait below the softmax, with
+// the O rescale between the GEMM issues (-0.6..-5.0% at 512-16k, causal and not) and without it
+// (-0.1..-3.8%, one +4.0% point at non-causal 16k with an 8.6% spread).
 // The config of a head dim's calls whose tiles a persistent grid walks (fwd_sm90_multi_tile:
 // non-causal up to 2048 keys, 4096 at d = 64 / 128, every length at d = 192; causal up to 2048 keys
-// at d = 256, every length at d = 192, where the counter feeds the tiles), causal or not; where it
+// at d = 64 / 256, every length at d = 192, where the counter feeds the tiles), causal or not; where it
 // is the causal config's object, the two configs above serve those calls. d = 192 / 256: o_over_v,
 // so a CTA's next Q loads during its tile's end. Measured (H200, bf16, A B A B, 16384 tokens)
 // against the configs above: d = 192 +5.7 / +4.2% causal 512 / 1024, +6.0 / +2.9 / +2.0% non-causal
@@ -211,7 +185,16 @@ constexpr FwdSm90Config kFwdSm90Hdim128FullLongRb = {128, 176, 2, 2, 24, 240, tr
 // counter fetched early; with the late fetch d = 192 +0.2..+2.2% at 2k-16k, so d = 192 takes it at
 // every length (docs/perf-log.md, "o_over_v at short sequences, measured", "O by TMA"). O by TMA:
 // -0.3..-1.1% with o_over_v, so not here.
-static constexpr const FwdSm90Config& kFwdSm90Hdim64Multi = kFwdSm90Hdim64;
+// d = 64 with O by TMA, the statistics in the last P V's shadow and the fast tile decode (the
+// tile's tail shorter; ncu of the causal 512 forward beside FA3 put ~1035 instructions per tile
+// on the per-thread copy-out of O). Measured against kFwdSm90Hdim64 at every length (H100, bf16,
+// GPU time, A B C x 2): causal +4.4 / +3.9 / +1.9% at 512 / 1024 / 2048, +0.5 / -0.2 / -1.8% at
+// 4k / 8k / 16k; non-causal +3.9 / +0.4 / -0.4 / -0.1% at 512-4096, -0.8 / -2.8% at 8k / 16k.
+// So it serves the persistent grid's calls only (causal to 2048 keys, kFwdSm90Hdim64Grid). O by
+// TMA alone read +0.2..+1.2% to 8k and -2.5 / -3.0% at 16k (not kept; docs/perf-log.md,
+// "Measured 2026-12-06, ninth run").
+constexpr FwdSm90Config kFwdSm90Hdim64Multi = {64, 128, 3, 2, 24, 160, true, true, false, false,
+                                              false, true, true, true, false, true, true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim128Multi = kFwdSm90Hdim128;
 constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, true, true, true, true,
                                                false, true};
@@ -277,7 +260,7 @@ constexpr int kAllKeys = 0x7fffffff;
 //   -1.4%, non-causal +2.6 / +1.2%, then -0.7..-2.7%; d = 128 causal +2.1 / +2.2 / +0.7%, then
 //   -0.5..-3.5%, non-causal -1.6..+0.8% (noise); d = 64 -1.7..+4.6% (noise). On where it gained
 //   (the 16k column swings 3-6% between repeats of one build).
-constexpr FwdSm90Grid kFwdSm90Hdim64Grid = {4096, kAllKeys, kAllKeys, 2048, 0, 0};
+constexpr FwdSm90Grid kFwdSm90Hdim64Grid = {4096, kAllKeys, 2048, 2048, 0, 0};
 constexpr FwdSm90Grid kFwdSm90Hdim128Grid = {4096, kAllKeys, kAllKeys, 2048, 2048, 0};
 constexpr FwdSm90Grid kFwdSm90Hdim192Grid = {kAllKeys, kAllKeys, kAllKeys, 0, 4096, 1024};
 constexpr FwdSm90Grid kFwdSm90Hdim256Grid = {2048, 2048, 2048, 0, kAllKeys, 4096};
@@ -317,7 +300,8 @@ constexpr FwdSm90Grid fwd_sm90_grid_row(int head_dim) {
 // log2 l by rcp.approx / lg2.approx (mean +0.2%, -3.8..+2.3%), d = 192 with 80-key blocks and two
 // Q stages (-7..-14%), d = 128 on three consumer warpgroups at 192 x 80 (-7.3 / -4.9 / +0.7% causal),
 // d = 128 with ping-pong and pv_wait_below together (-0.0..-3.1%), O rescaled between the GEMM
-// issues (rescale_between, d = 64 / 128 mean -0.5%, d = 192 / 256 -1.4..+2.6%, noise), the
+// issues (rescale_between, d = 64 / 128 mean -0.5%, d = 192 / 256 -1.4..+2.6%, noise; with
+// ping-pong across tiles and the P V wait below at d = 128, -0.6..-5.0%), the
 // d = 128 P V wait after half the exponentials (pv_wait_split, -2.3..+1.5%), the mask as one
 // compare per element against a per-row limit (-1.1..+1.0%; kept in the backward). Not kept
 // for want of a gain (main and short sweeps within noise, "Measured 2026-12-06" and its second
