@@ -170,9 +170,10 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256FullLong = kFwdSm90Hdim256F
 // +0.5% at 8k / 16k (noise), -7.7..-0.4% at 512-4096 on the persistent grid; the 4096-key calls on
 // FullLong one CTA per tile: -0.9% with 6% spreads. Measured and removed after the ninth run
 // (H100, GPU time, A B C x 2; docs/perf-log.md, "Measured 2026-12-06, ninth run"): the d = 128
-// forward in FA3's loop order, ping-pong across tiles with the P V wait below the softmax, with
-// the O rescale between the GEMM issues (-0.6..-5.0% at 512-16k, causal and not) and without it
-// (-0.1..-3.8%, one +4.0% point at non-causal 16k with an 8.6% spread).
+// forward in FA3's loop order, ping-pong across tiles with the P V wait below the softmax: with
+// the O rescale between the GEMM issues, causal -0.7..-4.4% at 512-16k, non-causal -2.5..-5.0% at
+// 512-4096 (and FullLong with it -0.8 / -0.6% at 8k / 16k, noise); without it, causal -0.6..-2.4%,
+// non-causal -3.8..+0.5% at 512-4096.
 // The config of a head dim's calls whose tiles a persistent grid walks (fwd_sm90_multi_tile:
 // non-causal up to 2048 keys, 4096 at d = 64 / 128, every length at d = 192; causal up to 2048 keys
 // at d = 64 / 256, every length at d = 192, where the counter feeds the tiles), causal or not; where it
@@ -191,7 +192,7 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256FullLong = kFwdSm90Hdim256F
 // GPU time, A B C x 2): causal +4.4 / +3.9 / +1.9% at 512 / 1024 / 2048, +0.5 / -0.2 / -1.8% at
 // 4k / 8k / 16k; non-causal +3.9 / +0.4 / -0.4 / -0.1% at 512-4096, -0.8 / -2.8% at 8k / 16k.
 // So it serves the persistent grid's calls only (causal to 2048 keys, kFwdSm90Hdim64Grid). O by
-// TMA alone read +0.2..+1.2% to 8k and -2.5 / -3.0% at 16k (not kept; docs/perf-log.md,
+// TMA alone read -0.3..+1.2% to 8k and -2.5 / -3.0% at 16k (not kept; docs/perf-log.md,
 // "Measured 2026-12-06, ninth run").
 constexpr FwdSm90Config kFwdSm90Hdim64Multi = {64, 128, 3, 2, 24, 160, true, true, false, false,
                                               false, true, true, true, false, true, true};
@@ -301,7 +302,7 @@ constexpr FwdSm90Grid fwd_sm90_grid_row(int head_dim) {
 // Q stages (-7..-14%), d = 128 on three consumer warpgroups at 192 x 80 (-7.3 / -4.9 / +0.7% causal),
 // d = 128 with ping-pong and pv_wait_below together (-0.0..-3.1%), O rescaled between the GEMM
 // issues (rescale_between, d = 64 / 128 mean -0.5%, d = 192 / 256 -1.4..+2.6%, noise; with
-// ping-pong across tiles and the P V wait below at d = 128, -0.6..-5.0%), the
+// ping-pong across tiles and the P V wait below at d = 128, -0.7..-5.0%), the
 // d = 128 P V wait after half the exponentials (pv_wait_split, -2.3..+1.5%), the mask as one
 // compare per element against a per-row limit (-1.1..+1.0%; kept in the backward). Not kept
 // for want of a gain (main and short sweeps within noise, "Measured 2026-12-06" and its second
