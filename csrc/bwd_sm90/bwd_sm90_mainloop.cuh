@@ -186,6 +186,8 @@ struct BwdSm90Traits {
   // q_atom_barriers: per Q stage one full barrier per atom-column (the ring's own full barrier
   // unused for Q).
   static constexpr bool kQAtomBars = kCfg.q_atom_barriers;
+  static constexpr bool kDoBeforeQ = kCfg.do_before_q;
+  static_assert(!kDoBeforeQ || (kQStages == 1 && kDoStages == 1), "do_before_q: one Q and one dO stage");
   static_assert(!kQAtomBars || (!kStatsSmem && !kByKeys && !kStatsByConsumers),
                 "q_atom_barriers: split by head dim, no stats rows on the Q stage's barrier");
   static constexpr uint32_t kOffQAtomBar = kOffPairBar + (kPair ? 32 : 0);
@@ -361,8 +363,10 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
       if ((blockIdx.x & 1) && bwd_sm90_upper_masked<T>(p, w, m_block)) continue;  // no Q, dO
     }
     const int m0 = m_block * T::kBlockM;
-    // Q first: with one dO stage the producer waits here for dO_{i-1} to be released (after
-    // dV of step i-1), and Q_i is already on its way by then.
+    // Q first where Q has two stages: Q_i's stage was freed a step earlier, and with one dO stage
+    // the producer then waits for dO_{i-1} to be released (after dV of step i-1). With one Q
+    // stage too, Q_{i-1} is released last in its step (after the dQ adds and dK^T), so dO goes
+    // first (do_before_q).
     // Rows m0.. of Q or dO of this q head into the next stage of their ring, with the step's
     // stats-map rows from stat_row0 where kStatBytes > 0 (its kStepTiles workspace tiles,
     // consecutive: LSE's or D's).
@@ -379,6 +383,9 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
                inner, static_cast<int>(w.seq.row_q) + m0, head, w.map_batch);
       st.advance();
     };
+    if constexpr (T::kDoBeforeQ) {
+      load_rows(pipe_do, sd, T::kOffDo, m.dout, p.head_inner & 8, T::kOffDsum, p.dsum_tile0);
+    }
     if constexpr (T::kQAtomBars) {
       // Each atom-column box on its own barrier (q_atom_barriers).
       pipe_q->producer_acquire(sq);
@@ -395,7 +402,9 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     }
     if (T::kPairGhost ? v_pending : it == 0) load_kv(T::kOffV, m.v, kv_bar + 1, p.head_inner & 4);
     v_pending = false;
-    load_rows(pipe_do, sd, T::kOffDo, m.dout, p.head_inner & 8, T::kOffDsum, p.dsum_tile0);
+    if constexpr (!T::kDoBeforeQ) {
+      load_rows(pipe_do, sd, T::kOffDo, m.dout, p.head_inner & 8, T::kOffDsum, p.dsum_tile0);
+    }
   }
 }
 
