@@ -18,6 +18,7 @@
 #                      sdpa_efficient: at ~40 TFLOP/s it alone takes ~2 minutes of the sweep, and
 #                      its numbers are in docs/perf-log.md already.
 #   BENCH_ARGS         more benchmark flags, e.g. --quick
+#   TESTS=0            skip the GPU tests (a later call on a build whose tests already ran)
 #   TEST_TIMEOUT       seconds for the GPU tests (default 300)
 #   PAIR_TEST_TIMEOUT  seconds for their d = 256 part with the 2-CTA pair forced (default 120)
 #   TIME_BUDGET        seconds for the whole script (default 570). The benchmark gets what the
@@ -49,17 +50,26 @@ echo "== environment (also in $OUT_DIR/env.txt)"
 [ -f "$FLASHBACK_LIBRARY" ] || echo "WARNING: $FLASHBACK_LIBRARY not found: build the library into build/ first"
 
 echo
-echo "== GPU tests (log: $OUT_DIR/tests.log)"
-# -rfEs: failures, errors and skip reasons in the short summary (-rs alone would drop failures).
-timeout -k 10 "$TEST_TIMEOUT" $PY -m pytest tests -m gpu -q -rfEs -p no:cacheprovider > "$OUT_DIR/tests.log" 2>&1
-test_rc=$?
-tail -n 3 "$OUT_DIR/tests.log"
-# The d = 256 backward runs most test shapes (short walks) on one CTA per K/V block; its tests
-# again with the 2-CTA pair forced, so the pair kernel meets every shape too.
-timeout -k 10 "$PAIR_TEST_TIMEOUT" env FLASHBACK_BWD_PAIR=1 $PY -m pytest tests -m gpu -q -rfEs \
-  -p no:cacheprovider -k d256 > "$OUT_DIR/tests-pair.log" 2>&1
-pair_rc=$?
-tail -n 1 "$OUT_DIR/tests-pair.log"
+if [ "${TESTS:-1}" = 0 ]; then
+  # A later call on the same build (e.g. the protocol split over calls by head dim).
+  echo "== GPU tests skipped (TESTS=0)"
+  echo "skipped (TESTS=0)" > "$OUT_DIR/tests.log"
+  echo "skipped (TESTS=0)" > "$OUT_DIR/tests-pair.log"
+  test_rc=0
+  pair_rc=0
+else
+  echo "== GPU tests (log: $OUT_DIR/tests.log)"
+  # -rfEs: failures, errors and skip reasons in the short summary (-rs alone would drop failures).
+  timeout -k 10 "$TEST_TIMEOUT" $PY -m pytest tests -m gpu -q -rfEs -p no:cacheprovider > "$OUT_DIR/tests.log" 2>&1
+  test_rc=$?
+  tail -n 3 "$OUT_DIR/tests.log"
+  # The d = 256 backward runs most test shapes (short walks) on one CTA per K/V block; its tests
+  # again with the 2-CTA pair forced, so the pair kernel meets every shape too.
+  timeout -k 10 "$PAIR_TEST_TIMEOUT" env FLASHBACK_BWD_PAIR=1 $PY -m pytest tests -m gpu -q -rfEs \
+    -p no:cacheprovider -k d256 > "$OUT_DIR/tests-pair.log" 2>&1
+  pair_rc=$?
+  tail -n 1 "$OUT_DIR/tests-pair.log"
+fi
 
 if [ "${BREAKDOWN:-0}" = 1 ]; then
   # One backward call's kernels by GPU time (main kernel against memset / pre- / postprocess),
@@ -100,9 +110,11 @@ case $test_rc in
   124|137) status="TIMED OUT after ${TEST_TIMEOUT}s" ;;
   *) status="exit $test_rc" ;;
 esac
+[ "${TESTS:-1}" = 0 ] && counts="skipped (TESTS=0)"
 echo "tests: ${counts:-no summary line} [$status] (full log: $OUT_DIR/tests.log)"
 grep -E '^(FAILED|ERROR) ' "$OUT_DIR/tests.log" | head -n 25
 pair_counts=$(grep -E '[0-9]+ (passed|failed|error|errors|skipped|deselected)|no tests ran' "$OUT_DIR/tests-pair.log" | tail -n 1)
+[ "${TESTS:-1}" = 0 ] && pair_counts="skipped (TESTS=0)"
 echo "tests with FLASHBACK_BWD_PAIR=1 (d256): ${pair_counts:-no summary line} [exit $pair_rc] (log: $OUT_DIR/tests-pair.log)"
 grep -E '^(FAILED|ERROR) ' "$OUT_DIR/tests-pair.log" | head -n 10
 case $bench_rc in
