@@ -169,8 +169,14 @@ struct BwdSm90Config {
   // before its Q. The consumers release dO after dV^T and Q only after the dQ adds and dK^T, so
   // in Q-then-dO order dO_{i+1} waited behind Q_i's release and landed after Q_{i+1}; issued
   // first it loads during step i's adds and dK^T. ncu of the pair (causal 4k, H100): ~9% of the
-  // consumers' stall samples on the dO stage's full barrier (docs/perf-log.md, "dO before Q").
+  // consumers' stall samples on the dO stage's full barrier (docs/perf-log.md, "dO before Q in
+  // the d = 256 pair").
   bool do_before_q = false;
+  // Stats from global memory (neither stats_smem nor stats_by_consumers): each thread loads its
+  // rows' LSE / D for step i + 1 at the top of step i and carries them in registers, instead of
+  // loading step i's at its top. ncu of the d = 256 pair (causal 4k, H100): ~4.1% of the
+  // consumers' stall samples on those loads (docs/perf-log.md, "Stats a step ahead").
+  bool stats_ahead = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -316,10 +322,18 @@ constexpr int kBwdSm90PairMinRows = 1024;
 // than two warpgroups at 64 x 80 (-2.7..+3.1%, docs/perf-log.md); its kernels are compiled by the
 // flashback_candidates target (csrc/candidates/), not linked.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false, 3};
-// Candidate, not yet measured (docs/perf-log.md, "dO before Q"): the d = 256 pair (both modes)
-// with the next dO issued before the next Q.
+// Candidates, not yet measured (docs/perf-log.md, "dO before Q in the d = 256 pair"): the d = 256
+// pair (both modes) with the next dO issued before the next Q.
 constexpr BwdSm90Config kBwdSm90Hdim256DoFirst = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
                                                  true, true, false, false, false, true, false, true, true};
+// Candidate, not yet measured (docs/perf-log.md, "Stats a step ahead"): the d = 256 pair (both
+// modes) with the LSE / D rows loaded a step ahead; and with dO before Q too.
+constexpr BwdSm90Config kBwdSm90Hdim256StatsAhead = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true,
+                                                    false, true, true, false, false, false, true, false, true,
+                                                    false, true};
+constexpr BwdSm90Config kBwdSm90Hdim256DoFirstStatsAhead = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false,
+                                                           true, false, true, true, false, false, false, true, false,
+                                                           true, true, true};
 // The two-warpgroup d = 192 config the table had before (64 x 80, Q 2 / dO 2, shares 2 / 1):
 // 3.4-7.9% slower than kBwdSm90Hdim192 (docs/perf-log.md). Compiled by the candidates target
 // because it is the one config with unequal shares, whose second consumer instance

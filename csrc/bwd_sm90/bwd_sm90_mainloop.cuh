@@ -187,6 +187,8 @@ struct BwdSm90Traits {
   // unused for Q).
   static constexpr bool kQAtomBars = kCfg.q_atom_barriers;
   static constexpr bool kDoBeforeQ = kCfg.do_before_q;
+  static constexpr bool kStatsAhead = kCfg.stats_ahead;
+  static_assert(!kStatsAhead || (!kStatsSmem && !kStatsByConsumers), "stats_ahead: stats from global memory");
   static_assert(!kDoBeforeQ || (kQStages == 1 && kDoStages == 1), "do_before_q: one Q and one dO stage");
   static_assert(!kQAtomBars || (!kStatsSmem && !kByKeys && !kStatsByConsumers),
                 "q_atom_barriers: split by head dim, no stats rows on the Q stage's barrier");
@@ -842,6 +844,29 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   const BwdSm90StatRows<T, kDet> stat_rows{p, w, reinterpret_cast<float*>(smem + T::kOffRows), wg * 128 + t};
   if constexpr (T::kStatsByConsumers) stat_rows.prologue();
 
+  // This thread's rows of a step's LSE * log2(e) (warpgroup 0 by role) and D (warpgroup 1 by
+  // role), from global memory (stats neither in the stages nor staged by the consumers).
+  const auto load_stats = [&](int64_t tile, float (&lse)[2], float (&dsum)[2]) {
+    const int64_t stat_row = tile * T::kBlockM + q_row;
+    if (!T::kSdpByRole || wg == 0) {
+      lse[0] = p.lse_log2[stat_row];
+      lse[1] = p.lse_log2[stat_row + 8];
+    }
+    if (!T::kSdpByRole || wg == 1) {
+      dsum[0] = p.dsum[stat_row];
+      dsum[1] = p.dsum[stat_row + 8];
+    }
+  };
+  // stats_ahead: the next step's rows, loaded a step early (the first step's here).
+  float ahead_lse[2] = {0.f, 0.f}, ahead_dsum[2] = {0.f, 0.f};
+  if constexpr (T::kStatsAhead) {
+    if (w.n_iters > 0) {
+      int head, m_block;
+      bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, 0, head, m_block);
+      load_stats(dq_tile(p.dq_tiles, w.seq, head, m_block), ahead_lse, ahead_dsum);
+    }
+  }
+
   fh::PipelineState<T::kQStages> sq;
   fh::PipelineState<T::kDoStages> sd;
   for (int it = 0; it < w.n_iters; ++it) {
@@ -849,6 +874,14 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, it, head, m_block);
     const int m0 = m_block * T::kBlockM;
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);  // dQaccum, stats, turns
+    float step_lse[2] = {ahead_lse[0], ahead_lse[1]}, step_dsum[2] = {ahead_dsum[0], ahead_dsum[1]};
+    if constexpr (T::kStatsAhead) {
+      if (it + 1 < w.n_iters) {
+        int head1, m_block1;
+        bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, it + 1, head1, m_block1);
+        load_stats(dq_tile(p.dq_tiles, w.seq, head1, m_block1), ahead_lse, ahead_dsum);
+      }
+    }
     // stats_by_consumers: the next step's row, stored before this step's hand-off barrier.
     float next_row = 0.f;
     if constexpr (T::kStatsByConsumers) next_row = stat_rows.next(it);
@@ -869,15 +902,11 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       dsum0 = stat_rows.dsum(it)[q_row];
       dsum1 = stat_rows.dsum(it)[q_row + 8];
     } else if constexpr (!T::kStatsSmem) {
-      const int64_t stat_row = tile * T::kBlockM + q_row;
-      if (!T::kSdpByRole || wg == 0) {  // by role: warpgroup 0 needs LSE, warpgroup 1 D
-        lse0 = p.lse_log2[stat_row];
-        lse1 = p.lse_log2[stat_row + 8];
-      }
-      if (!T::kSdpByRole || wg == 1) {
-        dsum0 = p.dsum[stat_row];
-        dsum1 = p.dsum[stat_row + 8];
-      }
+      if constexpr (!T::kStatsAhead) load_stats(tile, step_lse, step_dsum);
+      lse0 = step_lse[0];
+      lse1 = step_lse[1];
+      dsum0 = step_dsum[0];
+      dsum1 = step_dsum[1];
     }
     uint8_t* p_t = smem + T::kOffP + (T::kSingleHand ? 0 : (it & 1)) * T::kHandBytes;
     uint8_t* ds_t = smem + T::kOffDs + (T::kSingleHand ? 0 : (it & 1)) * T::kHandBytes;
