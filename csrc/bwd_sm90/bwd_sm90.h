@@ -175,7 +175,8 @@ struct BwdSm90Config {
   // Stats from global memory (neither stats_smem nor stats_by_consumers): each thread loads its
   // rows' LSE / D for step i + 1 at the top of step i and carries them in registers, instead of
   // loading step i's at its top. ncu of the d = 256 pair (causal 4k, H100): ~4.1% of the
-  // consumers' stall samples on those loads (docs/perf-log.md, "Stats a step ahead").
+  // consumers' stall samples on those loads (docs/perf-log.md, "Stats a step ahead in the
+  // d = 256 pair").
   bool stats_ahead = false;
 };
 
@@ -326,8 +327,8 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // pair (both modes) with the next dO issued before the next Q.
 constexpr BwdSm90Config kBwdSm90Hdim256DoFirst = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
                                                  true, true, false, false, false, true, false, true, true};
-// Candidate, not yet measured (docs/perf-log.md, "Stats a step ahead"): the d = 256 pair (both
-// modes) with the LSE / D rows loaded a step ahead; and with dO before Q too.
+// Candidates, not yet measured (docs/perf-log.md, "Stats a step ahead in the d = 256 pair"): the
+// d = 256 pair (both modes) with the LSE / D rows loaded a step ahead; and with dO before Q too.
 constexpr BwdSm90Config kBwdSm90Hdim256StatsAhead = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true,
                                                     false, true, true, false, false, false, true, false, true,
                                                     false, true};
