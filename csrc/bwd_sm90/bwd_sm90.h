@@ -323,7 +323,7 @@ constexpr int kBwdSm90PairMinRows = 1024;
 // than two warpgroups at 64 x 80 (-2.7..+3.1%, docs/perf-log.md); its kernels are compiled by the
 // flashback_candidates target (csrc/candidates/), not linked.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false, 3};
-// Candidates, not yet measured (docs/perf-log.md, "dO before Q in the d = 256 pair"): the d = 256
+// Candidate, not yet measured (docs/perf-log.md, "dO before Q in the d = 256 pair"): the d = 256
 // pair (both modes) with the next dO issued before the next Q.
 constexpr BwdSm90Config kBwdSm90Hdim256DoFirst = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
                                                  true, true, false, false, false, true, false, true, true};
