@@ -197,6 +197,14 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256FullLong = kFwdSm90Hdim256F
 constexpr FwdSm90Config kFwdSm90Hdim64Multi = {64, 128, 3, 2, 24, 160, true, true, false, false,
                                               false, true, true, true, false, true, true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim128Multi = kFwdSm90Hdim128;
+// Candidates, not yet measured (docs/perf-log.md, "The d = 128 forward's tile tail"): the
+// d = 128 causal config (which is also its Multi) and its non-causal persistent-grid config with
+// the statistics in the last P V's shadow and the tile decode without divisions, the two tail
+// changes that gained on top of O by TMA at d = 64.
+constexpr FwdSm90Config kFwdSm90Hdim128Tail = {128, 128, 2, 2, 24, 240, false, true, false, false, true, true,
+                                              true, true, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim128FullTail = {128, 128, 2, 2, 24, 240, false, true, false, false,
+                                                  false, false, false, true, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, true, true, true, true,
                                                false, true};
 // d = 256 with finalize_in_pv, copy_out_early and fast_tile_decode (the tile's tail ~450
