@@ -22,7 +22,9 @@ the same one.
 - impl "flashback_bwd_call": the raw flashback.attention_backward(dout, q, k, v, out, lse) call.
 Inputs are fresh torch.randn, stored (batch, seqlen, nheads, headdim); SDPA gets (b, h, s, d)
 views of the same memory (its causal mask is top-left: the same here, seqlen_q == seqlen_k).
-The yardstick is SDPA's flash backend; the table shows ours/yardstick.
+The yardstick is SDPA's flash backend; the table shows ours/yardstick and, where the run timed
+them, ours/fa3 (the same run's fraction of FA3) and det/ours (the deterministic mode against the
+default; its forward runs the same kernels).
 
 Results: <out>/<YYYY-MM-DD>-<gpu>-<commit>[-<tag>].json (written after every shape, so a run that
 is cut short keeps what it measured; the tag names a non-default sweep, e.g. "short-d64-128")
@@ -193,9 +195,11 @@ def row_mj_per_call(r):
 
 
 def format_table(payload):
-    """Median TFLOP/s per implementation; ours/yardstick = flashback / sdpa_flash; where the rows
-    carry energy per call for flashback and FA3, its ratio (mJ ours / mJ FA3 per call: above 1,
-    ours spends more energy on the same work, which at the power cap costs clock)."""
+    """Median TFLOP/s per implementation; ours/yardstick = flashback / sdpa_flash; where the run
+    timed FA3, ours/fa3 = flashback / fa3; where it timed the deterministic mode, det/ours =
+    flashback_det / flashback; where the rows carry energy per call for flashback and FA3, its
+    ratio (mJ ours / mJ FA3 per call: above 1, ours spends more energy on the same work, which at
+    the power cap costs clock)."""
     rows = payload["results"]
     def point(r):
         return (r["headdim"], r.get("dtype", "bf16"), r["direction"], bool(r["causal"]), r["batch"], r["seqlen"])
@@ -209,17 +213,26 @@ def format_table(payload):
     order = {"bwd": 0, "fwd": 1, "train": 2}
     keys = sorted({point(r) for r in rows},
                   key=lambda k: (k[0], k[1], order.get(k[2], 3), not k[3], k[5]))
-    head = ["dir", "d", "dtype", "causal", "batch", "seqlen"] + impls + ["ours/yardstick"]
+    # Ratios to flashback's median: (column, the other implementation, flashback divided by it).
+    ratios = [("ours/yardstick", YARDSTICK, True)]
+    if "fa3" in impls:
+        ratios.append(("ours/fa3", "fa3", True))
+    if "flashback_det" in impls:
+        ratios.append(("det/ours", "flashback_det", False))
+    head = ["dir", "d", "dtype", "causal", "batch", "seqlen"] + impls + [name for name, _, _ in ratios]
     if with_energy:
         head.append("mJ ours/fa3")
     lines = [head]
     for d, dtype, direction, causal, batch, seqlen in keys:
         key = (d, dtype, direction, causal, batch, seqlen)
         vals = [med.get((i,) + key) for i in impls]
-        ours, yard = med.get(("flashback",) + key), med.get((YARDSTICK,) + key)
-        ratio = f"{ours / yard:.3f}" if ours and yard else "-"
+        ours = med.get(("flashback",) + key)
+        cells = []
+        for _, other, ours_over_other in ratios:
+            x = med.get((other,) + key)
+            cells.append(f"{(ours / x if ours_over_other else x / ours):.3f}" if ours and x else "-")
         line = ([direction, str(d), dtype, "yes" if causal else "no", str(batch), str(seqlen)]
-                + [f"{v:.1f}" if v is not None else "-" for v in vals] + [ratio])
+                + [f"{v:.1f}" if v is not None else "-" for v in vals] + cells)
         if with_energy:
             e_ours, e_fa3 = energy.get(("flashback",) + key), energy.get(("fa3",) + key)
             line.append(f"{e_ours / e_fa3:.3f}" if e_ours and e_fa3 else "-")

@@ -147,6 +147,30 @@ def test_table_energy_column(bench):
     assert bench.row_mj_per_call({"gpu": [{"sm_clock_mhz": 1}]}) is None
 
 
+def test_table_fa3_and_deterministic_columns(bench):
+    import copy
+
+    payload = _payload(bench)
+    table = bench.format_table(payload)
+    assert "ours/fa3" not in table and "det/ours" not in table  # neither timed: no columns
+    ours = [r for r in payload["results"] if r["impl"] == "flashback"]
+    payload["results"] += [dict(copy.deepcopy(r), impl="fa3", tflops=[400.0, 375.0, 390.0]) for r in ours]
+    payload["results"] += [dict(copy.deepcopy(r), impl="flashback_det", tflops=[270.0, 270.0, 270.0])
+                           for r in ours if r["direction"] == "bwd"]
+    lines = bench.format_table(payload).splitlines()
+    head = lines[1].split()
+    assert head[-2:] == ["ours/fa3", "det/ours"]
+    rows = [line.split() for line in lines if line.split()[:1] in (["fwd"], ["bwd"], ["train"])]
+    assert rows
+    for row in rows:
+        ours_tf = float(row[head.index("flashback")])
+        assert row[head.index("ours/fa3")] == f"{ours_tf / 390.0:.3f}"  # the median of FA3's runs
+        if row[0] == "bwd":
+            assert row[head.index("det/ours")] == f"{270.0 / ours_tf:.3f}"
+        else:
+            assert row[head.index("det/ours")] == "-"  # no deterministic forward
+
+
 def test_commit(bench, tmp_path, monkeypatch):
     import flashback
 
