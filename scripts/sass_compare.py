@@ -6,6 +6,12 @@ value generalised, a name changed): equal SASS is equal behaviour, with no GPU n
     cuobjdump -sass build-a/libflashback.so > a.sass
     cuobjdump -sass build-b/libflashback.so > b.sass
     python3 scripts/sass_compare.py a.sass b.sass [--filter bwd_sm90_kernel]
+    python3 scripts/sass_compare.py prod.sass cand.sass --anon --rename kFwdSm90Hdim64TmaTail=kFwdSm90Hdim64Multi
+
+--anon names the anonymous namespaces' functions alike in both dumps (their mangled names carry a
+hash of the source path, which differs between two checkouts). --rename OLD=NEW (repeatable)
+reads config OLD in dump A's names as NEW, so that a candidate's kernel, measured under its own
+name, is compared with the production kernel it became.
 
 Compares the instructions (not their addresses or encodings) of each function both dumps have;
 prints every function that differs with both instruction counts, the functions only one dump
@@ -36,14 +42,43 @@ def functions(path):
     return funcs
 
 
+# An anonymous namespace's mangled name: <length>_GLOBAL__N__<hash>_<n>_<file>_cu_<hash>.
+ANON = re.compile(r"[0-9]+_GLOBAL__N__[0-9a-f]+_[0-9]+_[A-Za-z0-9_]+?_cu_[0-9a-f]+")
+
+
+def normalize(name, anon=False, renames=()):
+    """A mangled name with the anonymous namespaces made alike (anon) and each config OLD of
+    `renames` ((OLD, NEW) pairs) written as NEW, its length prefix with it."""
+    if anon:
+        # Then the length of what follows, where the hash's match stopped at an underscore
+        # (e.g. ANON_25reference_...): it differs with the hash's digits.
+        name = re.sub(r"ANON_[0-9]+(?=[A-Za-z])", "ANON_", ANON.sub("ANON", name))
+    for old, new in renames:
+        # The length prefix bounds the identifier: 14kFwdSm90Hdim64 is not the start of
+        # 19kFwdSm90Hdim64Multi.
+        name = re.sub(rf"(?<![0-9]){len(old)}{re.escape(old)}", f"{len(new)}{new}", name)
+    return name
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("a")
     p.add_argument("b")
     p.add_argument("--filter", default="", help="only functions whose mangled name contains this")
+    p.add_argument("--anon", action="store_true", help="anonymous namespaces alike in both dumps")
+    p.add_argument("--rename", action="append", default=[], metavar="OLD=NEW",
+                   help="read config OLD in A's function names as NEW (repeatable)")
     args = p.parse_args()
-    a = {k: v for k, v in functions(args.a).items() if args.filter in k}
-    b = {k: v for k, v in functions(args.b).items() if args.filter in k}
+    renames = []
+    for r in args.rename:
+        old, sep, new = r.partition("=")
+        if not sep or not old or not new:
+            p.error(f"--rename takes OLD=NEW, got {r!r}")
+        renames.append((old, new))
+    a = {normalize(k, args.anon, renames): v for k, v in functions(args.a).items()}
+    b = {normalize(k, args.anon): v for k, v in functions(args.b).items()}
+    a = {k: v for k, v in a.items() if args.filter in k}
+    b = {k: v for k, v in b.items() if args.filter in k}
     same = differ = 0
     for name in sorted(a.keys() & b.keys()):
         if a[name] == b[name]:
