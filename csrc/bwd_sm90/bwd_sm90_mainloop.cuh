@@ -857,14 +857,16 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       dsum[1] = p.dsum[stat_row + 8];
     }
   };
-  // stats_ahead: the next step's rows, loaded a step early (the first step's here).
+  // stats_ahead: the next step's rows, loaded a step early (the first step's here), from the
+  // workspace tile of step k of the walk.
+  const auto step_tile = [&](int k) {
+    int head, m_block;
+    bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, k, head, m_block);
+    return dq_tile(p.dq_tiles, w.seq, head, m_block);
+  };
   float ahead_lse[2] = {0.f, 0.f}, ahead_dsum[2] = {0.f, 0.f};
   if constexpr (T::kStatsAhead) {
-    if (w.n_iters > 0) {
-      int head, m_block;
-      bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, 0, head, m_block);
-      load_stats(dq_tile(p.dq_tiles, w.seq, head, m_block), ahead_lse, ahead_dsum);
-    }
+    if (w.n_iters > 0) load_stats(step_tile(0), ahead_lse, ahead_dsum);
   }
 
   fh::PipelineState<T::kQStages> sq;
@@ -876,11 +878,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);  // dQaccum, stats, turns
     float step_lse[2] = {ahead_lse[0], ahead_lse[1]}, step_dsum[2] = {ahead_dsum[0], ahead_dsum[1]};
     if constexpr (T::kStatsAhead) {
-      if (it + 1 < w.n_iters) {
-        int head1, m_block1;
-        bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, it + 1, head1, m_block1);
-        load_stats(dq_tile(p.dq_tiles, w.seq, head1, m_block1), ahead_lse, ahead_dsum);
-      }
+      if (it + 1 < w.n_iters) load_stats(step_tile(it + 1), ahead_lse, ahead_dsum);
     }
     // stats_by_consumers: the next step's row, stored before this step's hand-off barrier.
     float next_row = 0.f;
