@@ -21,8 +21,6 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256DoFirstStatsAhead)
 #define FLASHBACK_FWD_CANDIDATE(C)                                           \
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
       const flashback_fwd_params&, cudaStream_t);
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128Tail)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullTail)
 #undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

@@ -126,8 +126,14 @@ struct FwdSm90Config {
 // docs/perf-log.md, "Measured 2026-12-06, eighth run").
 constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true, true, false, false,
                                          false, false, true, false, false, false, true};
+// d = 128 (causal, and its Multi): the statistics in the last P V's shadow and the tile decode
+// without divisions, the d = 64 tail changes on top of O by TMA. Measured against the config
+// without them (H100, bf16, GPU time, A B A B): causal +2.8 / +2.4 / +1.5 / +0.8 / +0.5 / +0.5%
+// at 512-16k. On the non-causal persistent-grid config (kFwdSm90Hdim128Full, per-thread copy-out)
+// the same two read +1.5% at 512 and -0.6 / -1.8 / -2.2% at 1024-4096: not there
+// (docs/perf-log.md, "Measured 2026-12-06, tenth run").
 constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false, true, false, false, true, true,
-                                          true};
+                                          true, true, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false, true, true, false, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false, true, true, false, true, true};
 // The config of a head dim's non-causal calls: the tile shape may differ with the mask (FA3's
@@ -197,14 +203,6 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256FullLong = kFwdSm90Hdim256F
 constexpr FwdSm90Config kFwdSm90Hdim64Multi = {64, 128, 3, 2, 24, 160, true, true, false, false,
                                               false, true, true, true, false, true, true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim128Multi = kFwdSm90Hdim128;
-// Candidates, not yet measured (docs/perf-log.md, "The d = 128 forward's tile tail"): the
-// d = 128 causal config (which is also its Multi) and its non-causal persistent-grid config with
-// the statistics in the last P V's shadow and the tile decode without divisions, the two tail
-// changes that gained on top of O by TMA at d = 64.
-constexpr FwdSm90Config kFwdSm90Hdim128Tail = {128, 128, 2, 2, 24, 240, false, true, false, false, true, true,
-                                              true, true, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim128FullTail = {128, 128, 2, 2, 24, 240, false, true, false, false,
-                                                  false, false, false, true, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, true, true, true, true,
                                                false, true};
 // d = 256 with finalize_in_pv, copy_out_early and fast_tile_decode (the tile's tail ~450
