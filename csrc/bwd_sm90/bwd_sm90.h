@@ -165,19 +165,6 @@ struct BwdSm90Config {
   // clock than the math needs clocks (16 + N / 4 against N / 2 at 128 B and 4096 FLOP per clock),
   // at N = 80 it is not (docs/perf-log.md, "S and dP at N = 40: the shared-memory bound").
   bool sdp_by_role = false;
-  // With one Q stage and one dO stage (the d = 256 pair): the producer issues the next step's dO
-  // before its Q. The consumers release dO after dV^T and Q only after the dQ adds and dK^T, so
-  // in Q-then-dO order dO_{i+1} waited behind Q_i's release and landed after Q_{i+1}; issued
-  // first it loads during step i's adds and dK^T. ncu of the pair (causal 4k, H100): ~9% of the
-  // consumers' stall samples on the dO stage's full barrier (docs/perf-log.md, "dO before Q in
-  // the d = 256 pair").
-  bool do_before_q = false;
-  // Stats from global memory (neither stats_smem nor stats_by_consumers): each thread loads its
-  // rows' LSE / D for step i + 1 at the top of step i and carries them in registers, instead of
-  // loading step i's at its top. ncu of the d = 256 pair (causal 4k, H100): ~4.1% of the
-  // consumers' stall samples on those loads (docs/perf-log.md, "Stats a step ahead in the
-  // d = 256 pair").
-  bool stats_ahead = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -323,18 +310,11 @@ constexpr int kBwdSm90PairMinRows = 1024;
 // than two warpgroups at 64 x 80 (-2.7..+3.1%, docs/perf-log.md); its kernels are compiled by the
 // flashback_candidates target (csrc/candidates/), not linked.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false, 3};
-// Candidate, not yet measured (docs/perf-log.md, "dO before Q in the d = 256 pair"): the d = 256
-// pair (both modes) with the next dO issued before the next Q.
-constexpr BwdSm90Config kBwdSm90Hdim256DoFirst = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
-                                                 true, true, false, false, false, true, false, true, true};
-// Candidates, not yet measured (docs/perf-log.md, "Stats a step ahead in the d = 256 pair"): the
-// d = 256 pair (both modes) with the LSE / D rows loaded a step ahead; and with dO before Q too.
-constexpr BwdSm90Config kBwdSm90Hdim256StatsAhead = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true,
-                                                    false, true, true, false, false, false, true, false, true,
-                                                    false, true};
-constexpr BwdSm90Config kBwdSm90Hdim256DoFirstStatsAhead = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false,
-                                                           true, false, true, true, false, false, false, true, false,
-                                                           true, true, true};
+// Measured and removed (H100, bf16, GPU time, A B C D x 2; docs/perf-log.md, "Measured
+// 2026-12-06, tenth run"): in the d = 256 pair, the next step's dO issued before its Q
+// (-2.6..-5.4% at 1024-16k: with one Q stage, Q_{i+1} then lands behind dO_{i+1}, and S waits for
+// it), and the LSE / D rows loaded a step ahead into registers (-1.4..+0.6% default,
+// -0.4..+0.5% deterministic: noise).
 // The two-warpgroup d = 192 config the table had before (64 x 80, Q 2 / dO 2, shares 2 / 1):
 // 3.4-7.9% slower than kBwdSm90Hdim192 (docs/perf-log.md). Compiled by the candidates target
 // because it is the one config with unequal shares, whose second consumer instance

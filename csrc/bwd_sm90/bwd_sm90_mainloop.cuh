@@ -186,10 +186,6 @@ struct BwdSm90Traits {
   // q_atom_barriers: per Q stage one full barrier per atom-column (the ring's own full barrier
   // unused for Q).
   static constexpr bool kQAtomBars = kCfg.q_atom_barriers;
-  static constexpr bool kDoBeforeQ = kCfg.do_before_q;
-  static constexpr bool kStatsAhead = kCfg.stats_ahead;
-  static_assert(!kStatsAhead || (!kStatsSmem && !kStatsByConsumers), "stats_ahead: stats from global memory");
-  static_assert(!kDoBeforeQ || (kQStages == 1 && kDoStages == 1), "do_before_q: one Q and one dO stage");
   static_assert(!kQAtomBars || (!kStatsSmem && !kByKeys && !kStatsByConsumers),
                 "q_atom_barriers: split by head dim, no stats rows on the Q stage's barrier");
   static constexpr uint32_t kOffQAtomBar = kOffPairBar + (kPair ? 32 : 0);
@@ -365,10 +361,9 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
       if ((blockIdx.x & 1) && bwd_sm90_upper_masked<T>(p, w, m_block)) continue;  // no Q, dO
     }
     const int m0 = m_block * T::kBlockM;
-    // Q first where Q has two stages: Q_i's stage was freed a step earlier, and with one dO stage
-    // the producer then waits for dO_{i-1} to be released (after dV of step i-1). With one Q
-    // stage too, Q_{i-1} is released last in its step (after the dQ adds and dK^T), so dO goes
-    // first (do_before_q).
+    // Q first: the step's first GEMM (S) needs it, and with two Q stages Q_i's stage was freed a
+    // step earlier. With one Q stage (the d = 256 pair) dO first measured 2.6-5.4% slower: Q_i
+    // then lands behind dO_i's 32 KB (docs/perf-log.md, "Measured 2026-12-06, tenth run").
     // Rows m0.. of Q or dO of this q head into the next stage of their ring, with the step's
     // stats-map rows from stat_row0 where kStatBytes > 0 (its kStepTiles workspace tiles,
     // consecutive: LSE's or D's).
@@ -385,9 +380,6 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
                inner, static_cast<int>(w.seq.row_q) + m0, head, w.map_batch);
       st.advance();
     };
-    if constexpr (T::kDoBeforeQ) {
-      load_rows(pipe_do, sd, T::kOffDo, m.dout, p.head_inner & 8, T::kOffDsum, p.dsum_tile0);
-    }
     if constexpr (T::kQAtomBars) {
       // Each atom-column box on its own barrier (q_atom_barriers).
       pipe_q->producer_acquire(sq);
@@ -404,9 +396,7 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     }
     if (T::kPairGhost ? v_pending : it == 0) load_kv(T::kOffV, m.v, kv_bar + 1, p.head_inner & 4);
     v_pending = false;
-    if constexpr (!T::kDoBeforeQ) {
-      load_rows(pipe_do, sd, T::kOffDo, m.dout, p.head_inner & 8, T::kOffDsum, p.dsum_tile0);
-    }
+    load_rows(pipe_do, sd, T::kOffDo, m.dout, p.head_inner & 8, T::kOffDsum, p.dsum_tile0);
   }
 }
 
@@ -844,31 +834,6 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   const BwdSm90StatRows<T, kDet> stat_rows{p, w, reinterpret_cast<float*>(smem + T::kOffRows), wg * 128 + t};
   if constexpr (T::kStatsByConsumers) stat_rows.prologue();
 
-  // This thread's rows of a step's LSE * log2(e) (warpgroup 0 by role) and D (warpgroup 1 by
-  // role), from global memory (stats neither in the stages nor staged by the consumers).
-  const auto load_stats = [&](int64_t tile, float (&lse)[2], float (&dsum)[2]) {
-    const int64_t stat_row = tile * T::kBlockM + q_row;
-    if (!T::kSdpByRole || wg == 0) {
-      lse[0] = p.lse_log2[stat_row];
-      lse[1] = p.lse_log2[stat_row + 8];
-    }
-    if (!T::kSdpByRole || wg == 1) {
-      dsum[0] = p.dsum[stat_row];
-      dsum[1] = p.dsum[stat_row + 8];
-    }
-  };
-  // stats_ahead: the next step's rows, loaded a step early (the first step's here), from the
-  // workspace tile of step k of the walk.
-  const auto step_tile = [&](int k) {
-    int head, m_block;
-    bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, k, head, m_block);
-    return dq_tile(p.dq_tiles, w.seq, head, m_block);
-  };
-  float ahead_lse[2] = {0.f, 0.f}, ahead_dsum[2] = {0.f, 0.f};
-  if constexpr (T::kStatsAhead) {
-    if (w.n_iters > 0) load_stats(step_tile(0), ahead_lse, ahead_dsum);
-  }
-
   fh::PipelineState<T::kQStages> sq;
   fh::PipelineState<T::kDoStages> sd;
   for (int it = 0; it < w.n_iters; ++it) {
@@ -876,10 +841,6 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, it, head, m_block);
     const int m0 = m_block * T::kBlockM;
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);  // dQaccum, stats, turns
-    float step_lse[2] = {ahead_lse[0], ahead_lse[1]}, step_dsum[2] = {ahead_dsum[0], ahead_dsum[1]};
-    if constexpr (T::kStatsAhead) {
-      if (it + 1 < w.n_iters) load_stats(step_tile(it + 1), ahead_lse, ahead_dsum);
-    }
     // stats_by_consumers: the next step's row, stored before this step's hand-off barrier.
     float next_row = 0.f;
     if constexpr (T::kStatsByConsumers) next_row = stat_rows.next(it);
@@ -900,11 +861,15 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       dsum0 = stat_rows.dsum(it)[q_row];
       dsum1 = stat_rows.dsum(it)[q_row + 8];
     } else if constexpr (!T::kStatsSmem) {
-      if constexpr (!T::kStatsAhead) load_stats(tile, step_lse, step_dsum);
-      lse0 = step_lse[0];
-      lse1 = step_lse[1];
-      dsum0 = step_dsum[0];
-      dsum1 = step_dsum[1];
+      const int64_t stat_row = tile * T::kBlockM + q_row;
+      if (!T::kSdpByRole || wg == 0) {  // by role: warpgroup 0 needs LSE, warpgroup 1 D
+        lse0 = p.lse_log2[stat_row];
+        lse1 = p.lse_log2[stat_row + 8];
+      }
+      if (!T::kSdpByRole || wg == 1) {
+        dsum0 = p.dsum[stat_row];
+        dsum1 = p.dsum[stat_row + 8];
+      }
     }
     uint8_t* p_t = smem + T::kOffP + (T::kSingleHand ? 0 : (it & 1)) * T::kHandBytes;
     uint8_t* ds_t = smem + T::kOffDs + (T::kSingleHand ? 0 : (it & 1)) * T::kHandBytes;
