@@ -10,7 +10,8 @@ so that the persistent grid's CTAs walk several tiles (the Q, K/V rings carried 
 tile); then forwards of 300 and of 256 queries (3 and 2 Q blocks of 128) against 5000 keys, causal and not, which run one CTA per tile
 where a head dim's grid row ends its persistent grid or counter below 5000 keys (d = 64 / 128
 non-causal, d = 128 on its own config, kFwdSm90Hdim128FullLong; d = 256 both, whose configs
-store O by TMA). --forward-only leaves out the backward (racecheck is slow there). Asserts that the Hopper kernels ran and that nothing is NaN; the sanitizer reports memory
+store O by TMA). At d = 256 the backward also runs on the 2-CTA pair (1040 query rows per kv
+head), causal and not, both modes. --forward-only leaves out the backward (racecheck is slow there). Asserts that the Hopper kernels ran and that nothing is NaN; the sanitizer reports memory
 errors and shared-memory races. Numbers are checked by the GPU tests.
 """
 import argparse
@@ -42,6 +43,18 @@ def main():
                 grads = flashback.attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=det)
                 assert flashback.last_backward_path() == "sm90", flashback.last_backward_path()
                 assert not any(torch.isnan(t).any() for t in (out, *grads)), (d, name, det)
+            if d == 256 and not a.forward_only:
+                # The 2-CTA pair serves from kBwdSm90PairMinRows (1024) query rows per kv head:
+                # 520 queries x 2 q heads per kv head, not a multiple of its 64-row steps.
+                qp, dop = (torch.randn(1, 520, 4, d, generator=g, device="cuda").to(dtype) for _ in range(2))
+                kp, vp = (torch.randn(1, 520, 2, d, generator=g, device="cuda").to(dtype) for _ in range(2))
+                for causal in (True, False):
+                    outp, lsep = flashback.attention_forward(qp, kp, vp, causal=causal)
+                    for det in (False, True):
+                        grads = flashback.attention_backward(dop, qp, kp, vp, outp, lsep, causal=causal,
+                                                             deterministic=det)
+                        assert flashback.last_backward_kernel() == "pair", flashback.last_backward_kernel()
+                        assert not any(torch.isnan(t).any() for t in grads), (d, name, causal, det, "pair")
             # 3 Q blocks of 128 (2 of 192 at d = 64) x 96 heads: more tiles than SMs.
             q, k, v = (torch.randn(1, 300, 96, d, generator=g, device="cuda").to(dtype) for _ in range(3))
             for causal in (True, False):
