@@ -104,6 +104,14 @@ struct FwdSm90Config {
   // The first warpgroup's first S of tile k + 1 then runs while the last one finishes tile k
   // (FA3's rotation runs on the same way).
   bool pingpong_across_tiles = false;
+  // One kernel per tile loop: the counter-fed loop (dynamic_tiles, the causal calls that take
+  // their tiles from the counter) and the static stride in two kernels, instead of one kernel
+  // that holds both and picks at run time. Each kernel then carries half the code (d = 256 Multi:
+  // 7720 SASS instructions, ~3850 of them the loop the call does not run; FA3's forward: 2840).
+  // ncu of the d = 256 non-causal forward at 512 (H100): 11.2% of the stall samples "no
+  // instruction" against FA3's 1.2%, most on code run once per tile (docs/perf-log.md,
+  // "Measured 2026-12-06, tenth run").
+  bool split_paths = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -203,6 +211,14 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256FullLong = kFwdSm90Hdim256F
 constexpr FwdSm90Config kFwdSm90Hdim64Multi = {64, 128, 3, 2, 24, 160, true, true, false, false,
                                               false, true, true, true, false, true, true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim128Multi = kFwdSm90Hdim128;
+// Candidates, not yet measured (docs/perf-log.md, "One kernel per tile loop"): the d = 256 Multi
+// config and the d = 128 causal and non-causal configs with split_paths.
+constexpr FwdSm90Config kFwdSm90Hdim256MultiSplit = {256, 80, 2, 2, 24, 240, false, true, true, true,
+                                                    true, true, false, true, true, true, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim128Split = {128, 128, 2, 2, 24, 240, false, true, false, false, true, true,
+                                               true, true, false, true, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim128FullSplit = {128, 128, 2, 2, 24, 240, false, true, false, false,
+                                                   false, false, false, false, true, false, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, true, true, true, true,
                                                false, true};
 // d = 256 with finalize_in_pv, copy_out_early and fast_tile_decode (the tile's tail ~450
