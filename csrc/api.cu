@@ -357,6 +357,16 @@ const char* flashback_last_backward_path(void) { return copy_path(g_last_bwd_pat
 
 const char* flashback_last_backward_kernel(void) { return sm90::bwd_sm90_last_kernel(); }
 
+int flashback_debug_bwd_timeline(unsigned long long* buffer, int ctas, int steps) {
+  if (buffer != nullptr && (ctas <= 0 || steps <= 0)) {
+    return fail(FLASHBACK_ERROR_INVALID_VALUE,
+                "flashback_debug_bwd_timeline: ctas and steps must be >= 1 with a buffer, got %d and %d",
+                ctas, steps);
+  }
+  sm90::bwd_sm90_set_timeline(buffer, ctas, steps);
+  return ok();
+}
+
 const char* flashback_version(void) { return "0.1.0"; }
 
 const char* flashback_build_commit(void) { return FLASHBACK_BUILD_COMMIT; }

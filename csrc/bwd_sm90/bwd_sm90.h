@@ -165,6 +165,12 @@ struct BwdSm90Config {
   // clock than the math needs clocks (16 + N / 4 against N / 2 at 128 B and 4096 FLOP per clock),
   // at N = 80 it is not (docs/perf-log.md, "S and dP at N = 40: the shared-memory bound").
   bool sdp_by_role = false;
+  // A measuring aid, never in the table: the pair's consumer warpgroups write clock64() at nine
+  // points of each step (BwdTimelineEvent) into the buffer flashback_debug_bwd_timeline set,
+  // for scripts/bwd_timeline.py, which prices each wait by its share of the step (the stall
+  // table does not: in the tenth run a wait holding ~9% of the samples was not on the step's
+  // critical path, docs/perf-log.md).
+  bool timeline = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -310,6 +316,10 @@ constexpr int kBwdSm90PairMinRows = 1024;
 // than two warpgroups at 64 x 80 (-2.7..+3.1%, docs/perf-log.md); its kernels are compiled by the
 // flashback_candidates target (csrc/candidates/), not linked.
 constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false, 3};
+// The d = 256 config with the per-step clock stamps (timeline), a measuring aid: swapped in by
+// scripts/build_candidates.sh kBwdSm90Hdim256=kBwdSm90Hdim256Timeline for scripts/bwd_timeline.py.
+constexpr BwdSm90Config kBwdSm90Hdim256Timeline = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
+                                                  true, true, false, false, false, true, false, true, true};
 // Measured and removed (H100, bf16, GPU time, A B C D x 2; docs/perf-log.md, "Measured
 // 2026-12-06, tenth run"): in the d = 256 pair, the next step's dO issued before its Q
 // (-2.6..-5.4% at 1024-16k: with one Q stage, Q_{i+1} then lands behind dO_{i+1}, and S waits for
@@ -367,7 +377,30 @@ struct BwdSm90Params {
   void* dk;
   void* dv;
   flashback_strides dk_strides, dv_strides;
+  // timeline configs only (set from flashback_debug_bwd_timeline): 16 slots per consumer
+  // warpgroup per step per CTA, for CTAs < timeline_ctas and steps < timeline_steps.
+  unsigned long long* timeline;
+  int timeline_ctas, timeline_steps;
 };
+
+// The points of a pair step a timeline config stamps (slot index per warpgroup and step).
+// By role: warpgroup 0 computes S and P, warpgroup 1 dP and dS.
+enum BwdTimelineEvent {
+  kTlStepTop,    // after the step's work item was decoded
+  kTlInput,      // wg 0: Q_i waited for (S issues); wg 1: dO_i waited for (dP issues next)
+  kTlGemm1,      // wg 0: S complete; wg 1: S issued (its barrier passed; dP issues)
+  kTlGemm2,      // wg 0: P^T stored; wg 1: dP complete
+  kTlCross,      // wg 0: dO_i waited for (dV^T); wg 1: P^T read barrier passed (dS next)
+  kTlHandoff,    // the hand-off barrier passed (dS^T of both warpgroups in place)
+  kTlPartner,    // the partner's dS^T arrived
+  kTlDqDone,     // dQ^T complete (wait<1>), dO_i released
+  kTlStepEnd,    // the adds issued and dK^T complete, Q_i released
+  kTlEvents
+};
+
+// The buffer a timeline config writes to (bwd_sm90_launch.cu; null: none).
+void bwd_sm90_set_timeline(unsigned long long* buffer, int ctas, int steps);
+void bwd_sm90_timeline(unsigned long long** buffer, int* ctas, int* steps);
 
 // Does the fast path take these params? Static (no device state): a config for the head dim in
 // the table, bf16 or fp16, every tensor TMA-addressable (16-byte aligned base, strides multiples of

@@ -77,6 +77,25 @@ std::atomic<const char*> g_last_kernel{""};  // static strings only
 void bwd_sm90_note_kernel(const char* kernel) { g_last_kernel.store(kernel, std::memory_order_relaxed); }
 const char* bwd_sm90_last_kernel() { return g_last_kernel.load(std::memory_order_relaxed); }
 
+namespace {
+// The timeline buffer (flashback_debug_bwd_timeline): set before the calls it measures, by one
+// thread; a measuring aid, so plain statics.
+unsigned long long* g_timeline = nullptr;
+int g_timeline_ctas = 0, g_timeline_steps = 0;
+}  // namespace
+
+void bwd_sm90_set_timeline(unsigned long long* buffer, int ctas, int steps) {
+  g_timeline = buffer;
+  g_timeline_ctas = buffer != nullptr ? ctas : 0;
+  g_timeline_steps = buffer != nullptr ? steps : 0;
+}
+
+void bwd_sm90_timeline(unsigned long long** buffer, int* ctas, int* steps) {
+  *buffer = g_timeline;
+  *ctas = g_timeline_ctas;
+  *steps = g_timeline_steps;
+}
+
 bool bwd_sm90_pair_pays(const flashback_bwd_params& p) {
   // FLASHBACK_DET_COOPERATIVE's chunked launches exist for one CTA per K/V block only.
   if (p.deterministic && !p.causal && bwd_sm90_det_cooperative()) return false;

@@ -244,6 +244,10 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   kp.dv = p.dv;
   kp.dk_strides = p.dk_strides;
   kp.dv_strides = p.dv_strides;
+  kp.timeline = nullptr;
+  kp.timeline_ctas = 0;
+  kp.timeline_steps = 0;
+  if constexpr (T::kTimeline) bwd_sm90_timeline(&kp.timeline, &kp.timeline_ctas, &kp.timeline_steps);
 
   // (1)-(7)
   const int ctas = kp.n_blocks * p.nheads_k * p.batch;

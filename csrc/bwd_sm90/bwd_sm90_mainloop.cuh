@@ -173,6 +173,8 @@ struct BwdSm90Traits {
   static constexpr int kPairAtoms = kAtomCols / 2;  // dQ^T atom-columns per CTA of a pair
   static constexpr bool kPairGhost = kCfg.pair_ghost;
   static constexpr bool kAddsBeforeWait = kCfg.adds_before_wait;
+  static constexpr bool kTimeline = kCfg.timeline;
+  static_assert(!kTimeline || (kCfg.pair_dq && kCfg.sdp_by_role), "timeline: the pair's steps by role");
   static_assert(!kPairGhost || kPair, "pair_ghost: the pair's upper CTA");
   // Swizzled tiles start on 1024 bytes (the stat rows before may end anywhere).
   static constexpr uint32_t kOffKPeer = (kOffRows + kRowsBytes + 1023) / 1024 * 1024;
@@ -401,6 +403,17 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
 }
 
 // ------------------------------------------------------------------- consumer helpers ---
+
+// timeline configs: warpgroup wg's thread 0 stamps event e of step it (BwdTimelineEvent). Each
+// call sits under `if constexpr (T::kTimeline)`: even an empty inline call moved ptxas's
+// uniform registers in the shipped pair kernels.
+template <class T>
+__device__ __forceinline__ void timeline_stamp(const BwdSm90Params& p, int it, int wg, int t, int e) {
+  if (t == 0 && static_cast<int>(blockIdx.x) < p.timeline_ctas && it < p.timeline_steps) {
+    const int64_t slot = ((static_cast<int64_t>(blockIdx.x) * p.timeline_steps + it) * 2 + wg) * 16 + e;
+    p.timeline[slot] = static_cast<unsigned long long>(clock64());
+  }
+}
 
 // (1) S or (3) dP for this warpgroup's kN keys (kWgKeys = block_n / W; sdp_by_role: all block_n):
 // X_i (64 queries, K-major, atom-columns 8 KB apart) times Y rows (that part of a block_n-row
@@ -841,6 +854,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, it, head, m_block);
     const int m0 = m_block * T::kBlockM;
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);  // dQaccum, stats, turns
+    if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlStepTop);
     // stats_by_consumers: the next step's row, stored before this step's hand-off barrier.
     float next_row = 0.f;
     if constexpr (T::kStatsByConsumers) next_row = stat_rows.next(it);
@@ -955,6 +969,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
                                       sq.phase);
         } else {
           pipe_q->consumer_wait(sq);
+          if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlInput);
           fh::wgmma_fence();
           gemm_q_by_kv<T, T::kBlockN>(acc, q_s, smem + T::kOffK);
         }
@@ -967,6 +982,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
           __syncwarp();  // every lane's reads before its leader may release the stage
         }
         fh::wgmma_wait<0>();
+        if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlGemm1);
         fh::wgmma_fence_operand(acc);
         p_values_of_block<T>(p, acc, lse0, lse1, n0 + fh::acc_col(0, t), n0, m0, q_row, seqlen_k, diag);
         if constexpr (T::kSingleHand) {
@@ -976,16 +992,20 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         // Warpgroup 1 reads P^T back with ldmatrix (generic proxy, like the stmatrix stores):
         // the named barrier orders them.
         fh::named_bar_arrive(T::kBarPStored, T::kConsumerThreads);
+        if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlGemm2);
         pipe_do->consumer_wait(sd);  // dO_i, for (5) dV^T
+        if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlCross);
       } else {
         float acc[T::kBlockN / 2];
         if (T::kPairGhost ? v_pending : it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
         pipe_do->consumer_wait(sd);
+        if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlInput);
         if constexpr (T::kStatsSmem) {
           stage_rows<T>(smem, T::kOffDsum, sd.stage, q_row, dsum0, dsum1);
           __syncwarp();  // every lane's reads before its leader may release the stage
         }
         fh::named_bar_sync(T::kBarSIssued, T::kConsumerThreads);
+        if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlGemm1);
         fh::wgmma_fence();
         gemm_q_by_kv<T, T::kBlockN>(acc, do_s, smem + T::kOffV);
         fh::wgmma_commit();
@@ -998,11 +1018,13 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
           pipe_q->consumer_wait(sq);
         }
         fh::wgmma_wait<0>();
+        if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlGemm2);
         fh::wgmma_fence_operand(acc);
         if constexpr (T::kSingleHand) {
           if (it > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
         }
         fh::named_bar_sync(T::kBarPStored, T::kConsumerThreads);
+        if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlCross);
         ds_values_from_hand<T>(p_t, acc, dsum0, dsum1, t);
         if constexpr (kPairOn) {
           // As in the split by keys (above): ds_t was sent at step it - 2; the partner has read it.
@@ -1023,6 +1045,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     // so step i+1 may overwrite what step i-1 read (single_hand: one buffer, and the barrier
     // before the P^T store orders step i+1's writes after step i's reads).
     fh::named_bar_sync(T::kBarHandoff, T::kConsumerThreads);
+    if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlHandoff);
     if constexpr (kPairOn) {
       // The whole dS^T (both warpgroups' parts, fenced for the async proxy above) to the
       // partner's buffer pb, completed on its full barrier there.
@@ -1045,6 +1068,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
         if constexpr (T::kAddsBeforeWait) fh::keep_waits_below(seqlen_k);  // (wgmma.h)
         fh::wgmma_wait<0>();
+        if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlStepEnd);
         if (warp_leader) pipe_q->consumer_release(sq);
       };
       float dq[T::kBlockM / 2];
@@ -1067,6 +1091,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         } else {
           fh::mbar_wait(pair_bar + pb, recv_phase(it));
         }
+        if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlPartner);
         fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
         gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
                    smem + T::kOffDsPeer + pb * T::kHandBytes, true);
@@ -1075,6 +1100,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
         fh::wgmma_commit();
         fh::wgmma_wait<1>();
+        if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlDqDone);
         fh::wgmma_fence_operand(dq);
         if (warp_leader) {
           pipe_do->consumer_release(sd);

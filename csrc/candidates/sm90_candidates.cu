@@ -14,6 +14,7 @@ namespace sm90 {
       const flashback_bwd_params&, cudaStream_t);
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg2)
+FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256Timeline)
 #undef FLASHBACK_BWD_CANDIDATE
 #define FLASHBACK_FWD_CANDIDATE(C)                                           \
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \

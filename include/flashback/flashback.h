@@ -138,10 +138,18 @@ FLASHBACK_API const char *flashback_last_forward_path(void);
 FLASHBACK_API const char *flashback_last_backward_path(void);
 
 /* Which form of the Hopper backward the last flashback_attention_backward call of this process
- * ran: "pair" (CTAs in 2-CTA clusters on neighbouring K/V blocks, head dim 256 from 3072 query
+ * ran: "pair" (CTAs in 2-CTA clusters on neighbouring K/V blocks, head dim 256 from 1024 query
  * rows per CTA) or "single" (one CTA per K/V block); "" before any, or when the reference
  * kernels ran. A static string. */
 FLASHBACK_API const char *flashback_last_backward_kernel(void);
+
+/* A measuring aid for kernel work: the device buffer (ctas x steps x 2 x 16 uint64, zeroed by
+ * the caller) that a backward config built with `timeline` (never one of the shipped table's)
+ * fills with clock64() stamps per consumer warpgroup and step (BwdTimelineEvent in
+ * bwd_sm90.h; scripts/bwd_timeline.py reads it). Shipped kernels never write it. NULL turns it
+ * off. Returns FLASHBACK_SUCCESS, or FLASHBACK_ERROR_INVALID_VALUE for a buffer with ctas or
+ * steps < 1. */
+FLASHBACK_API int flashback_debug_bwd_timeline(unsigned long long *buffer, int ctas, int steps);
 
 /* sizeof(flashback_fwd_params) and sizeof(flashback_bwd_params) as compiled into the library,
  * so a binding written in another language can check its copy of the structs. */

@@ -653,6 +653,15 @@ def test_c_api_backward_path_is_empty_before_any_backward(native):
     assert flashback.last_backward_kernel() == ""
 
 
+def test_c_api_debug_timeline_validates(native):
+    # A buffer needs its extent; None turns the aid off and always succeeds.
+    assert native.flashback_debug_bwd_timeline(1 << 20, 0, 8) == 1
+    assert b"ctas and steps must be >= 1" in native.flashback_last_error()
+    assert native.flashback_debug_bwd_timeline(1 << 20, 4, -1) == 1
+    assert native.flashback_debug_bwd_timeline(None, 0, 0) == 0
+    assert native.flashback_last_error() == b""
+
+
 def _varlen_bwd_params(batch, max_len, total, h=8, d=256):
     addr = iter(range(1 << 31, 1 << 34, 1 << 20))
     st = _lib.Strides(0, h * d, d)

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Where a step of the d = 256 pair backward spends its clocks, per role, from clock stamps.
+
+Needs a library whose d = 256 row is the timeline config (a measuring aid, never shipped):
+
+  scripts/build_candidates.sh kBwdSm90Hdim256=kBwdSm90Hdim256Timeline
+  FLASHBACK_LIBRARY=build-kBwdSm90Hdim256Timeline/libflashback.so \\
+      python3 scripts/bwd_timeline.py --batch 4 --seqlen 4096 --causal [--deterministic]
+
+Each consumer warpgroup's thread 0 writes clock64() at nine points of every step
+(BwdTimelineEvent in csrc/bwd_sm90/bwd_sm90.h). By role, warpgroup 0 computes S and P and
+warpgroup 1 dP and dS; both then pass the hand-off barrier, wait for the partner CTA's dS^T, run
+dQ^T / dV^T / dK^T and add dQ. The table gives, per role, the median and mean clocks of each
+segment between consecutive points and its share of the step (step top to the next step's
+top), over every CTA's steps but its first and last. A segment that ends in a wait holds the
+wait's time: the share of the step it costs, which the stall table does not give.
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+
+EVENTS = ["step top", "input in", "gemm 1", "gemm 2", "cross", "hand-off", "partner dS", "dQ done", "step end"]
+# What ends each segment, per role (warpgroup 0: S and P; warpgroup 1: dP and dS).
+SEGMENTS = {
+    0: ["wait Q_i", "S issue + wait S", "P, store P^T", "wait dO_i", "to hand-off barrier",
+        "wait partner dS^T", "dQ^T own+peer, dV^T (wait<1>)", "adds, dK^T (wait<0>)", "to next step top"],
+    1: ["wait dO_i", "wait S issued", "dP issue + wait dP", "wait P^T stored", "dS, to hand-off barrier",
+        "wait partner dS^T", "dQ^T own+peer, dV^T (wait<1>)", "adds, dK^T (wait<0>)", "to next step top"],
+}
+
+
+def summarize(stamps, ctas, steps):
+    """stamps: [ctas, steps, 2, 16] int64 (0: not written). Per role, the segment clocks."""
+    import numpy as np
+
+    t = stamps[:, :, :, : len(EVENTS)].astype(np.int64)
+    rows = {}
+    for wg in (0, 1):
+        segs = [[] for _ in SEGMENTS[wg]]
+        for c in range(ctas):
+            written = [s for s in range(steps) if (t[c, s, wg] != 0).all()]
+            # Not the first step (the walk's start), and only steps whose next step has its top
+            # stamped (the last step has none; a pair ghost step stamps its top only).
+            for a in written[1:]:
+                if a + 1 >= steps or t[c, a + 1, wg, 0] == 0:
+                    continue
+                row = t[c, a, wg]
+                for i in range(len(EVENTS) - 1):
+                    segs[i].append(row[i + 1] - row[i])
+                segs[-1].append(t[c, a + 1, wg, 0] - row[-1])
+        rows[wg] = [np.asarray(s, dtype=np.float64) for s in segs]
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seqlen", type=int, default=4096)
+    p.add_argument("--nheads", type=int, default=8)
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--deterministic", action="store_true")
+    a = p.parse_args()
+
+    import numpy as np
+    import torch
+
+    import flashback
+    from flashback import _lib
+
+    d, block_n, block_m = 256, 80, 64
+    ctas = a.batch * a.nheads * ((a.seqlen + block_n - 1) // block_n + 1)  # + 1: the pair's even count
+    steps = (a.seqlen + block_m - 1) // block_m + 1
+    buf = torch.zeros(ctas, steps, 2, 16, dtype=torch.int64, device="cuda")
+    lib = _lib.load()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, dout = (torch.randn(a.batch, a.seqlen, a.nheads, d, generator=g, device="cuda",
+                                 dtype=torch.bfloat16) for _ in range(4))
+    out, lse = flashback.attention_forward(q, k, v, causal=a.causal)
+    flashback.attention_backward(dout, q, k, v, out, lse, causal=a.causal, deterministic=a.deterministic)
+    torch.cuda.synchronize()  # the warm-up call, not stamped
+    if lib.flashback_debug_bwd_timeline(buf.data_ptr(), ctas, steps) != 0:
+        raise SystemExit(lib.flashback_last_error().decode())
+    try:
+        flashback.attention_backward(dout, q, k, v, out, lse, causal=a.causal, deterministic=a.deterministic)
+        torch.cuda.synchronize()
+    finally:
+        lib.flashback_debug_bwd_timeline(None, 0, 0)
+    if flashback.last_backward_kernel() != "pair":
+        raise SystemExit(f"the backward ran {flashback.last_backward_kernel()!r}, not the pair")
+    stamps = buf.cpu().numpy()
+    if not stamps.any():
+        raise SystemExit("no stamps: is the d = 256 row the timeline config (kBwdSm90Hdim256Timeline)?")
+    rows = summarize(stamps, ctas, steps)
+    mode = "deterministic" if a.deterministic else "default"
+    print(f"d = 256 pair, b{a.batch} s{a.seqlen} h{a.nheads} {'causal' if a.causal else 'non-causal'}, "
+          f"{mode}: clocks per step segment (median / mean, share of the mean step)")
+    for wg in (0, 1):
+        step = sum(s.mean() for s in rows[wg]) if len(rows[wg][0]) else float("nan")
+        print(f"warpgroup {wg} ({'S, P' if wg == 0 else 'dP, dS'}): {len(rows[wg][0])} steps, mean step {step:.0f}")
+        for name, s in zip(SEGMENTS[wg], rows[wg]):
+            if len(s):
+                print(f"  {name:32s} {np.median(s):8.0f} {s.mean():8.0f}  {100 * s.mean() / step:5.1f}%")
+
+
+if __name__ == "__main__":
+    main()

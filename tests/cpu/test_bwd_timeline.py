@@ -1,0 +1,46 @@
+"""scripts/bwd_timeline.py's summary on fabricated stamps: segments between consecutive events
+per role, the last one to the next step's top; the first step, steps without a next top and
+steps with a missing stamp left out."""
+import os
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import bwd_timeline  # noqa: E402
+
+
+def stamps_of(ctas, steps, gaps, step_clocks):
+    """Each step starts at step * step_clocks; event e at the sum of gaps[wg][:e]."""
+    t = np.zeros((ctas, steps, 2, 16), dtype=np.int64)
+    for c in range(ctas):
+        for s in range(steps):
+            for wg in (0, 1):
+                t[c, s, wg, : len(gaps[wg]) + 1] = 1000 + s * step_clocks + np.concatenate(([0], np.cumsum(gaps[wg])))
+    return t
+
+
+def test_segments_per_role():
+    gaps = {0: [10, 20, 30, 40, 50, 60, 70, 80], 1: [5, 5, 5, 5, 5, 5, 5, 5]}
+    t = stamps_of(2, 6, gaps, 1000)
+    rows = bwd_timeline.summarize(t, 2, 6)
+    assert len(rows[0]) == len(bwd_timeline.SEGMENTS[0]) == len(bwd_timeline.EVENTS)
+    # steps 1..4 give segments (step 0 and the last step only bound them): 4 per CTA
+    for wg in (0, 1):
+        assert all(len(s) == 8 for s in rows[wg])
+        assert [s[0] for s in rows[wg][:-1]] == gaps[wg]
+        assert rows[wg][-1][0] == 1000 - sum(gaps[wg])  # step end to the next step's top
+        assert sum(s.mean() for s in rows[wg]) == 1000
+
+
+def test_unwritten_steps_are_skipped():
+    gaps = {0: [1] * 8, 1: [2] * 8}
+    t = stamps_of(1, 8, gaps, 100)
+    t[0, 3, 1, 4] = 0  # one missing stamp: warpgroup 1 of step 3 drops out, warpgroup 0 keeps it
+    t[0, 6:, :, :] = 0  # steps past the walk were never written
+    rows = bwd_timeline.summarize(t, 1, 8)
+    assert len(rows[0][0]) == 4  # steps 1..4 (5 has no next top)
+    assert len(rows[1][0]) == 3  # steps 1, 2, 4: step 3 has its top, so step 2 keeps its last segment
+    assert (rows[1][-1] == 100 - 16).all()
