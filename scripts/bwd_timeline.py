@@ -7,13 +7,14 @@ Needs a library whose d = 256 row is the timeline config (a measuring aid, never
   FLASHBACK_LIBRARY=build-kBwdSm90Hdim256Timeline/libflashback.so \\
       python3 scripts/bwd_timeline.py --batch 4 --seqlen 4096 --causal [--deterministic]
 
-Each consumer warpgroup's thread 0 writes clock64() at nine points of every step
+Each consumer warpgroup's thread 0 writes clock64() at nine points of every full step
 (BwdTimelineEvent in csrc/bwd_sm90/bwd_sm90.h). By role, warpgroup 0 computes S and P and
 warpgroup 1 dP and dS; both then pass the hand-off barrier, wait for the partner CTA's dS^T, run
 dQ^T / dV^T / dK^T and add dQ. The table gives, per role, the median and mean clocks of each
 segment between consecutive points and its share of the step (step top to the next step's
-top), over every CTA's steps but its first and last. A segment that ends in a wait holds the
-wait's time: the share of the step it costs, which the stall table does not give.
+top), over every CTA's steps but its first and last (and those with a stamp missing: a pair's
+ghost steps). A segment that ends in a wait holds the wait's time: the share of the step it
+costs, which the stall table does not give.
 """
 import argparse
 import os
@@ -24,9 +25,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 EVENTS = ["step top", "input in", "gemm 1", "gemm 2", "cross", "hand-off", "partner dS", "dQ done", "step end"]
 # What ends each segment, per role (warpgroup 0: S and P; warpgroup 1: dP and dS).
 SEGMENTS = {
-    0: ["wait Q_i", "S issue + wait S", "P, store P^T", "wait dO_i", "to hand-off barrier",
+    0: ["wait Q_i (first atom)", "S issue + wait S", "P, store P^T", "wait dO_i", "to hand-off barrier",
         "wait partner dS^T", "dQ^T own+peer, dV^T (wait<1>)", "adds, dK^T (wait<0>)", "to next step top"],
-    1: ["wait dO_i", "wait S issued", "dP issue + wait dP", "wait P^T stored", "dS, to hand-off barrier",
+    1: ["wait dO_i", "wait S issued", "dP issue, Q_i in, wait dP", "wait P^T stored", "dS, to hand-off barrier",
         "wait partner dS^T", "dQ^T own+peer, dV^T (wait<1>)", "adds, dK^T (wait<0>)", "to next step top"],
 }
 
@@ -41,10 +42,12 @@ def summarize(stamps, ctas, steps):
         segs = [[] for _ in SEGMENTS[wg]]
         for c in range(ctas):
             written = [s for s in range(steps) if (t[c, s, wg] != 0).all()]
-            # Not the first step (the walk's start), and only steps whose next step has its top
-            # stamped (the last step has none; a pair ghost step stamps its top only).
-            for a in written[1:]:
-                if a + 1 >= steps or t[c, a + 1, wg, 0] == 0:
+            # Not step 0 (the walk's start), and only steps whose next step has its top stamped
+            # (the last step has none; a pair ghost step stamps its top only). Steps with a
+            # stamp missing drop out: the upper CTA's ghost steps, and the lower CTA's steps
+            # whose partner was a ghost (no partner dS^T: no kTlPartner / kTlDqDone).
+            for a in written:
+                if a == 0 or a + 1 >= steps or t[c, a + 1, wg, 0] == 0:
                     continue
                 row = t[c, a, wg]
                 for i in range(len(EVENTS) - 1):

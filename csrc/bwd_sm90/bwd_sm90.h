@@ -387,9 +387,10 @@ struct BwdSm90Params {
 // By role: warpgroup 0 computes S and P, warpgroup 1 dP and dS.
 enum BwdTimelineEvent {
   kTlStepTop,    // after the step's work item was decoded
-  kTlInput,      // wg 0: Q_i waited for (S issues); wg 1: dO_i waited for (dP issues next)
+  kTlInput,      // wg 0: Q_i in (q_atom_barriers: its first atom-column; S issues);
+                 // wg 1: dO_i waited for (dP issues after S)
   kTlGemm1,      // wg 0: S complete; wg 1: S issued (its barrier passed; dP issues)
-  kTlGemm2,      // wg 0: P^T stored; wg 1: dP complete
+  kTlGemm2,      // wg 0: P^T stored; wg 1: dP complete (Q_i, for dK^T, waited for after dP's issue)
   kTlCross,      // wg 0: dO_i waited for (dV^T); wg 1: P^T read barrier passed (dS next)
   kTlHandoff,    // the hand-off barrier passed (dS^T of both warpgroups in place)
   kTlPartner,    // the partner's dS^T arrived

@@ -963,6 +963,12 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       if (wg == 0) {
         float acc[T::kBlockN / 2];
         if constexpr (T::kQAtomBars) {
+          if constexpr (T::kTimeline) {
+            // Q_i's first atom-column in (the GEMM's own wait for it then passes at once).
+            fh::mbar_wait(reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar) + sq.stage * T::kAtomCols,
+                          sq.phase);
+            timeline_stamp<T>(p, it, wg, t, kTlInput);
+          }
           gemm_q_by_kv<T, T::kBlockN>(acc, q_s, smem + T::kOffK,
                                       reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar) +
                                           sq.stage * T::kAtomCols,

@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 // split_paths: the counter-fed and the static tile loop as two kernels.
 template <class T, FwdLoop kLoop>
 __global__ void __launch_bounds__(T::kThreads, 1)
-    fwd_sm90_loop_kernel(const __grid_constant__ CUtensorMap map_q,
+    fwd_sm90_kernel_split(const __grid_constant__ CUtensorMap map_q,
                          const __grid_constant__ CUtensorMap map_k,
                          const __grid_constant__ CUtensorMap map_v,
                          const __grid_constant__ CUtensorMap map_o, const FwdSm90Params p) {
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 template <class T, FwdLoop kLoop>
 constexpr auto fwd_sm90_kernel_of() {
   if constexpr (T::kSplitPaths) {
-    return fwd_sm90_loop_kernel<T, kLoop>;
+    return fwd_sm90_kernel_split<T, kLoop>;
   } else {
     return fwd_sm90_kernel<T>;
   }

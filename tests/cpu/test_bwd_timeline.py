@@ -44,3 +44,12 @@ def test_unwritten_steps_are_skipped():
     assert len(rows[0][0]) == 4  # steps 1..4 (5 has no next top)
     assert len(rows[1][0]) == 3  # steps 1, 2, 4: step 3 has its top, so step 2 keeps its last segment
     assert (rows[1][-1] == 100 - 16).all()
+
+
+def test_step_zero_is_left_out_not_the_first_full_step():
+    # Causal pairs: step 0 is a ghost step in one CTA (its top only); step 1 still counts.
+    gaps = {0: [3] * 8, 1: [4] * 8}
+    t = stamps_of(1, 4, gaps, 50)
+    t[0, 0, :, 1:] = 0
+    rows = bwd_timeline.summarize(t, 1, 4)
+    assert len(rows[0][0]) == 2  # steps 1, 2 (3 has no next top)
