@@ -20,6 +20,9 @@ the same one.
 - train: forward then torch.autograd.grad of its output, one training step of the attention
   (3.5x the forward FLOPs).
 - impl "flashback_bwd_call": the raw flashback.attention_backward(dout, q, k, v, out, lse) call.
+With --cold-l2 a 256 MB buffer is zeroed before every timed call, outside its events (as Triton's
+do_bench does): the L2 then holds neither the inputs nor the kernel's code, as after the other
+kernels of a training step.
 Inputs are fresh torch.randn, stored (batch, seqlen, nheads, headdim); SDPA gets (b, h, s, d)
 views of the same memory (its causal mask is top-left: the same here, seqlen_q == seqlen_k).
 The yardstick is SDPA's flash backend; the table shows ours/yardstick and, where the run timed
@@ -404,6 +407,7 @@ def energy_mj():
 
 
 SIDE_STREAM = False  # --side-stream: the sweep runs on a stream of its own
+COLD_L2_BYTES = 0  # --cold-l2: bytes zeroed before every timed call (0: none)
 
 
 def time_ms(fn, iters, warmup, repeats):
@@ -415,6 +419,7 @@ def time_ms(fn, iters, warmup, repeats):
     QUEUE_AHEAD (--queue-ahead) the GPU sleeps before each run until all its calls are queued,
     so the pairs measure GPU time only (what a program whose host runs ahead sees)."""
     import torch
+    flush = torch.empty(COLD_L2_BYTES // 4, dtype=torch.int32, device=DEVICE) if COLD_L2_BYTES else None
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -427,6 +432,8 @@ def time_ms(fn, iters, warmup, repeats):
             torch.cuda._sleep(QUEUE_AHEAD_CYCLES_PER_CALL * iters)
         e0 = None if QUEUE_AHEAD else energy_mj()
         for s, e in zip(starts, ends):
+            if flush is not None:
+                flush.zero_()
             s.record()
             fn()
             e.record()
@@ -556,7 +563,9 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
                                              + (f"; {preheat:g} s of matmuls before every implementation's run"
                                                 if preheat > 0 else "")
                                              + ("; every call on a side stream (not the default stream)"
-                                                if SIDE_STREAM else "")))
+                                                if SIDE_STREAM else "")
+                                             + (f"; {COLD_L2_BYTES >> 20} MB zeroed before every timed call "
+                                                "(cold L2)" if COLD_L2_BYTES else "")))
     if tag:
         payload["tag"] = tag
     if "fa3" in impls:
@@ -671,6 +680,9 @@ def main(argv=None):
                    help="run every call on a stream of its own instead of PyTorch's default stream (the legacy "
                         "default stream serialises kernels: programmatic dependent launch only overlaps them "
                         "on other streams, as in CUDA-graph capture)")
+    p.add_argument("--cold-l2", action="store_true",
+                   help="zero a 256 MB buffer before every timed call, outside its events, so that each call "
+                        "starts with neither its inputs nor its code in L2 (as Triton's do_bench times)")
     p.add_argument("--summarize", metavar="JSON", help="print the table of a result file (with --plot: its PNG) and exit")
     a = p.parse_args(argv)
 
@@ -725,6 +737,10 @@ def main(argv=None):
     SIDE_STREAM = a.side_stream
     if a.side_stream:
         tag = "-".join(t for t in (tag, "side") if t)
+    global COLD_L2_BYTES
+    COLD_L2_BYTES = 256 << 20 if a.cold_l2 else 0
+    if a.cold_l2:
+        tag = "-".join(t for t in (tag, "cold") if t)
     import contextlib
     import torch
     with torch.cuda.stream(torch.cuda.Stream()) if a.side_stream else contextlib.nullcontext():

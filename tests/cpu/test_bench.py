@@ -35,6 +35,13 @@ def test_without_gpu_says_so_and_exits_0(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no result file
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_cold_l2_is_an_option(tmp_path):
+    res = _run("--quick", "--cold-l2", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert "nothing to benchmark" in res.stdout
+
+
 def test_unknown_impl_is_an_error():
     res = _run("--impls", "flashback,nope")
     assert res.returncode == 2
