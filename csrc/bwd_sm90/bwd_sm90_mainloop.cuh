@@ -364,8 +364,9 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     }
     const int m0 = m_block * T::kBlockM;
     // Q first: the step's first GEMM (S) needs it, and with two Q stages Q_i's stage was freed a
-    // step earlier. With one Q stage (the d = 256 pair) dO first measured 2.6-5.4% slower: Q_i
-    // then lands behind dO_i's 32 KB (docs/perf-log.md, "Measured 2026-12-06, tenth run").
+    // step earlier. With one Q stage (the d = 256 pair) dO first, issued as soon as its stage is
+    // free, measured 2.6-5.4% slower (not profiled; docs/perf-log.md, "Measured 2026-12-06,
+    // tenth run").
     // Rows m0.. of Q or dO of this q head into the next stage of their ring, with the step's
     // stats-map rows from stat_row0 where kStatBytes > 0 (its kStepTiles workspace tiles,
     // consecutive: LSE's or D's).

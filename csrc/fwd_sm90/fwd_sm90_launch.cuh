@@ -188,9 +188,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 template <class T, FwdLoop kLoop>
 __global__ void __launch_bounds__(T::kThreads, 1)
     fwd_sm90_kernel_split(const __grid_constant__ CUtensorMap map_q,
-                         const __grid_constant__ CUtensorMap map_k,
-                         const __grid_constant__ CUtensorMap map_v,
-                         const __grid_constant__ CUtensorMap map_o, const FwdSm90Params p) {
+                          const __grid_constant__ CUtensorMap map_k,
+                          const __grid_constant__ CUtensorMap map_v,
+                          const __grid_constant__ CUtensorMap map_o, const FwdSm90Params p) {
   fwd_sm90_body<T, kLoop>(map_q, map_k, map_v, map_o, p);
 }
 
