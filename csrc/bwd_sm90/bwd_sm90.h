@@ -322,9 +322,9 @@ constexpr BwdSm90Config kBwdSm90Hdim256Timeline = {256, 64, 80, 1, 1, 24, 240, f
                                                   true, true, false, false, false, true, false, true, true};
 // Measured and removed (H100, bf16, GPU time, A B C D x 2; docs/perf-log.md, "Measured
 // 2026-12-06, tenth run"): in the d = 256 pair, the next step's dO issued before its Q
-// (-2.6..-5.4% at 1024-16k: with one Q stage, Q_{i+1} then lands behind dO_{i+1}, and S waits for
-// it), and the LSE / D rows loaded a step ahead into registers (-1.4..+0.6% default,
-// -0.4..+0.5% deterministic: noise).
+// (-2.6..-5.4% at 1024-16k, not profiled; ncu had put ~9% of the stall samples on the dO wait),
+// and the LSE / D rows loaded a step ahead into registers (-1.4..+0.6% default, -0.4..+0.5%
+// deterministic: noise).
 // The two-warpgroup d = 192 config the table had before (64 x 80, Q 2 / dO 2, shares 2 / 1):
 // 3.4-7.9% slower than kBwdSm90Hdim192 (docs/perf-log.md). Compiled by the candidates target
 // because it is the one config with unequal shares, whose second consumer instance
