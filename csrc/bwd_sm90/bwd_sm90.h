@@ -171,6 +171,13 @@ struct BwdSm90Config {
   // table does not: in the tenth run a wait holding ~9% of the samples was not on the step's
   // critical path, docs/perf-log.md).
   bool timeline = false;
+  // The producer asks L2 for the next step's Q and dO rows (hopper::tma_prefetch_l2) as it
+  // issues this step's loads, a step before their own loads. With one Q stage (the d = 256
+  // pair) the next Q can be loaded only once dK^T has read this one, and the CTAs of a head walk
+  // the same Q blocks nearly in step, so each of those loads waits out a DRAM miss: the pair's
+  // timeline (H100, causal 4k) put 12-17% of warpgroup 0's step on the first Q atom-column and
+  // 17-23% of warpgroup 1's on dO. An L2 hit instead shortens the wait without moving the stages.
+  bool prefetch_next_rows = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -320,6 +327,13 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // scripts/build_candidates.sh kBwdSm90Hdim256=kBwdSm90Hdim256Timeline for scripts/bwd_timeline.py.
 constexpr BwdSm90Config kBwdSm90Hdim256Timeline = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
                                                   true, true, false, false, false, true, false, true, true};
+// Candidates, not yet measured (docs/perf-log.md, "The pair's next rows into L2"): the d = 256
+// pair with prefetch_next_rows, and the same with the timeline stamps.
+constexpr BwdSm90Config kBwdSm90Hdim256Prefetch = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
+                                                  true, true, false, false, false, true, false, true, false, true};
+constexpr BwdSm90Config kBwdSm90Hdim256TimelinePrefetch = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true,
+                                                          false, true, true, false, false, false, true, false, true, true,
+                                                          true};
 // Measured and removed (H100, bf16, GPU time, A B C D x 2; docs/perf-log.md, "Measured
 // 2026-12-06, tenth run"): in the d = 256 pair, the next step's dO issued before its Q
 // (-2.6..-5.4% at 1024-16k, not profiled; ncu had put ~9% of the stall samples on the dO wait),

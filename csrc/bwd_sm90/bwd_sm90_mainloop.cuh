@@ -174,6 +174,7 @@ struct BwdSm90Traits {
   static constexpr bool kPairGhost = kCfg.pair_ghost;
   static constexpr bool kAddsBeforeWait = kCfg.adds_before_wait;
   static constexpr bool kTimeline = kCfg.timeline;
+  static constexpr bool kPrefetchNextRows = kCfg.prefetch_next_rows;
   static_assert(!kTimeline || (kCfg.pair_dq && kCfg.sdp_by_role), "timeline: the pair's steps by role");
   static_assert(!kPairGhost || kPair, "pair_ghost: the pair's upper CTA");
   // Swizzled tiles start on 1024 bytes (the stat rows before may end anywhere).
@@ -400,6 +401,20 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     if (T::kPairGhost ? v_pending : it == 0) load_kv(T::kOffV, m.v, kv_bar + 1, p.head_inner & 4);
     v_pending = false;
     load_rows(pipe_do, sd, T::kOffDo, m.dout, p.head_inner & 8, T::kOffDsum, p.dsum_tile0);
+    if constexpr (T::kPrefetchNextRows) {
+      // The next step's Q and dO rows into L2 now, a step before their loads (the config's
+      // comment). A pair_ghost step's rows too: the lower CTA of the pair loads them.
+      if (it + 1 < w.n_iters) {
+        int next_head, next_block;
+        bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, it + 1, next_head, next_block);
+        const int row = static_cast<int>(w.seq.row_q) + next_block * T::kBlockM;
+#pragma unroll
+        for (int a = 0; a < T::kAtomCols; ++a) {
+          tma_rows_prefetch(m.q, p.head_inner & 1, 64 * a, row, next_head, w.map_batch);
+          tma_rows_prefetch(m.dout, p.head_inner & 8, 64 * a, row, next_head, w.map_batch);
+        }
+      }
+    }
   }
 }
 

@@ -136,6 +136,33 @@ FB_DEVICE void tma_load(void* dst, const CUtensorMap* map, uint64_t* bar, const 
   }
 }
 
+// Ask L2 to fetch one box from global memory, with no shared-memory destination and no
+// completion to wait for (cp.async.bulk.prefetch.tensor, PTX ISA 8.0, sm_90). For data a later
+// tma_load will read: that load then finds its lines in L2 instead of paying the DRAM latency.
+// Box parts past the tensor's end are not fetched. A hint: it may be dropped, and nothing may
+// depend on it for correctness.
+template <int Rank>
+FB_DEVICE void tma_prefetch_l2(const CUtensorMap* map, const int (&c)[Rank]) {
+  static_assert(Rank >= 1 && Rank <= 5, "TMA tensors have rank 1..5");
+  const uint64_t m = map_addr(map);
+  if constexpr (Rank == 1) {
+    asm volatile("cp.async.bulk.prefetch.tensor.1d.L2.global.tile [%0, {%1}];" ::"l"(m), "r"(c[0])
+                 : "memory");
+  } else if constexpr (Rank == 2) {
+    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(m),
+                 "r"(c[0]), "r"(c[1]) : "memory");
+  } else if constexpr (Rank == 3) {
+    asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];" ::"l"(m),
+                 "r"(c[0]), "r"(c[1]), "r"(c[2]) : "memory");
+  } else if constexpr (Rank == 4) {
+    asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];" ::"l"(m),
+                 "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]) : "memory");
+  } else {
+    asm volatile("cp.async.bulk.prefetch.tensor.5d.L2.global.tile [%0, {%1, %2, %3, %4, %5}];"
+                 ::"l"(m), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]), "r"(c[4]) : "memory");
+  }
+}
+
 // 2-D convenience form: (c0 = inner/column, c1 = row).
 FB_DEVICE void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {
   const int c[2] = {c0, c1};

@@ -120,6 +120,19 @@ __device__ __forceinline__ void tma_rows(void* dst, const CUtensorMap* map, uint
   }
 }
 
+// The same box as tma_rows, fetched into L2 only (hopper::tma_prefetch_l2): no destination, no
+// barrier.
+__device__ __forceinline__ void tma_rows_prefetch(const CUtensorMap* map, bool head_inner, int d0, int row,
+                                                  int head, int batch) {
+  if (head_inner) {
+    const int c[4] = {d0, head, row, batch};
+    hopper::tma_prefetch_l2<4>(map, c);
+  } else {
+    const int c[4] = {d0, row, head, batch};
+    hopper::tma_prefetch_l2<4>(map, c);
+  }
+}
+
 // One box (64 d x the map's rows) from `src` to (d0, row) of (head, batch); box rows past the
 // tensor's end are not written. A bulk async-group of the calling thread tracks it
 // (hopper::bulk_commit_group, then bulk_wait_group_read before `src` is reused).

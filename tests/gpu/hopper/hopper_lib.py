@@ -17,7 +17,7 @@ _SIGNATURES = {
     "fbh_device_synchronize": [],
     "fbh_exp2_approx": [c_void_p, c_void_p, c_int],
     "fbh_tma_load_store": [c_void_p, c_void_p, c_void_p, c_int, c_int, POINTER(c_longlong),
-                           POINTER(c_int), POINTER(c_int), POINTER(c_int), c_int],
+                           POINTER(c_int), POINTER(c_int), POINTER(c_int), c_int, c_int],
     "fbh_tma_encode": [c_void_p, c_int, c_int, POINTER(c_longlong), POINTER(c_longlong),
                        POINTER(c_int), c_int],
     "fbh_tma_reduce_add": [c_void_p, c_void_p] + [c_int] * 8,

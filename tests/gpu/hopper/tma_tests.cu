@@ -15,7 +15,8 @@ struct Coords {
 template <int Rank>
 __global__ void tma_load_store_kernel(const __grid_constant__ CUtensorMap src,
                                       const __grid_constant__ CUtensorMap dst, uint8_t* raw,
-                                      uint32_t box_bytes, Coords lc, Coords sc, int do_store) {
+                                      uint32_t box_bytes, Coords lc, Coords sc, int do_store,
+                                      int prefetch) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* tile = fh::align_smem(smem_raw);
   __shared__ uint64_t bar;
@@ -27,6 +28,9 @@ __global__ void tma_load_store_kernel(const __grid_constant__ CUtensorMap src,
   if (threadIdx.x == 0) {
     int c[Rank];
     for (int i = 0; i < Rank; ++i) c[i] = lc.c[i];
+    // The L2 prefetch of the same box (partly out of bounds) first: it must not fault or
+    // change what the load brings.
+    if (prefetch) fh::tma_prefetch_l2<Rank>(&src, c);
     fh::mbar_arrive_expect_tx(&bar, box_bytes);
     fh::tma_load<Rank>(tile, &src, &bar, c);
   }
@@ -209,9 +213,10 @@ fh::TmaSwizzle tma_swizzle(int sw) { return sw ? fh::TmaSwizzle::k128B : fh::Tma
 // Load the box at load_coord of `src` (dims[0] innermost, contiguous) into shared memory, copy
 // the raw shared-memory bytes to `raw`, and, if store_coord is not null, TMA-store the tile into
 // `dst` (same shape as src) at store_coord.
+// prefetch != 0: the loading thread first asks L2 for the same box (hopper::tma_prefetch_l2).
 FBH_EXPORT int fbh_tma_load_store(const void* src, void* raw, void* dst, int is_f32, int rank,
                                   const long long* dims, const int* box, const int* load_coord,
-                                  const int* store_coord, int swizzle128) {
+                                  const int* store_coord, int swizzle128, int prefetch) {
   uint64_t gdims[5], strides[4];
   uint32_t gbox[5];
   Coords lc = {}, sc = {};
@@ -234,7 +239,7 @@ FBH_EXPORT int fbh_tma_load_store(const void* src, void* raw, void* dst, int is_
   auto args = [&](auto kernel) -> int {
     FBH_TRY(fbh_test::allow_smem(reinterpret_cast<const void*>(kernel), smem));
     kernel<<<1, 128, smem>>>(src_map, dst_map, static_cast<uint8_t*>(raw), box_bytes, lc, sc,
-                             do_store);
+                             do_store, prefetch);
     return (int)cudaGetLastError();
   };
   switch (rank) {
