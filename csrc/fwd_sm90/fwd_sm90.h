@@ -104,14 +104,6 @@ struct FwdSm90Config {
   // The first warpgroup's first S of tile k + 1 then runs while the last one finishes tile k
   // (FA3's rotation runs on the same way).
   bool pingpong_across_tiles = false;
-  // One kernel per tile loop: the counter-fed loop (dynamic_tiles, the causal calls that take
-  // their tiles from the counter) and the static stride in two kernels, instead of one kernel
-  // that holds both and picks at run time. Each kernel then carries half the code (d = 256 Multi:
-  // 7720 SASS instructions, ~3850 of them the loop the call does not run; FA3's forward: 2840).
-  // ncu of the d = 256 non-causal forward at 512 (H100): 11.2% of the stall samples "no
-  // instruction" against FA3's 1.2%, most on code run once per tile (docs/perf-log.md,
-  // "Measured 2026-12-06, tenth run").
-  bool split_paths = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -188,6 +180,12 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256FullLong = kFwdSm90Hdim256F
 // the O rescale between the GEMM issues, causal -0.7..-4.4% at 512-16k, non-causal -2.5..-5.0% at
 // 512-4096 (and FullLong with it -0.8 / -0.6% at 8k / 16k, noise); without it, causal -0.6..-2.4%,
 // non-causal -3.8..+0.5% at 512-4096.
+// Measured and removed after the eleventh run (H100, GPU time, A B A B): the counter-fed and the
+// static tile loop as two kernels of half the code each (the d = 256 Multi config and both d = 128
+// configs): d = 256 -0.3..+1.1% (noise), d = 128 causal -0.0..-3.1%, non-causal -2.5..+0.8%. ncu
+// of the d = 256 non-causal 512 forward read about the same with its caches flushed before the
+// launch and without (147 / 151 us): the kernel's size is not what the short forward pays for
+// (docs/perf-log.md, "Measured 2026-12-06, eleventh run").
 // The config of a head dim's calls whose tiles a persistent grid walks (fwd_sm90_multi_tile:
 // non-causal up to 2048 keys, 4096 at d = 64 / 128, every length at d = 192; causal up to 2048 keys
 // at d = 64 / 256, every length at d = 192, where the counter feeds the tiles), causal or not; where it
@@ -211,14 +209,6 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256FullLong = kFwdSm90Hdim256F
 constexpr FwdSm90Config kFwdSm90Hdim64Multi = {64, 128, 3, 2, 24, 160, true, true, false, false,
                                               false, true, true, true, false, true, true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim128Multi = kFwdSm90Hdim128;
-// Candidates, not yet measured (docs/perf-log.md, "One kernel per tile loop"): the d = 256 Multi
-// config and the d = 128 causal and non-causal configs with split_paths.
-constexpr FwdSm90Config kFwdSm90Hdim256MultiSplit = {256, 80, 2, 2, 24, 240, false, true, true, true,
-                                                    true, true, false, true, true, true, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim128Split = {128, 128, 2, 2, 24, 240, false, true, false, false, true, true,
-                                               true, true, false, true, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim128FullSplit = {128, 128, 2, 2, 24, 240, false, true, false, false,
-                                                   false, false, false, false, true, false, false, true};
 constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, true, true, true, true,
                                                false, true};
 // d = 256 with finalize_in_pv, copy_out_early and fast_tile_decode (the tile's tail ~450

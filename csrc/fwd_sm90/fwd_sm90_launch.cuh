@@ -111,14 +111,12 @@ __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
   }
 }
 
-// The kernel's body. kLoop: kFwdLoopBoth picks the tile loop at run time (the counter where
-// p.tile_counter is set), kFwdLoopCounter / kFwdLoopStatic compile one of them (split_paths).
-enum FwdLoop { kFwdLoopBoth, kFwdLoopCounter, kFwdLoopStatic };
-
-template <class T, FwdLoop kLoop>
-__device__ __forceinline__ void fwd_sm90_body(const CUtensorMap& map_q, const CUtensorMap& map_k,
-                                              const CUtensorMap& map_v, const CUtensorMap& map_o,
-                                              const FwdSm90Params& p) {
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    fwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q,
+                    const __grid_constant__ CUtensorMap map_k,
+                    const __grid_constant__ CUtensorMap map_v,
+                    const __grid_constant__ CUtensorMap map_o, const FwdSm90Params p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = fh::align_smem(smem_raw);
   auto* pipe_q = reinterpret_cast<fh::TmaPipeline<T::kQStages>*>(smem + T::kOffPipeQ);
@@ -146,13 +144,12 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap& map_q, const CU
     }
   }
   __syncthreads();
-  if constexpr (T::kDynamic && kLoop != kFwdLoopStatic) {
-    if (kLoop == kFwdLoopCounter || p.tile_counter != nullptr) {
+  if constexpr (T::kDynamic) {
+    if (p.tile_counter != nullptr) {
       fwd_sm90_dynamic_tiles<T>(p, map_q, map_k, map_v, map_o, smem, pipe_q, pipe_k, pipe_v, wg);
       return;
     }
   }
-  if constexpr (kLoop == kFwdLoopCounter) return;
 
   // Tiles blockIdx.x, + gridDim.x, ...: one per CTA unless the launch is persistent (a grid of
   // one CTA per SM). Every thread computes the same work item, so all skip the same ones.
@@ -172,36 +169,6 @@ __device__ __forceinline__ void fwd_sm90_body(const CUtensorMap& map_q, const CU
     int id = static_cast<int>(blockIdx.x) - static_cast<int>(gridDim.x);
     auto next_id = [&] { return id += static_cast<int>(gridDim.x); };
     fwd_sm90_consumer_tiles<T>(p, smem, pipe_q, pipe_k, pipe_v, wg - 1, &map_o, next_id);
-  }
-}
-
-template <class T>
-__global__ void __launch_bounds__(T::kThreads, 1)
-    fwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q,
-                    const __grid_constant__ CUtensorMap map_k,
-                    const __grid_constant__ CUtensorMap map_v,
-                    const __grid_constant__ CUtensorMap map_o, const FwdSm90Params p) {
-  fwd_sm90_body<T, kFwdLoopBoth>(map_q, map_k, map_v, map_o, p);
-}
-
-// split_paths: the counter-fed and the static tile loop as two kernels.
-template <class T, FwdLoop kLoop>
-__global__ void __launch_bounds__(T::kThreads, 1)
-    fwd_sm90_kernel_split(const __grid_constant__ CUtensorMap map_q,
-                          const __grid_constant__ CUtensorMap map_k,
-                          const __grid_constant__ CUtensorMap map_v,
-                          const __grid_constant__ CUtensorMap map_o, const FwdSm90Params p) {
-  fwd_sm90_body<T, kLoop>(map_q, map_k, map_v, map_o, p);
-}
-
-// The kernel that runs tile loop kLoop (kFwdLoopCounter or kFwdLoopStatic): the loop's own with
-// split_paths, else the one kernel of both.
-template <class T, FwdLoop kLoop>
-constexpr auto fwd_sm90_kernel_of() {
-  if constexpr (T::kSplitPaths) {
-    return fwd_sm90_kernel_split<T, kLoop>;
-  } else {
-    return fwd_sm90_kernel<T>;
   }
 }
 
@@ -270,17 +237,11 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
 
   kp.tile_counter = nullptr;
 
-  const auto kernel = fwd_sm90_kernel_of<T, kFwdLoopStatic>();
+  const auto kernel = fwd_sm90_kernel<T>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(T::kSmemBytes));
   if (err != cudaSuccess) return err;
   if constexpr (T::kDynamic) {
-    const auto counter_kernel = fwd_sm90_kernel_of<T, kFwdLoopCounter>();
-    if constexpr (T::kSplitPaths) {
-      err = cudaFuncSetAttribute(counter_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(T::kSmemBytes));
-      if (err != cudaSuccess) return err;
-    }
     // The counter: 4 bytes from the stream-ordered allocator, zeroed, freed after the kernel
     // (all in stream order, so concurrent streams never share one and graph capture records
     // them as nodes). Without a stream-ordered pool the static stride below runs instead.
@@ -290,7 +251,7 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
         err = cudaMemsetAsync(kp.tile_counter, 0, sizeof(int), stream);
         if (err == cudaSuccess) {
           const int grid = std::min(kp.num_tiles, fwd_sm90_sm_count());
-          counter_kernel<<<dim3(grid), T::kThreads, T::kSmemBytes, stream>>>(map_q, map_k, map_v, map_o, kp);
+          kernel<<<dim3(grid), T::kThreads, T::kSmemBytes, stream>>>(map_q, map_k, map_v, map_o, kp);
           err = cudaGetLastError();
         }
         const cudaError_t freed = cudaFreeAsync(kp.tile_counter, stream);

@@ -75,8 +75,6 @@ struct FwdSm90Traits {
   static constexpr bool kFinalizeInPv = kCfg.finalize_in_pv;
   static constexpr bool kCopyOutEarly = kCfg.copy_out_early;
   static constexpr bool kFastTileDecode = kCfg.fast_tile_decode;
-  static constexpr bool kSplitPaths = kCfg.split_paths;
-  static_assert(!kSplitPaths || kDynamic, "split_paths: a config with the counter-fed loop");
   static constexpr bool kPingpongAcrossTiles = kCfg.pingpong_across_tiles;
   static_assert(!kPingpongAcrossTiles || kCfg.pingpong, "pingpong_across_tiles: a ping-pong config");
   // o_over_v: the O-free barrier (one arrival per consumer warp after its O rows left the V
