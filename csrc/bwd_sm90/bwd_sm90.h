@@ -331,6 +331,13 @@ constexpr BwdSm90Config kBwdSm90Hdim256Timeline = {256, 64, 80, 1, 1, 24, 240, f
 // pair with prefetch_next_rows, and the same with the timeline stamps.
 constexpr BwdSm90Config kBwdSm90Hdim256Prefetch = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
                                                   true, true, false, false, false, true, false, true, false, true};
+// d = 192 (one dO stage) and d = 128 (two of each) with prefetch_next_rows.
+constexpr BwdSm90Config kBwdSm90Hdim192Prefetch = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
+                                                  false, true, false, false, true, false, false, true, false, false,
+                                                  false, true};
+constexpr BwdSm90Config kBwdSm90Hdim128Prefetch = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, true, false,
+                                                  false, false, false, false, false, false, true, true, false, false,
+                                                  true};
 constexpr BwdSm90Config kBwdSm90Hdim256TimelinePrefetch = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true,
                                                           false, true, true, false, false, false, true, false, true, true,
                                                           true};
