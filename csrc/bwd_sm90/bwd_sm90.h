@@ -175,8 +175,10 @@ struct BwdSm90Config {
   // issues this step's loads, a step before their own loads. With one Q stage (the d = 256
   // pair) the next Q can be loaded only once dK^T has read this one, and the CTAs of a head walk
   // the same Q blocks nearly in step, so each of those loads waits out a DRAM miss: the pair's
-  // timeline (H100, causal 4k) put 12-17% of warpgroup 0's step on the first Q atom-column and
-  // 17-23% of warpgroup 1's on dO. An L2 hit instead shortens the wait without moving the stages.
+  // timeline (H100) put 10-17% of warpgroup 0's step on the first Q atom-column and 17-23% of
+  // warpgroup 1's on dO. An L2 hit instead shortens the wait without moving the stages. Measured
+  // on the pair +2..+8% where its CTAs walk in step (kBwdSm90Hdim256); with two Q stages (d = 128,
+  // 192) the load has a step to land anyway, and the extra L2 requests cost 0.4-4.7%.
   bool prefetch_next_rows = false;
 };
 
@@ -245,9 +247,16 @@ constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 96, 2, 1, 24, 160, true, 3, 
 // role alike; the pair with S and dP by role measured (H100, A B A B) +2.4 / +2.1 / +1.4% causal
 // 4k / 8k / 16k, +2.6 / +2.1 / +2.4% non-causal, deterministic +0.5..+1.1%. The single CTA by
 // role read -1.8 / -1.9% at 2048 (default mode), +0.4..+1.4% deterministic: not taken
-// (docs/perf-log.md, "Measured 2026-12-06, sixth run").
+// (docs/perf-log.md, "Measured 2026-12-06, sixth run"). prefetch_next_rows (H100, GPU time,
+// A B A B, 512 / 1k / 2k / 4k / 8k / 16k; 512 runs the single CTA, unchanged): default causal
+// -0.3..+0.5% (noise), non-causal +4.6 / +5.4 / +5.0 / +1.9 / +3.7% at 1k-16k; deterministic
+// causal +7.5 / +4.8 / +4.4 / +4.6 / +3.2%, non-causal +4.3 / +4.7 / +4.8 / +2.5 / +2.6%. Causal
+// CTAs of a head start their walks at different Q blocks, so most of their loads already hit
+// L2; the deterministic causal walks and the non-causal ones go in step. At d = 128 / 192 (two
+// Q stages; d = 192 one dO stage) the same read -0.4..-4.7% (two noisy points +2 / +3%): off
+// there (docs/perf-log.md, "Measured 2026-12-06, eleventh run").
 constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
-                                          false, false, false, true, false, true};
+                                          false, false, false, true, false, true, false, true};
 // The deterministic mode's config per head dim (the configs of a head dim share block_m, and
 // none has a smaller block_n than the default's: the workspace and can_implement read the
 // default's; they share det_from_the_end, whose walk order is also dK's and dV's order of
@@ -326,21 +335,7 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // The d = 256 config with the per-step clock stamps (timeline), a measuring aid: swapped in by
 // scripts/build_candidates.sh kBwdSm90Hdim256=kBwdSm90Hdim256Timeline for scripts/bwd_timeline.py.
 constexpr BwdSm90Config kBwdSm90Hdim256Timeline = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
-                                                  true, true, false, false, false, true, false, true, true};
-// Candidates, not yet measured (docs/perf-log.md, "The pair's next rows into L2"): the d = 256
-// pair with prefetch_next_rows, and the same with the timeline stamps.
-constexpr BwdSm90Config kBwdSm90Hdim256Prefetch = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
-                                                  true, true, false, false, false, true, false, true, false, true};
-// d = 192 (one dO stage) and d = 128 (two of each) with prefetch_next_rows.
-constexpr BwdSm90Config kBwdSm90Hdim192Prefetch = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
-                                                  false, true, false, false, true, false, false, true, false, false,
-                                                  false, true};
-constexpr BwdSm90Config kBwdSm90Hdim128Prefetch = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, true, false,
-                                                  false, false, false, false, false, false, true, true, false, false,
-                                                  true};
-constexpr BwdSm90Config kBwdSm90Hdim256TimelinePrefetch = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true,
-                                                          false, true, true, false, false, false, true, false, true, true,
-                                                          true};
+                                                  true, true, false, false, false, true, false, true, true, true};
 // Measured and removed (H100, bf16, GPU time, A B C D x 2; docs/perf-log.md, "Measured
 // 2026-12-06, tenth run"): in the d = 256 pair, the next step's dO issued before its Q
 // (-2.6..-5.4% at 1024-16k, not profiled; ncu had put ~9% of the stall samples on the dO wait),
