@@ -177,8 +177,8 @@ struct BwdSm90Config {
   // the same Q blocks nearly in step, so each of those loads waits out a DRAM miss: the pair's
   // timeline (H100) put 10-17% of warpgroup 0's step on the first Q atom-column and 17-23% of
   // warpgroup 1's on dO. An L2 hit instead shortens the wait without moving the stages. Measured
-  // on the pair +2..+8% where its CTAs walk in step (kBwdSm90Hdim256); with two Q stages (d = 128,
-  // 192) the load has a step to land anyway, and the extra L2 requests cost 0.4-4.7%.
+  // on the pair +1.9..+7.5% where its CTAs walk in step (kBwdSm90Hdim256); with two Q stages
+  // (d = 128, 192) the load has a step to land anyway: there it read -0.4..-4.7% at most points.
   bool prefetch_next_rows = false;
 };
 
@@ -253,8 +253,9 @@ constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 96, 2, 1, 24, 160, true, 3, 
 // causal +7.5 / +4.8 / +4.4 / +4.6 / +3.2%, non-causal +4.3 / +4.7 / +4.8 / +2.5 / +2.6%. Causal
 // CTAs of a head start their walks at different Q blocks, so most of their loads already hit
 // L2; the deterministic causal walks and the non-causal ones go in step. At d = 128 / 192 (two
-// Q stages; d = 192 one dO stage) the same read -0.4..-4.7% (two noisy points +2 / +3%): off
-// there (docs/perf-log.md, "Measured 2026-12-06, eleventh run").
+// Q stages; d = 192 one dO stage) the same read -0.4..-4.7% but for three points at 8k (+0.3 /
+// +3.0% at d = 128, +2.0% at d = 192 causal): off there (docs/perf-log.md, "Measured
+// 2026-12-06, eleventh run").
 constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
                                           false, false, false, true, false, true, false, true};
 // The deterministic mode's config per head dim (the configs of a head dim share block_m, and
