@@ -19,6 +19,9 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256Timeline)
 #define FLASHBACK_FWD_CANDIDATE(C)                                           \
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
       const flashback_fwd_params&, cudaStream_t);
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256MultiPf)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullPf)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64MultiPf)
 #undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

@@ -104,6 +104,15 @@ struct FwdSm90Config {
   // The first warpgroup's first S of tile k + 1 then runs while the last one finishes tile k
   // (FA3's rotation runs on the same way).
   bool pingpong_across_tiles = false;
+  // On a persistent grid's static stride (tiles blockIdx.x, + gridDim.x, ...): as the producer
+  // starts a tile it asks L2 for the next tile's Q rows and, once per (batch, head) (from the CTA
+  // whose next tile is Q block 0), its K and V blocks (hopper::tma_prefetch_l2). Inside an L2
+  // group a wave's tiles share their pairs' K and V, so a group's reads come from DRAM at the
+  // wave's start, all CTAs at once, and the tile's first Q and K loads wait for them; asked a
+  // tile ahead they stream in under the current tile's math. The backward's one-Q-stage pair
+  // gained +1.9..+7.5% from the same hint where its loads went in step (docs/perf-log.md,
+  // "Measured 2026-12-06, eleventh run").
+  bool prefetch_next_tile = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -209,6 +218,14 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256FullLong = kFwdSm90Hdim256F
 constexpr FwdSm90Config kFwdSm90Hdim64Multi = {64, 128, 3, 2, 24, 160, true, true, false, false,
                                               false, true, true, true, false, true, true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim128Multi = kFwdSm90Hdim128;
+// Candidates, not yet measured (docs/perf-log.md, "The forward's next tile into L2"): the configs
+// whose non-causal calls walk the persistent grid's static stride, with prefetch_next_tile.
+constexpr FwdSm90Config kFwdSm90Hdim256MultiPf = {256, 80, 2, 2, 24, 240, false, true, true, true,
+                                                 true, true, false, true, true, true, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim128FullPf = {128, 128, 2, 2, 24, 240, false, true, false, false,
+                                                false, false, false, false, true, false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim64MultiPf = {64, 128, 3, 2, 24, 160, true, true, false, false,
+                                                false, true, true, true, false, true, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, true, true, true, true,
                                                false, true};
 // d = 256 with finalize_in_pv, copy_out_early and fast_tile_decode (the tile's tail ~450

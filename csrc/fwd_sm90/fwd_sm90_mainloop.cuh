@@ -76,6 +76,7 @@ struct FwdSm90Traits {
   static constexpr bool kCopyOutEarly = kCfg.copy_out_early;
   static constexpr bool kFastTileDecode = kCfg.fast_tile_decode;
   static constexpr bool kPingpongAcrossTiles = kCfg.pingpong_across_tiles;
+  static constexpr bool kPrefetchNextTile = kCfg.prefetch_next_tile;
   static_assert(!kPingpongAcrossTiles || kCfg.pingpong, "pingpong_across_tiles: a ping-pong config");
   // o_over_v: the O-free barrier (one arrival per consumer warp after its O rows left the V
   // stages; the producer waits for it before the next tile's V_0). It runs in step with the one
@@ -121,6 +122,29 @@ struct FwdSm90Maps {
 };
 
 // ------------------------------------------------------------------------------ producer ---
+// prefetch_next_tile: tile `id`'s Q rows into L2, and its K / V blocks where it is its (batch,
+// head)'s Q block 0 (one CTA of the wave asks for them). Nothing waits for these.
+template <class T>
+__device__ __forceinline__ void fwd_sm90_prefetch_tile(const FwdSm90Params& p, const FwdSm90Maps& m,
+                                                       int id) {
+  if (id >= p.num_tiles) return;
+  const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN, T::kFastTileDecode>(p, id);
+  if (!w.active) return;
+#pragma unroll
+  for (int a = 0; a < T::kAtomCols; ++a) {
+    tma_rows_prefetch(m.q, p.head_inner & 1, 64 * a, w.row_q + w.m_block * T::kBlockM, w.head, w.map_batch);
+  }
+  if (w.m_block != 0) return;
+  const int kv_head = w.head / p.group;
+  for (int j = 0; j < w.n_count; ++j) {
+#pragma unroll
+    for (int a = 0; a < T::kAtomCols; ++a) {
+      tma_rows_prefetch(m.k, p.head_inner & 2, 64 * a, w.row_k + j * T::kBlockN, kv_head, w.map_batch);
+      tma_rows_prefetch(m.v, p.head_inner & 4, 64 * a, w.row_k + j * T::kBlockN, kv_head, w.map_batch);
+    }
+  }
+}
+
 // One thread, one tile: K_0 and V_0 first (they stream while the consumers finish the previous
 // tile), then Q (once its stage is free: the previous user's O has left), then K_j and V_j of
 // every further step; o_over_v: K_0, Q, then V_0. p.k_ahead (FwdSm90Grid says where): K_0, Q,
