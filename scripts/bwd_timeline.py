@@ -8,7 +8,8 @@ Needs a library whose d = 256 row is the timeline config (a measuring aid, never
       python3 scripts/bwd_timeline.py --batch 4 --seqlen 4096 --causal [--deterministic]
 
 Each consumer warpgroup's thread 0 writes clock64() at nine points of every full step
-(BwdTimelineEvent in csrc/bwd_sm90/bwd_sm90.h). By role, warpgroup 0 computes S and P and
+(BwdTimelineEvent in csrc/bwd_sm90/bwd_sm90.h), and the producer thread two more per step (the
+one Q stage seen free, Q_i's and dO_i's copies issued), all on the CTA's SM clock. By role, warpgroup 0 computes S and P and
 warpgroup 1 dP and dS; both then pass the hand-off barrier, wait for the partner CTA's dS^T, run
 dQ^T / dV^T / dK^T and add dQ. The table gives, per role, the median and mean clocks of each
 segment between consecutive points and its share of the step (step top to the next step's
@@ -55,6 +56,42 @@ def summarize(stamps, ctas, steps):
                 segs[-1].append(t[c, a + 1, wg, 0] - row[-1])
         rows[wg] = [np.asarray(s, dtype=np.float64) for s in segs]
     return rows
+
+
+# The producer's two stamps (kTlProducerQFree, kTlProducerDoIssued), in warpgroup 0's slots of the
+# step whose Q and dO it loads, and the loads' four segments built from them.
+PRODUCER_QFREE, PRODUCER_DO_ISSUED = len(EVENTS), len(EVENTS) + 1
+PRODUCER_SEGMENTS = [
+    "Q_{i-1} released (both wgs) -> producer sees the stage free",
+    "stage free -> Q_i first atom-column in (wg 0)",
+    "stage free -> dO_i issued",
+    "dO_i issued -> dO_i in (wg 1)",
+]
+
+
+def summarize_producer(stamps, ctas, steps):
+    """The Q / dO loads of the pair's one-stage ring: per step i >= 1 whose stamps are all written,
+    the clocks from the later of the two warpgroups' release of Q_{i-1} (their step-end stamps)
+    to the producer seeing the stage free, from there to Q_i's first atom-column at warpgroup 0
+    (its wait's end: an upper bound where warpgroup 0 came to the wait late), to dO_i's copies
+    issued, and from those to warpgroup 1's wait for dO_i ending. One array per segment."""
+    import numpy as np
+
+    t = stamps.astype(np.int64)
+    end = len(EVENTS) - 1  # kTlStepEnd
+    segs = [[] for _ in PRODUCER_SEGMENTS]
+    for c in range(ctas):
+        for s in range(1, steps):
+            free, issued = t[c, s, 0, PRODUCER_QFREE], t[c, s, 0, PRODUCER_DO_ISSUED]
+            q_in, do_in = t[c, s, 0, 1], t[c, s, 1, 1]
+            rel0, rel1 = t[c, s - 1, 0, end], t[c, s - 1, 1, end]
+            if 0 in (free, issued, q_in, do_in, rel0, rel1):
+                continue
+            segs[0].append(free - max(rel0, rel1))
+            segs[1].append(q_in - free)
+            segs[2].append(issued - free)
+            segs[3].append(do_in - issued)
+    return [np.asarray(x, dtype=np.float64) for x in segs]
 
 
 def main():
@@ -105,6 +142,11 @@ def main():
         for name, s in zip(SEGMENTS[wg], rows[wg]):
             if len(s):
                 print(f"  {name:32s} {np.median(s):8.0f} {s.mean():8.0f}  {100 * s.mean() / step:5.1f}%")
+    prod = summarize_producer(stamps, ctas, steps)
+    if len(prod[0]):
+        print(f"producer, Q_i / dO_i loads: {len(prod[0])} steps (median / mean clocks)")
+        for name, s in zip(PRODUCER_SEGMENTS, prod):
+            print(f"  {name:58s} {np.median(s):8.0f} {s.mean():8.0f}")
 
 
 if __name__ == "__main__":

@@ -413,7 +413,10 @@ enum BwdTimelineEvent {
   kTlPartner,    // the partner's dS^T arrived
   kTlDqDone,     // dQ^T complete (wait<1>), dO_i released
   kTlStepEnd,    // the adds issued and dK^T complete, Q_i released
-  kTlEvents
+  kTlEvents,
+  // The producer's points, in warpgroup 0's slots of the step whose rows it loads.
+  kTlProducerQFree = kTlEvents,  // the one Q stage seen free (every consumer warp released Q_{i-1})
+  kTlProducerDoIssued,           // Q_i's and dO_i's copies issued
 };
 
 // The buffer a timeline config writes to (bwd_sm90_launch.cu; null: none).

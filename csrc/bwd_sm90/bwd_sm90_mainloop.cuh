@@ -305,6 +305,18 @@ struct BwdSm90StatRows {
   __device__ __forceinline__ const float* dsum(int it) const { return lse(it) + T::kBlockM; }
 };
 
+// timeline configs: warpgroup wg's thread 0 stamps event e of step it (BwdTimelineEvent; the
+// producer stamps its own events in warpgroup 0's slots). Each call sits under `if constexpr
+// (T::kTimeline)`: even an empty inline call moved ptxas's uniform registers in the shipped pair
+// kernels.
+template <class T>
+__device__ __forceinline__ void timeline_stamp(const BwdSm90Params& p, int it, int wg, int t, int e) {
+  if (t == 0 && static_cast<int>(blockIdx.x) < p.timeline_ctas && it < p.timeline_steps) {
+    const int64_t slot = ((static_cast<int64_t>(blockIdx.x) * p.timeline_steps + it) * 2 + wg) * 16 + e;
+    p.timeline[slot] = static_cast<unsigned long long>(clock64());
+  }
+}
+
 // ------------------------------------------------------------------------------ producer ---
 // One thread: K_j and V_j once, then Q_i and dO_i of every step into their rings (by keys or
 // stats_smem with the step's LSE * log2(e) or D rows, kStatBytes, copied on the same full
@@ -387,6 +399,7 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     if constexpr (T::kQAtomBars) {
       // Each atom-column box on its own barrier (q_atom_barriers).
       pipe_q->producer_acquire(sq);
+      if constexpr (T::kTimeline) timeline_stamp<T>(p, it, 0, 0, kTlProducerQFree);
       uint64_t* qb = reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar) + sq.stage * T::kAtomCols;
 #pragma unroll
       for (int a = 0; a < T::kAtomCols; ++a) {
@@ -401,6 +414,7 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     if (T::kPairGhost ? v_pending : it == 0) load_kv(T::kOffV, m.v, kv_bar + 1, p.head_inner & 4);
     v_pending = false;
     load_rows(pipe_do, sd, T::kOffDo, m.dout, p.head_inner & 8, T::kOffDsum, p.dsum_tile0);
+    if constexpr (T::kTimeline) timeline_stamp<T>(p, it, 0, 0, kTlProducerDoIssued);
     if constexpr (T::kPrefetchNextRows) {
       // The next step's Q and dO rows into L2 now, a step before their loads (the config's
       // comment). A pair_ghost step's rows too: the lower CTA of the pair loads them.
@@ -419,17 +433,6 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
 }
 
 // ------------------------------------------------------------------- consumer helpers ---
-
-// timeline configs: warpgroup wg's thread 0 stamps event e of step it (BwdTimelineEvent). Each
-// call sits under `if constexpr (T::kTimeline)`: even an empty inline call moved ptxas's
-// uniform registers in the shipped pair kernels.
-template <class T>
-__device__ __forceinline__ void timeline_stamp(const BwdSm90Params& p, int it, int wg, int t, int e) {
-  if (t == 0 && static_cast<int>(blockIdx.x) < p.timeline_ctas && it < p.timeline_steps) {
-    const int64_t slot = ((static_cast<int64_t>(blockIdx.x) * p.timeline_steps + it) * 2 + wg) * 16 + e;
-    p.timeline[slot] = static_cast<unsigned long long>(clock64());
-  }
-}
 
 // (1) S or (3) dP for this warpgroup's kN keys (kWgKeys = block_n / W; sdp_by_role: all block_n):
 // X_i (64 queries, K-major, atom-columns 8 KB apart) times Y rows (that part of a block_n-row

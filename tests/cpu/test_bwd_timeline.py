@@ -53,3 +53,24 @@ def test_step_zero_is_left_out_not_the_first_full_step():
     t[0, 0, :, 1:] = 0
     rows = bwd_timeline.summarize(t, 1, 4)
     assert len(rows[0][0]) == 2  # steps 1, 2 (3 has no next top)
+
+
+def test_producer_segments():
+    steps, step_clocks = 5, 1000
+    t = np.zeros((1, steps, 2, 16), dtype=np.int64)
+    for s in range(steps):
+        top = 1000 + s * step_clocks
+        t[0, s, 0, :9] = top + np.arange(9) * 10          # wg 0: input at top + 10, step end at top + 80
+        t[0, s, 1, :9] = top + np.arange(9) * 11          # wg 1: input at top + 11, step end at top + 88
+        # the producer loads step s's rows after the previous step's end
+        free = (1000 + (s - 1) * step_clocks + 88 + 7) if s else top - 50
+        t[0, s, 0, bwd_timeline.PRODUCER_QFREE] = free
+        t[0, s, 0, bwd_timeline.PRODUCER_DO_ISSUED] = free + 3
+    segs = bwd_timeline.summarize_producer(t, 1, steps)
+    assert [len(x) for x in segs] == [steps - 1] * 4  # step 0 has no previous release
+    assert (segs[0] == 7).all()  # after the later release (wg 1's, at + 88)
+    assert (segs[1] == step_clocks + 10 - 88 - 7).all()
+    assert (segs[2] == 3).all()
+    assert (segs[3] == step_clocks + 11 - 88 - 7 - 3).all()
+    t[0, 2, 0, bwd_timeline.PRODUCER_DO_ISSUED] = 0  # a ghost step: the producer stamps nothing
+    assert [len(x) for x in bwd_timeline.summarize_producer(t, 1, steps)] == [steps - 2] * 4
