@@ -104,14 +104,16 @@ struct FwdSm90Config {
   // The first warpgroup's first S of tile k + 1 then runs while the last one finishes tile k
   // (FA3's rotation runs on the same way).
   bool pingpong_across_tiles = false;
-  // On a persistent grid's static stride (tiles blockIdx.x, + gridDim.x, ...): as the producer
-  // starts a tile it asks L2 for the next tile's Q rows and, once per (batch, head) (from the CTA
-  // whose next tile is Q block 0), its K and V blocks (hopper::tma_prefetch_l2). Inside an L2
-  // group a wave's tiles share their pairs' K and V, so a group's reads come from DRAM at the
-  // wave's start, all CTAs at once, and the tile's first Q and K loads wait for them; asked a
-  // tile ahead they stream in under the current tile's math. The backward's one-Q-stage pair
-  // gained +1.9..+7.5% from the same hint where its loads went in step (docs/perf-log.md,
-  // "Measured 2026-12-06, eleventh run").
+  // On a persistent grid's static stride (tiles blockIdx.x, + gridDim.x, ...): once the producer
+  // has issued a tile's Q, it asks L2 for the next tile's Q rows and its first K and V block
+  // (hopper::tma_prefetch_l2), a tile before their loads. Those loads are issued only as this
+  // tile frees its stages near its end, and the non-causal tiles of a (batch, head) pair are
+  // neighbours, so a wave's CTAs start new pairs together and their first loads wait out DRAM
+  // misses at once; asked a tile ahead they find L2. Only the first block: the rest
+  // stream in behind the stages as before, and the hint's L2 footprint stays small (a wave's K
+  // and V at d = 256 are ~16 MB). The backward's one-Q-stage pair gained +1.9..+7.5% from the
+  // same hint where its loads went in step (docs/perf-log.md, "Measured 2026-12-06, eleventh
+  // run").
   bool prefetch_next_tile = false;
 };
 

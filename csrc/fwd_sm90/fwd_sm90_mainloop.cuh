@@ -122,26 +122,24 @@ struct FwdSm90Maps {
 };
 
 // ------------------------------------------------------------------------------ producer ---
-// prefetch_next_tile: tile `id`'s Q rows into L2, and its K / V blocks where it is its (batch,
-// head)'s Q block 0 (one CTA of the wave asks for them). Nothing waits for these.
+// prefetch_next_tile: tile `id`'s Q rows and its first K and V block into L2 (id < 0 or past the
+// tiles: nothing). Nothing waits for these.
 template <class T>
 __device__ __forceinline__ void fwd_sm90_prefetch_tile(const FwdSm90Params& p, const FwdSm90Maps& m,
                                                        int id) {
-  if (id >= p.num_tiles) return;
+  if (id < 0 || id >= p.num_tiles) return;
   const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN, T::kFastTileDecode>(p, id);
   if (!w.active) return;
 #pragma unroll
   for (int a = 0; a < T::kAtomCols; ++a) {
     tma_rows_prefetch(m.q, p.head_inner & 1, 64 * a, w.row_q + w.m_block * T::kBlockM, w.head, w.map_batch);
   }
-  if (w.m_block != 0) return;
+  if (w.n_count == 0) return;
   const int kv_head = w.head / p.group;
-  for (int j = 0; j < w.n_count; ++j) {
 #pragma unroll
-    for (int a = 0; a < T::kAtomCols; ++a) {
-      tma_rows_prefetch(m.k, p.head_inner & 2, 64 * a, w.row_k + j * T::kBlockN, kv_head, w.map_batch);
-      tma_rows_prefetch(m.v, p.head_inner & 4, 64 * a, w.row_k + j * T::kBlockN, kv_head, w.map_batch);
-    }
+  for (int a = 0; a < T::kAtomCols; ++a) {
+    tma_rows_prefetch(m.k, p.head_inner & 2, 64 * a, w.row_k, kv_head, w.map_batch);
+    tma_rows_prefetch(m.v, p.head_inner & 4, 64 * a, w.row_k, kv_head, w.map_batch);
   }
 }
 
@@ -157,7 +155,8 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
                                                   fh::PipelineState<T::kQStages>& sq,
                                                   fh::TmaPipeline<T::kStages>* pipe_k,
                                                   fh::TmaPipeline<T::kStages>* pipe_v,
-                                                  fh::PipelineState<T::kStages>& st) {
+                                                  fh::PipelineState<T::kStages>& st,
+                                                  int next_id = -1) {
   const int kv_head = w.head / p.group;
   using State = fh::PipelineState<T::kStages>;
   // K_j / V_j into stage `at`.
@@ -211,6 +210,9 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
     if (w.n_count > 0) pipe_o->producer_acquire(sq);
   }
   sq.advance();
+  // A tile ahead: the next tile's first loads, issued as this tile frees its stages, then find
+  // their rows in L2.
+  if constexpr (T::kPrefetchNextTile) fwd_sm90_prefetch_tile<T>(p, m, next_id);
   if (k_ahead) {
     // K_{j+1} waits for the release of K_{j-1} (after S_{j-1}), V_j for that of V_{j-2} (after
     // P_{j-2} V_{j-2}, half a step later): issued first, K_{j+1} no longer queues behind V_j.
