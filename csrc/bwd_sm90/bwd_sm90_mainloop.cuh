@@ -417,7 +417,8 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     if constexpr (T::kTimeline) timeline_stamp<T>(p, it, 0, 0, kTlProducerDoIssued);
     if constexpr (T::kPrefetchNextRows) {
       // The next step's Q and dO rows into L2 now, a step before their loads (the config's
-      // comment). A pair_ghost step's rows too: the lower CTA of the pair loads them.
+      // comment). A pair_ghost step's rows too: the lower CTA of the pair loads them. Q's and
+      // dO's boxes interleaved, not two tma_tile_prefetch calls: the order the measured kernel has.
       if (it + 1 < w.n_iters) {
         int next_head, next_block;
         bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, it + 1, next_head, next_block);

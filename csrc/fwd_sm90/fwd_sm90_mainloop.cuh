@@ -130,17 +130,11 @@ __device__ __forceinline__ void fwd_sm90_prefetch_tile(const FwdSm90Params& p, c
   if (id < 0 || id >= p.num_tiles) return;
   const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN, T::kFastTileDecode>(p, id);
   if (!w.active) return;
-#pragma unroll
-  for (int a = 0; a < T::kAtomCols; ++a) {
-    tma_rows_prefetch(m.q, p.head_inner & 1, 64 * a, w.row_q + w.m_block * T::kBlockM, w.head, w.map_batch);
-  }
+  tma_tile_prefetch<T::kAtomCols>(m.q, p.head_inner & 1, w.row_q + w.m_block * T::kBlockM, w.head, w.map_batch);
   if (w.n_count == 0) return;
   const int kv_head = w.head / p.group;
-#pragma unroll
-  for (int a = 0; a < T::kAtomCols; ++a) {
-    tma_rows_prefetch(m.k, p.head_inner & 2, 64 * a, w.row_k, kv_head, w.map_batch);
-    tma_rows_prefetch(m.v, p.head_inner & 4, 64 * a, w.row_k, kv_head, w.map_batch);
-  }
+  tma_tile_prefetch<T::kAtomCols>(m.k, p.head_inner & 2, w.row_k, kv_head, w.map_batch);
+  tma_tile_prefetch<T::kAtomCols>(m.v, p.head_inner & 4, w.row_k, kv_head, w.map_batch);
 }
 
 // One thread, one tile: K_0 and V_0 first (they stream while the consumers finish the previous
