@@ -337,6 +337,16 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // scripts/build_candidates.sh kBwdSm90Hdim256=kBwdSm90Hdim256Timeline for scripts/bwd_timeline.py.
 constexpr BwdSm90Config kBwdSm90Hdim256Timeline = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
                                                   true, true, false, false, false, true, false, true, true, true};
+// Candidate (docs/perf-log.md, "The pair with two Q stages, again"): the d = 256 pair with a
+// second Q stage in the room of single P^T / dS^T buffers (single_hand) and one dS^T receive
+// buffer (kRecvBufs), without the alignment slack (kSlack). Measured -3.5..-4.5% causal before
+// S / dP went by role and before prefetch_next_rows; the pair's timeline now puts 10.5% of the
+// step on the wait for Q at its top, which a second stage removes. With the stamps as well
+// (Q2Timeline), for scripts/bwd_timeline.py.
+constexpr BwdSm90Config kBwdSm90Hdim256Q2 = {256, 64, 80, 2, 1, 24, 240, false, 2, false, true, false, true, false,
+                                            true, true, true, false, false, true, false, true, false, true};
+constexpr BwdSm90Config kBwdSm90Hdim256Q2Timeline = {256, 64, 80, 2, 1, 24, 240, false, 2, false, true, false, true,
+                                                    false, true, true, true, false, false, true, false, true, true, true};
 // Measured and removed (H100, bf16, GPU time, A B C D x 2; docs/perf-log.md, "Measured
 // 2026-12-06, tenth run"): in the d = 256 pair, the next step's dO issued before its Q
 // (-2.6..-5.4% at 1024-16k, not profiled; ncu had put ~9% of the stall samples on the dO wait),
