@@ -318,7 +318,11 @@ constexpr int kBwdSm90PairMinRows = 1024;
 // single-CTA companion), -8..-14% (docs/perf-log.md, "dV after dS at d = 64, measured"); the
 // pair at 64 x 80 with two Q stages in the room of single P^T / dS^T buffers and one dS^T
 // receive buffer, -3.5 / -3.5 / -4.5% causal 4k / 8k / 16k, -2.6..+2.5% non-causal,
-// deterministic -0.9..+1.4% (H100; docs/perf-log.md, "Measured 2026-12-06, fifth run").
+// deterministic -0.9..+1.4% (H100; docs/perf-log.md, "Measured 2026-12-06, fifth run"); again
+// after S / dP by role and the L2 prefetch, -0.7..-6.5% default, -0.6..-4.6% deterministic at
+// 1k-16k: the Q wait at the step's top halved, but S and the partner's dS^T came later (the next
+// Q's copy lands amid the step's shared-memory-bound GEMMs; docs/perf-log.md, "Measured
+// 2026-12-06, twelfth run").
 // The d = 256 pair's step as dV^T, dK^T, then dQ^T (the one Q stage handed back while dQ^T
 // runs): -0.1..+1.9%, noise; with dQ^T peer queued behind dQ^T own -0.5..-2.9%; its dQ^T one
 // step late (the partner's dS^T a step ahead; one more consumer barrier and both CTAs' free
@@ -337,16 +341,6 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // scripts/build_candidates.sh kBwdSm90Hdim256=kBwdSm90Hdim256Timeline for scripts/bwd_timeline.py.
 constexpr BwdSm90Config kBwdSm90Hdim256Timeline = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
                                                   true, true, false, false, false, true, false, true, true, true};
-// Candidate (docs/perf-log.md, "The pair with two Q stages, again"): the d = 256 pair with a
-// second Q stage in the room of single P^T / dS^T buffers (single_hand) and one dS^T receive
-// buffer (kRecvBufs), without the alignment slack (kSlack). Measured -3.5..-4.5% causal before
-// S / dP went by role and before prefetch_next_rows; the pair's timeline now puts 10.5% of the
-// step on the wait for Q at its top, which a second stage removes. With the stamps as well
-// (Q2Timeline), for scripts/bwd_timeline.py.
-constexpr BwdSm90Config kBwdSm90Hdim256Q2 = {256, 64, 80, 2, 1, 24, 240, false, 2, false, true, false, true, false,
-                                            true, true, true, false, false, true, false, true, false, true};
-constexpr BwdSm90Config kBwdSm90Hdim256Q2Timeline = {256, 64, 80, 2, 1, 24, 240, false, 2, false, true, false, true,
-                                                    false, true, true, true, false, false, true, false, true, true, true};
 // Measured and removed (H100, bf16, GPU time, A B C D x 2; docs/perf-log.md, "Measured
 // 2026-12-06, tenth run"): in the d = 256 pair, the next step's dO issued before its Q
 // (-2.6..-5.4% at 1024-16k, not profiled; ncu had put ~9% of the stall samples on the dO wait),

@@ -65,10 +65,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                     const __grid_constant__ CUtensorMap map_stats, const BwdSm90Params p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = fh::align_smem(smem_raw);
-  // A plan without the alignment slack (kSlack = 0) relies on the window starting aligned.
-  if constexpr (T::kSlack == 0) {
-    if (smem != smem_raw) __trap();
-  }
   uint64_t* kv_bar = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
   auto* pipe_q = reinterpret_cast<fh::TmaPipeline<T::kQStages>*>(smem + T::kOffPipeQ);
   auto* pipe_do =

@@ -166,9 +166,10 @@ struct BwdSm90Traits {
   // pair_dq (default mode): the partner's K for this CTA's half of the head dim (loaded with K)
   // and two buffers (step parity) for the partner's dS^T, bulk-copied in by the partner.
   static constexpr bool kPair = kCfg.pair_dq;
-  static_assert(!kPair || (!kByKeys && !kDqViaSmem && kConsumerWgs == 2 && kAtomCols == 4),
+  static_assert(!kPair || (!kByKeys && !kDqViaSmem && kConsumerWgs == 2 && kAtomCols == 4 &&
+                            !kSingleHand),
                 "pair_dq: split by head dim, two warpgroups, d = 256 (one dQ^T atom-column of "
-                "the CTA's half each)");
+                "the CTA's half each), the P^T / dS^T buffers by step parity");
   static constexpr int kPairAtoms = kAtomCols / 2;  // dQ^T atom-columns per CTA of a pair
   static constexpr bool kPairGhost = kCfg.pair_ghost;
   static constexpr bool kAddsBeforeWait = kCfg.adds_before_wait;
@@ -179,11 +180,7 @@ struct BwdSm90Traits {
   // Swizzled tiles start on 1024 bytes (the stat rows before may end anywhere).
   static constexpr uint32_t kOffKPeer = (kOffRows + kRowsBytes + 1023) / 1024 * 1024;
   static constexpr uint32_t kOffDsPeer = kOffKPeer + (kPair ? kPairAtoms * kKvAtomBytes : 0);
-  // The partner's dS^T: two receive buffers (step parity), or with single_hand one, whose
-  // phases count the sends and receives (send_wait_free, bwd_sm90_consumer): the room a second
-  // Q stage needs beside the pair.
-  static constexpr int kRecvBufs = kPair && kSingleHand ? 1 : 2;
-  static constexpr uint32_t kOffBar = kOffDsPeer + (kPair ? kRecvBufs * kHandBytes : 0);
+  static constexpr uint32_t kOffBar = kOffDsPeer + (kPair ? 2 * kHandBytes : 0);
   static constexpr uint32_t kOffPipeQ = kOffBar + 16;  // after the K and V barriers
   static constexpr uint32_t kOffPipeDo = kOffPipeQ + sizeof(fh::TmaPipeline<kQStages>);
   // pair_dq: per buffer b, full[b] (this CTA's arrive_expect_tx + the partner's bytes) and
@@ -196,11 +193,8 @@ struct BwdSm90Traits {
                 "q_atom_barriers: split by head dim, no stats rows on the Q stage's barrier");
   static constexpr uint32_t kOffQAtomBar = kOffPairBar + (kPair ? 32 : 0);
   static constexpr uint32_t kPlanBytes = kOffQAtomBar + (kQAtomBars ? kQStages * kAtomCols * 8 : 0);
-  // 1 KB of slack lets align_smem round the dynamic window up to 1024 bytes. A plan that fits
-  // only without it asks for none: the window must then start 1024-aligned already (on sm_90 it
-  // does, after the 1 KB the system reserves per CTA), which the kernel checks at its start.
-  static constexpr uint32_t kSlack = kPlanBytes + 1024 <= 232448 ? 1024 : 0;
-  static constexpr size_t kSmemBytes = kSlack + kPlanBytes;
+  // 1 KB of slack lets align_smem round the dynamic window up to 1024 bytes.
+  static constexpr size_t kSmemBytes = 1024 + kPlanBytes;
   static_assert(kSmemBytes <= 232448, "over the 227 KB a CTA may have");
   static_assert(kKvAtomBytes % 1024 == 0 && kWgKeys * 128 % 1024 == 0 && kHandBytes % 1024 == 0,
                 "swizzled tiles and each warpgroup's kWgKeys-row part must stay 1024-aligned");
@@ -423,8 +417,7 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     if constexpr (T::kTimeline) timeline_stamp<T>(p, it, 0, 0, kTlProducerDoIssued);
     if constexpr (T::kPrefetchNextRows) {
       // The next step's Q and dO rows into L2 now, a step before their loads (the config's
-      // comment). A pair_ghost step's rows too: the lower CTA of the pair loads them. Q's and
-      // dO's boxes interleaved, not two tma_tile_prefetch calls: the order the measured kernel has.
+      // comment). A pair_ghost step's rows too: the lower CTA of the pair loads them.
       if (it + 1 < w.n_iters) {
         int next_head, next_block;
         bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, it + 1, next_head, next_block);
@@ -623,16 +616,10 @@ __device__ __forceinline__ void add_dq_in_turn(const BwdSm90Params& p, int64_t t
   if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + h, T::kTurnThreads);
 }
 
-// pair_dq: the receive buffer of step it's exchange (two: the step's parity; one: 0) ...
-template <class T>
-__device__ __forceinline__ int recv_buf(int it) {
-  return T::kRecvBufs == 2 ? (it & 1) : 0;
-}
+// pair_dq: the receive buffer of step it's exchange (the step's parity) ...
+__device__ __forceinline__ int recv_buf(int it) { return it & 1; }
 // ... and the phase of its full barrier for a CTA that receives every step.
-template <class T>
-__device__ __forceinline__ uint32_t recv_phase(int it) {
-  return T::kRecvBufs == 2 ? (it >> 1) & 1 : it & 1;
-}
+__device__ __forceinline__ uint32_t recv_phase(int it) { return (it >> 1) & 1; }
 
 // pair_ghost: one ghost step of the pair's upper CTA (warpgroup wg): the lower's dS^T in, the
 // dQ^T atom-column kPairAtoms + wg over the lower's keys, the buffer handed back, the add. With
@@ -644,13 +631,13 @@ __device__ __forceinline__ void pair_ghost_step(const BwdSm90Params& p, uint8_t*
   const int t = threadIdx.x % 128;
   uint64_t* pair_bar = reinterpret_cast<uint64_t*>(smem + T::kOffPairBar);
   // The upper receives every step: buffer and phase follow the step.
-  const int b = recv_buf<T>(it);
+  const int b = recv_buf(it);
   if (wg == 0 && t == 0) fh::mbar_arrive_expect_tx(pair_bar + b, T::kHandBytes);
   if (handoff) fh::named_bar_sync(T::kBarHandoff, T::kConsumerThreads);
   float dq[T::kBlockM / 2];
   fh::zero_acc(dq);  // overwritten by the first wgmma; defined for the "+f" operands
   fh::wgmma_fence_operand(dq);
-  fh::mbar_wait(pair_bar + b, recv_phase<T>(it));
+  fh::mbar_wait(pair_bar + b, recv_phase(it));
   fh::wgmma_fence();
   gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes, smem + T::kOffDsPeer + b * T::kHandBytes);
   fh::wgmma_commit();
@@ -863,26 +850,6 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   // dS^T, so the lower counts what it received per buffer for its full barriers' phases; the
   // upper still reads the lower's every step, which keeps it in lockstep without free waits.
   int received0 = 0, received1 = 0;
-  // Before this CTA rewrites ds_t, the tile it sent from there must be read: the partner's free
-  // arrivals on the receive buffer say so (they follow its reads, which follow the copy's).
-  // Two buffers: ds_t was sent at step it - 2 into buffer it & 1. pair_ghost, upper CTA: no
-  // wait. The lower sends every step, and its send of step it - 1 follows its hand-off barrier
-  // of it - 1, by which both its warpgroups retired their reads of what this CTA sent before;
-  // this CTA waited for that send (full) before getting here. One buffer (kRecvBufs = 1): each
-  // send waits until the partner has read the previous one, the upper CTA too (the lower reads
-  // step it - 1's tile after its send of step it - 1, so that send no longer proves the buffer
-  // free); the phases count this CTA's sends.
-  int sent = 0;
-  const auto send_wait_free = [&](int it) {
-    if constexpr (T::kRecvBufs == 2) {
-      if (it >= 2 && !(T::kPairGhost && pair_rank == 1)) {
-        fh::mbar_wait(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
-      }
-    } else {
-      if (sent >= 1) fh::mbar_wait(pair_bar + 2, (sent - 1) & 1);
-      ++sent;
-    }
-  };
   bool v_pending = true;
   const uint8_t* k_half = smem + T::kOffK + T::kWgKeys * wg * 128;
   const uint8_t* v_half = smem + T::kOffV + T::kWgKeys * wg * 128;
@@ -939,7 +906,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     }
     uint8_t* p_t = smem + T::kOffP + (T::kSingleHand ? 0 : (it & 1)) * T::kHandBytes;
     uint8_t* ds_t = smem + T::kOffDs + (T::kSingleHand ? 0 : (it & 1)) * T::kHandBytes;
-    const int pb = recv_buf<T>(it);
+    const int pb = recv_buf(it);
     if constexpr (kPairOn) {
       // This step's partner dS^T lands in buffer pb: arm its full barrier (the buffer's previous
       // phase has completed: every thread waited for it).
@@ -996,12 +963,17 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       fh::wgmma_fence_operand(dp);
       ds_values(s, dp, dsum0, dsum1);
       if constexpr (kPairOn) {
-        // ds_t is rewritten once the partner has read what it was sent from there (its free
-        // arrivals), which also means the copy has read ds_t. The free barrier only hands
-        // buffers back (no data published through it: the bytes travel by complete_tx on full),
-        // so CTA-scope arrive and wait are the multicast stage-release pattern of
-        // mbar_arrive_cluster; if the GPU disagrees, the wait becomes mbar_wait_cluster.
-        send_wait_free(it);
+        // Two buffers: ds_t was sent to the partner at step it - 2; rewrite it once the partner
+        // has read what it received then (its free arrivals), which also means the copy has read
+        // ds_t. The free barrier only hands buffers back (no data published through it: the bytes travel
+        // by complete_tx on full), so CTA-scope arrive and wait are the multicast stage-release
+        // pattern of mbar_arrive_cluster; if the GPU disagrees, the wait becomes mbar_wait_cluster.
+        // pair_ghost, upper CTA: no wait. The lower sends every step, and its send of step it - 1
+        // follows its hand-off barrier of it - 1, by which both its warpgroups retired their reads
+        // of what this CTA sent before; this CTA waited for that send (full) before getting here.
+        if (it >= 2 && !(T::kPairGhost && pair_rank == 1)) {
+          fh::mbar_wait(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
+        }
       }
       store_hand_t<T>(ds_t, dp, T::kWgKeys * wg, t);
     } else {
@@ -1080,10 +1052,12 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlCross);
         ds_values_from_hand<T>(p_t, acc, dsum0, dsum1, t);
         if constexpr (kPairOn) {
-          // As in the split by keys (above): the partner has read what ds_t held.
+          // As in the split by keys (above): ds_t was sent at step it - 2; the partner has read it.
           // Warpgroup 0's thread 0, which issues the next copy into the partner's buffer, does
           // not wait here: this wait, then the hand-off barrier, orders its copy after it.
-          send_wait_free(it);
+          if (it >= 2 && !(T::kPairGhost && pair_rank == 1)) {
+            fh::mbar_wait(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
+          }
         }
         store_hand_t<T, T::kBlockN>(ds_t, acc, 0, t);
       }
@@ -1140,7 +1114,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
           const int n = pb == 1 ? received1++ : received0++;
           fh::mbar_wait(pair_bar + pb, n & 1);
         } else {
-          fh::mbar_wait(pair_bar + pb, recv_phase<T>(it));
+          fh::mbar_wait(pair_bar + pb, recv_phase(it));
         }
         if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlPartner);
         fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
@@ -1156,8 +1130,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         if (warp_leader) {
           pipe_do->consumer_release(sd);
           // This warp's reads of the partner's buffer are done: one of its 8 free arrivals
-          // (pair_ghost with two buffers: the upper waits for none).
-          if (T::kRecvBufs == 1 || !(T::kPairGhost && pair_rank == 0)) {
+          // (pair_ghost: the upper waits for none).
+          if (!(T::kPairGhost && pair_rank == 0)) {
             fh::mbar_arrive_cluster(pair_bar + 2 + pb, pair_rank ^ 1);
           }
         }

@@ -15,15 +15,10 @@ namespace sm90 {
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg2)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256Timeline)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256Q2)
-FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256Q2Timeline)
 #undef FLASHBACK_BWD_CANDIDATE
 #define FLASHBACK_FWD_CANDIDATE(C)                                           \
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
       const flashback_fwd_params&, cudaStream_t);
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256MultiPf)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullPf)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64MultiPf)
 #undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

@@ -104,17 +104,6 @@ struct FwdSm90Config {
   // The first warpgroup's first S of tile k + 1 then runs while the last one finishes tile k
   // (FA3's rotation runs on the same way).
   bool pingpong_across_tiles = false;
-  // On a persistent grid's static stride (tiles blockIdx.x, + gridDim.x, ...): once the producer
-  // has issued a tile's Q, it asks L2 for the next tile's Q rows and its first K and V block
-  // (hopper::tma_prefetch_l2), a tile before their loads. Those loads are issued only as this
-  // tile frees its stages near its end, and the non-causal tiles of a (batch, head) pair are
-  // neighbours, so a wave's CTAs start new pairs together and their first loads wait out DRAM
-  // misses at once; asked a tile ahead they find L2. Only the first block: the rest
-  // stream in behind the stages as before, and the hint's L2 footprint stays small (a wave's K
-  // and V at d = 256 are ~16 MB). The backward's one-Q-stage pair gained +1.9..+7.5% from the
-  // same hint where its loads went in step (docs/perf-log.md, "Measured 2026-12-06, eleventh
-  // run").
-  bool prefetch_next_tile = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -197,6 +186,11 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256FullLong = kFwdSm90Hdim256F
 // of the d = 256 non-causal 512 forward read about the same with its caches flushed before the
 // launch and without (147 / 151 us): the kernel's size is not what the short forward pays for
 // (docs/perf-log.md, "Measured 2026-12-06, eleventh run").
+// Measured and removed after the twelfth run (H100, GPU time, A B A B): on the persistent grid's
+// static stride, the next tile's Q and first K / V block asked of L2 a tile ahead (as the
+// backward pair's prefetch_next_rows): non-causal d = 256 -10.0 / -6.9 / -3.2% at 512 / 1k / 2k,
+// d = 128 -3.8..-1.6% to 4096, d = 64 -1.1..+0.9%; causal calls unchanged (docs/perf-log.md,
+// "Measured 2026-12-06, twelfth run").
 // The config of a head dim's calls whose tiles a persistent grid walks (fwd_sm90_multi_tile:
 // non-causal up to 2048 keys, 4096 at d = 64 / 128, every length at d = 192; causal up to 2048 keys
 // at d = 64 / 256, every length at d = 192, where the counter feeds the tiles), causal or not; where it
@@ -220,14 +214,6 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256FullLong = kFwdSm90Hdim256F
 constexpr FwdSm90Config kFwdSm90Hdim64Multi = {64, 128, 3, 2, 24, 160, true, true, false, false,
                                               false, true, true, true, false, true, true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim128Multi = kFwdSm90Hdim128;
-// Candidates, not yet measured (docs/perf-log.md, "The forward's next tile into L2"): the configs
-// whose non-causal calls walk the persistent grid's static stride, with prefetch_next_tile.
-constexpr FwdSm90Config kFwdSm90Hdim256MultiPf = {256, 80, 2, 2, 24, 240, false, true, true, true,
-                                                 true, true, false, true, true, true, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim128FullPf = {128, 128, 2, 2, 24, 240, false, true, false, false,
-                                                false, false, false, false, true, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim64MultiPf = {64, 128, 3, 2, 24, 160, true, true, false, false,
-                                                false, true, true, true, false, true, true, true};
 constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, true, true, true, true,
                                                false, true};
 // d = 256 with finalize_in_pv, copy_out_early and fast_tile_decode (the tile's tail ~450

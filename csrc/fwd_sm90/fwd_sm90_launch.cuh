@@ -161,10 +161,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       fh::PipelineState<T::kStages> st;
       for (int id = blockIdx.x; id < p.num_tiles; id += gridDim.x) {
         const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN, T::kFastTileDecode>(p, id);
-        if (w.active) {
-          fwd_sm90_producer<T>(p, maps, w, smem, pipe_q, sq, pipe_k, pipe_v, st,
-                               id + static_cast<int>(gridDim.x));
-        }
+        if (w.active) fwd_sm90_producer<T>(p, maps, w, smem, pipe_q, sq, pipe_k, pipe_v, st);
       }
     }
   } else {

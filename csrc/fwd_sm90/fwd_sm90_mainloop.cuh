@@ -76,7 +76,6 @@ struct FwdSm90Traits {
   static constexpr bool kCopyOutEarly = kCfg.copy_out_early;
   static constexpr bool kFastTileDecode = kCfg.fast_tile_decode;
   static constexpr bool kPingpongAcrossTiles = kCfg.pingpong_across_tiles;
-  static constexpr bool kPrefetchNextTile = kCfg.prefetch_next_tile;
   static_assert(!kPingpongAcrossTiles || kCfg.pingpong, "pingpong_across_tiles: a ping-pong config");
   // o_over_v: the O-free barrier (one arrival per consumer warp after its O rows left the V
   // stages; the producer waits for it before the next tile's V_0). It runs in step with the one
@@ -122,21 +121,6 @@ struct FwdSm90Maps {
 };
 
 // ------------------------------------------------------------------------------ producer ---
-// prefetch_next_tile: tile `id`'s Q rows and its first K and V block into L2 (id < 0 or past the
-// tiles: nothing). Nothing waits for these.
-template <class T>
-__device__ __forceinline__ void fwd_sm90_prefetch_tile(const FwdSm90Params& p, const FwdSm90Maps& m,
-                                                       int id) {
-  if (id < 0 || id >= p.num_tiles) return;
-  const FwdSm90Work w = fwd_sm90_work<T::kBlockM, T::kBlockN, T::kFastTileDecode>(p, id);
-  if (!w.active) return;
-  tma_tile_prefetch<T::kAtomCols>(m.q, p.head_inner & 1, w.row_q + w.m_block * T::kBlockM, w.head, w.map_batch);
-  if (w.n_count == 0) return;
-  const int kv_head = w.head / p.group;
-  tma_tile_prefetch<T::kAtomCols>(m.k, p.head_inner & 2, w.row_k, kv_head, w.map_batch);
-  tma_tile_prefetch<T::kAtomCols>(m.v, p.head_inner & 4, w.row_k, kv_head, w.map_batch);
-}
-
 // One thread, one tile: K_0 and V_0 first (they stream while the consumers finish the previous
 // tile), then Q (once its stage is free: the previous user's O has left), then K_j and V_j of
 // every further step; o_over_v: K_0, Q, then V_0. p.k_ahead (FwdSm90Grid says where): K_0, Q,
@@ -149,8 +133,7 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
                                                   fh::PipelineState<T::kQStages>& sq,
                                                   fh::TmaPipeline<T::kStages>* pipe_k,
                                                   fh::TmaPipeline<T::kStages>* pipe_v,
-                                                  fh::PipelineState<T::kStages>& st,
-                                                  int next_id = -1) {
+                                                  fh::PipelineState<T::kStages>& st) {
   const int kv_head = w.head / p.group;
   using State = fh::PipelineState<T::kStages>;
   // K_j / V_j into stage `at`.
@@ -204,9 +187,6 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
     if (w.n_count > 0) pipe_o->producer_acquire(sq);
   }
   sq.advance();
-  // A tile ahead: the next tile's first loads, issued as this tile frees its stages, then find
-  // their rows in L2.
-  if constexpr (T::kPrefetchNextTile) fwd_sm90_prefetch_tile<T>(p, m, next_id);
   if (k_ahead) {
     // K_{j+1} waits for the release of K_{j-1} (after S_{j-1}), V_j for that of V_{j-2} (after
     // P_{j-2} V_{j-2}, half a step later): issued first, K_{j+1} no longer queues behind V_j.

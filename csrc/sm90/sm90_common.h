@@ -160,14 +160,6 @@ __device__ __forceinline__ void tma_tile(uint8_t* dst, uint32_t atom_bytes, cons
   }
 }
 
-// tma_tile's boxes (rows [row, row + the map's box rows) x d = 64 kAtoms), into L2 only.
-template <int kAtoms>
-__device__ __forceinline__ void tma_tile_prefetch(const CUtensorMap* map, bool head_inner, int row, int head,
-                                                  int batch) {
-#pragma unroll
-  for (int a = 0; a < kAtoms; ++a) tma_rows_prefetch(map, head_inner, 64 * a, row, head, batch);
-}
-
 // Whether `n` tensors can be read through make_rows_map by the fast kernels. TMA with 128-byte
 // swizzle: the driver accepts 16-byte aligned bases and byte strides that are multiples of 16,
 // but whether the swizzle pattern then still matches what the wgmma descriptors assume is
