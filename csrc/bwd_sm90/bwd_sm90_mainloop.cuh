@@ -175,6 +175,8 @@ struct BwdSm90Traits {
   static constexpr bool kAddsBeforeWait = kCfg.adds_before_wait;
   static constexpr bool kTimeline = kCfg.timeline;
   static constexpr bool kPrefetchNextRows = kCfg.prefetch_next_rows;
+  static constexpr bool kDkBeforePeer = kCfg.dk_before_peer;
+  static_assert(!kDkBeforePeer || kCfg.pair_dq, "dk_before_peer: the pair's step");
   static_assert(!kTimeline || (kCfg.pair_dq && kCfg.sdp_by_role), "timeline: the pair's steps by role");
   static_assert(!kPairGhost || kPair, "pair_ghost: the pair's upper CTA");
   // Swizzled tiles start on 1024 bytes (the stat rows before may end anywhere).
@@ -1098,12 +1100,21 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       };
       float dq[T::kBlockM / 2];
       issue_dq_dv<T, kOwn>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, ds_t, acc_dv, do_s, first, p_t);
-      if (T::kPairGhost && partner_ghost) {
-        // Nothing from the partner: dQ^T own, dV^T, dK^T; dQ^T is complete at wait<1>.
-        fh::wgmma_fence();  // a wgmma after a branch (C7519)
+      if constexpr (T::kDkBeforePeer) {
+        // dK^T needs nothing from the partner: queued behind dV^T, it runs while the partner's
+        // dS^T travels, and the Q stage frees before dQ^T peer (dk_before_peer, bwd_sm90.h).
 #pragma unroll
         for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
         fh::wgmma_commit();
+      }
+      if (T::kPairGhost && partner_ghost) {
+        // Nothing from the partner: dQ^T own, dV^T, dK^T; dQ^T is complete at wait<1>.
+        if constexpr (!T::kDkBeforePeer) {
+          fh::wgmma_fence();  // a wgmma after a branch (C7519)
+#pragma unroll
+          for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
+          fh::wgmma_commit();
+        }
         fh::wgmma_wait<1>();
         fh::wgmma_fence_operand(dq);
         if (warp_leader) pipe_do->consumer_release(sd);
@@ -1121,21 +1132,39 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
                    smem + T::kOffDsPeer + pb * T::kHandBytes, true);
         fh::wgmma_commit();
-#pragma unroll
-        for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
-        fh::wgmma_commit();
-        fh::wgmma_wait<1>();
-        if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlDqDone);
-        fh::wgmma_fence_operand(dq);
-        if (warp_leader) {
-          pipe_do->consumer_release(sd);
+        if constexpr (T::kDkBeforePeer) {
+          fh::wgmma_wait<1>();  // dQ^T own, dV^T, dK^T: dO_i and Q_i read
+          if (warp_leader) {
+            pipe_do->consumer_release(sd);
+            pipe_q->consumer_release(sq);
+          }
+          fh::wgmma_wait<0>();  // dQ^T peer
+          if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlDqDone);
+          fh::wgmma_fence_operand(dq);
           // This warp's reads of the partner's buffer are done: one of its 8 free arrivals
           // (pair_ghost: the upper waits for none).
-          if (!(T::kPairGhost && pair_rank == 0)) {
+          if (warp_leader && !(T::kPairGhost && pair_rank == 0)) {
             fh::mbar_arrive_cluster(pair_bar + 2 + pb, pair_rank ^ 1);
           }
+          add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
+          if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlStepEnd);
+        } else {
+#pragma unroll
+          for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
+          fh::wgmma_commit();
+          fh::wgmma_wait<1>();
+          if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlDqDone);
+          fh::wgmma_fence_operand(dq);
+          if (warp_leader) {
+            pipe_do->consumer_release(sd);
+            // This warp's reads of the partner's buffer are done: one of its 8 free arrivals
+            // (pair_ghost: the upper waits for none).
+            if (!(T::kPairGhost && pair_rank == 0)) {
+              fh::mbar_arrive_cluster(pair_bar + 2 + pb, pair_rank ^ 1);
+            }
+          }
+          add_dq_release_q(dq);
         }
-        add_dq_release_q(dq);
       }
     } else if (has_cols) {
       float dq[T::kBlockM / 2];
