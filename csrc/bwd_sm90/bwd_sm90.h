@@ -351,6 +351,11 @@ constexpr BwdSm90Config kBwdSm90Hdim256Timeline = {256, 64, 80, 1, 1, 24, 240, f
 // dk_before_peer.
 constexpr BwdSm90Config kBwdSm90Hdim256DkFirst = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
                                                  true, true, false, false, false, true, false, true, false, true, true};
+// With the stamps (timeline), for scripts/bwd_timeline.py: its "dQ done" stamp then follows dQ^T
+// peer (wait<0>), its "step end" the adds.
+constexpr BwdSm90Config kBwdSm90Hdim256DkFirstTimeline = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false,
+                                                         true, false, true, true, false, false, false, true, false,
+                                                         true, true, true, true};
 // Measured and removed (H100, bf16, GPU time, A B C D x 2; docs/perf-log.md, "Measured
 // 2026-12-06, tenth run"): in the d = 256 pair, the next step's dO issued before its Q
 // (-2.6..-5.4% at 1024-16k, not profiled; ncu had put ~9% of the stall samples on the dO wait),
