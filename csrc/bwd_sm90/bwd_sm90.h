@@ -180,12 +180,14 @@ struct BwdSm90Config {
   // on the pair +1.9..+7.5% where its CTAs walk in step (kBwdSm90Hdim256); with two Q stages
   // (d = 128, 192) the load has a step to land anyway: there it read -0.4..-4.7% at most points.
   bool prefetch_next_rows = false;
-  // pair_dq: dK^T issued right behind dV^T, before the wait for the partner's dS^T (it needs
-  // none), and the Q stage handed back once it completes, while dQ^T peer still runs; the dQ
-  // adds then follow dQ^T peer. The pair's timeline (twelfth run) puts ~850 clocks of every
-  // step at its top between the Q stage's release after dK^T and the next Q's first atom-column
-  // (an L2 hit), in which no wgmma of the step can start; the adds and dQ^T peer would cover them.
-  bool dk_before_peer = false;
+  // pair_dq: dK^T issued before the wait for the partner's dS^T (it needs none), and the Q
+  // stage handed back once it completes, before dQ^T peer; the dQ adds then follow dQ^T peer.
+  // 1: dK^T right behind dV^T, Q released after the partner wait, with dO. 2: dK^T between dQ^T
+  // own and dV^T, Q released before the partner wait (the next Q's copy then lands under dV^T).
+  // The pair's timeline (twelfth run) puts ~850 clocks of every step at its top between the Q
+  // stage's release after dK^T and the next Q's first atom-column (an L2 hit), in which no
+  // wgmma of the step can start; the adds and dQ^T peer (and with 2 dV^T) would cover them.
+  int dk_before_peer = 0;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -347,15 +349,17 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // scripts/build_candidates.sh kBwdSm90Hdim256=kBwdSm90Hdim256Timeline for scripts/bwd_timeline.py.
 constexpr BwdSm90Config kBwdSm90Hdim256Timeline = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
                                                   true, true, false, false, false, true, false, true, true, true};
-// Candidate (docs/perf-log.md, "dK^T before the partner's dS^T, again"): the d = 256 pair with
-// dk_before_peer.
+// Candidates (docs/perf-log.md, "dK^T before the partner's dS^T, again"): the d = 256 pair with
+// dk_before_peer 1 and 2.
 constexpr BwdSm90Config kBwdSm90Hdim256DkFirst = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
-                                                 true, true, false, false, false, true, false, true, false, true, true};
+                                                 true, true, false, false, false, true, false, true, false, true, 1};
+constexpr BwdSm90Config kBwdSm90Hdim256DkFirstQ = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
+                                                  true, true, false, false, false, true, false, true, false, true, 2};
 // With the stamps (timeline), for scripts/bwd_timeline.py: its "dQ done" stamp then follows dQ^T
 // peer (wait<0>), its "step end" the adds.
 constexpr BwdSm90Config kBwdSm90Hdim256DkFirstTimeline = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false,
                                                          true, false, true, true, false, false, false, true, false,
-                                                         true, true, true, true};
+                                                         true, true, true, 1};
 // Measured and removed (H100, bf16, GPU time, A B C D x 2; docs/perf-log.md, "Measured
 // 2026-12-06, tenth run"): in the d = 256 pair, the next step's dO issued before its Q
 // (-2.6..-5.4% at 1024-16k, not profiled; ncu had put ~9% of the stall samples on the dO wait),

@@ -175,8 +175,8 @@ struct BwdSm90Traits {
   static constexpr bool kAddsBeforeWait = kCfg.adds_before_wait;
   static constexpr bool kTimeline = kCfg.timeline;
   static constexpr bool kPrefetchNextRows = kCfg.prefetch_next_rows;
-  static constexpr bool kDkBeforePeer = kCfg.dk_before_peer;
-  static_assert(!kDkBeforePeer || kCfg.pair_dq, "dk_before_peer: the pair's step");
+  static constexpr int kDkBeforePeer = kCfg.dk_before_peer;
+  static_assert(kDkBeforePeer == 0 || (kCfg.pair_dq && kDkBeforePeer <= 2), "dk_before_peer: the pair's step, 0-2");
   static_assert(!kTimeline || (kCfg.pair_dq && kCfg.sdp_by_role), "timeline: the pair's steps by role");
   static_assert(!kPairGhost || kPair, "pair_ghost: the pair's upper CTA");
   // Swizzled tiles start on 1024 bytes (the stat rows before may end anywhere).
@@ -1099,15 +1099,39 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         if (warp_leader) pipe_q->consumer_release(sq);
       };
       float dq[T::kBlockM / 2];
-      issue_dq_dv<T, kOwn>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, ds_t, acc_dv, do_s, first, p_t);
-      if constexpr (T::kDkBeforePeer) {
+      if constexpr (T::kDkBeforePeer == 2) {
+        // dQ^T own, dK^T, dV^T: wait<1> then finds Q_i read (dk_before_peer, bwd_sm90.h).
+        fh::zero_acc(dq);
+        fh::wgmma_fence_operand(dq);
+        fh::wgmma_fence();
+        gemm_dq<T>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, ds_t);
+        fh::wgmma_commit();
+#pragma unroll
+        for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
+        fh::wgmma_commit();
+#pragma unroll
+        for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dv[u], do_s + (first + u) * T::kQAtomBytes, p_t);
+        fh::wgmma_commit();
+        fh::wgmma_wait<1>();  // dQ^T own, dK^T
+        if (warp_leader) pipe_q->consumer_release(sq);
+      } else {
+        issue_dq_dv<T, kOwn>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, ds_t, acc_dv, do_s, first, p_t);
+      }
+      if constexpr (T::kDkBeforePeer == 1) {
         // dK^T needs nothing from the partner: queued behind dV^T, it runs while the partner's
         // dS^T travels, and the Q stage frees before dQ^T peer (dk_before_peer, bwd_sm90.h).
 #pragma unroll
         for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
         fh::wgmma_commit();
       }
-      if (T::kPairGhost && partner_ghost) {
+      if (T::kPairGhost && partner_ghost && T::kDkBeforePeer == 2) {
+        // Nothing from the partner; Q_i is back, dQ^T complete; dV^T still runs.
+        fh::wgmma_fence_operand(dq);
+        add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
+        fh::wgmma_wait<0>();
+        if (warp_leader) pipe_do->consumer_release(sd);
+        if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlStepEnd);
+      } else if (T::kPairGhost && partner_ghost) {
         // Nothing from the partner: dQ^T own, dV^T, dK^T; dQ^T is complete at wait<1>.
         if constexpr (!T::kDkBeforePeer) {
           fh::wgmma_fence();  // a wgmma after a branch (C7519)
@@ -1132,11 +1156,11 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
                    smem + T::kOffDsPeer + pb * T::kHandBytes, true);
         fh::wgmma_commit();
-        if constexpr (T::kDkBeforePeer) {
+        if constexpr (T::kDkBeforePeer != 0) {
           fh::wgmma_wait<1>();  // dQ^T own, dV^T, dK^T: dO_i and Q_i read
           if (warp_leader) {
             pipe_do->consumer_release(sd);
-            pipe_q->consumer_release(sq);
+            if constexpr (T::kDkBeforePeer == 1) pipe_q->consumer_release(sq);
           }
           fh::wgmma_wait<0>();  // dQ^T peer
           if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlDqDone);
