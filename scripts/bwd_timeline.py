@@ -62,29 +62,32 @@ def summarize(stamps, ctas, steps):
 # step whose Q and dO it loads, and the loads' four segments built from them.
 PRODUCER_QFREE, PRODUCER_DO_ISSUED = len(EVENTS), len(EVENTS) + 1
 PRODUCER_SEGMENTS = [
-    "Q_{i-1} released (both wgs) -> producer sees the stage free",
+    "Q_{i-n} released (both wgs) -> producer sees the stage free",
     "stage free -> Q_i first atom-column in (wg 0)",
     "stage free -> dO_i issued",
     "dO_i issued -> dO_i in (wg 1)",
 ]
 
 
-def summarize_producer(stamps, ctas, steps):
-    """The Q / dO loads of the pair's one-stage ring: per step i >= 1 whose stamps are all written,
-    the clocks from the later of the two warpgroups' release of Q_{i-1} (their step-end stamps)
-    to the producer seeing the stage free, from there to Q_i's first atom-column at warpgroup 0
-    (its wait's end: an upper bound where warpgroup 0 came to the wait late), to dO_i's copies
-    issued, and from those to warpgroup 1's wait for dO_i ending. One array per segment."""
+def summarize_producer(stamps, ctas, steps, q_stages=1):
+    """The Q / dO loads of the pair's ring of q_stages Q stages: per step i >= q_stages whose
+    stamps are all written, the clocks from the later of the two warpgroups' release of Q_{i-n}
+    (n = q_stages: the step whose stage step i reuses; their step-end stamps) to the producer
+    seeing the stage free, from there to Q_i's first atom-column at warpgroup 0 (its wait's end:
+    an upper bound where warpgroup 0 came to the wait late), to dO_i's copies issued, and from
+    those to warpgroup 1's wait for dO_i ending. One array per segment. (Steps are counted per
+    CTA, so a walk with ghost steps, which load nothing, pairs a few steps with the wrong
+    release; their stamps are missing and they drop out where the ghost is step i itself.)"""
     import numpy as np
 
     t = stamps.astype(np.int64)
     end = len(EVENTS) - 1  # kTlStepEnd
     segs = [[] for _ in PRODUCER_SEGMENTS]
     for c in range(ctas):
-        for s in range(1, steps):
+        for s in range(q_stages, steps):
             free, issued = t[c, s, 0, PRODUCER_QFREE], t[c, s, 0, PRODUCER_DO_ISSUED]
             q_in, do_in = t[c, s, 0, 1], t[c, s, 1, 1]
-            rel0, rel1 = t[c, s - 1, 0, end], t[c, s - 1, 1, end]
+            rel0, rel1 = t[c, s - q_stages, 0, end], t[c, s - q_stages, 1, end]
             if 0 in (free, issued, q_in, do_in, rel0, rel1):
                 continue
             segs[0].append(free - max(rel0, rel1))
@@ -101,6 +104,8 @@ def main():
     p.add_argument("--nheads", type=int, default=8)
     p.add_argument("--causal", action="store_true")
     p.add_argument("--deterministic", action="store_true")
+    p.add_argument("--q-stages", type=int, default=1,
+                   help="Q stages of the config timed (its producer segments pair step i with i - n)")
     a = p.parse_args()
 
     import numpy as np
@@ -142,9 +147,12 @@ def main():
         for name, s in zip(SEGMENTS[wg], rows[wg]):
             if len(s):
                 print(f"  {name:32s} {np.median(s):8.0f} {s.mean():8.0f}  {100 * s.mean() / step:5.1f}%")
-    prod = summarize_producer(stamps, ctas, steps)
+    prod = summarize_producer(stamps, ctas, steps, a.q_stages)
     if len(prod[0]):
-        print(f"producer, Q_i / dO_i loads: {len(prod[0])} steps (median / mean clocks)")
+        print(f"producer, Q_i / dO_i loads ({a.q_stages} Q stage{'s' if a.q_stages > 1 else ''}): "
+              f"{len(prod[0])} steps (median / mean clocks)")
+        if np.median(prod[0]) < 0:
+            print("  (the stage is seen free before its release: is --q-stages that of the config?)")
         for name, s in zip(PRODUCER_SEGMENTS, prod):
             print(f"  {name:58s} {np.median(s):8.0f} {s.mean():8.0f}")
 

@@ -74,3 +74,22 @@ def test_producer_segments():
     assert (segs[3] == step_clocks + 11 - 88 - 7 - 3).all()
     t[0, 2, 0, bwd_timeline.PRODUCER_DO_ISSUED] = 0  # a ghost step: the producer stamps nothing
     assert [len(x) for x in bwd_timeline.summarize_producer(t, 1, steps)] == [steps - 2] * 4
+
+
+def test_producer_segments_two_stages():
+    # With two Q stages step s reuses the stage of step s - 2: the release paired with its free.
+    steps, step_clocks = 6, 1000
+    t = np.zeros((1, steps, 2, 16), dtype=np.int64)
+    for s in range(steps):
+        top = 1000 + s * step_clocks
+        t[0, s, 0, :9] = top + np.arange(9) * 10
+        t[0, s, 1, :9] = top + np.arange(9) * 11
+        free = (1000 + (s - 2) * step_clocks + 88 + 5) if s >= 2 else top - 900
+        t[0, s, 0, bwd_timeline.PRODUCER_QFREE] = free
+        t[0, s, 0, bwd_timeline.PRODUCER_DO_ISSUED] = free + 3
+    segs = bwd_timeline.summarize_producer(t, 1, steps, q_stages=2)
+    assert [len(x) for x in segs] == [steps - 2] * 4
+    assert (segs[0] == 5).all()
+    assert (segs[1] == 2 * step_clocks + 10 - 88 - 5).all()
+    # read as one stage, the same stamps give a free before its release
+    assert (bwd_timeline.summarize_producer(t, 1, steps)[0][1:] < 0).all()
