@@ -181,8 +181,9 @@ struct BwdSm90Config {
   // (d = 128, 192) the load has a step to land anyway: there it read -0.4..-4.7% at most points.
   bool prefetch_next_rows = false;
   // pair_dq: dK^T issued before the wait for the partner's dS^T (it needs none), and the Q
-  // stage handed back once it completes, before dQ^T peer; the dQ adds then follow dQ^T peer.
-  // 1: dK^T right behind dV^T, Q released after the partner wait, with dO. 2: dK^T between dQ^T
+  // stage handed back once it completes, before dQ^T peer completes; the dQ adds then follow
+  // dQ^T peer. 1: dK^T right behind dV^T, Q released with dO after the partner wait and dQ^T
+  // peer's issue. 2: dK^T between dQ^T
   // own and dV^T, Q released before the partner wait (the next Q's copy then lands under dV^T).
   // The pair's timeline (twelfth run) puts ~850 clocks of every step at its top between the Q
   // stage's release after dK^T and the next Q's first atom-column (an L2 hit), in which no

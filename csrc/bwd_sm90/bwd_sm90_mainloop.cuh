@@ -176,7 +176,8 @@ struct BwdSm90Traits {
   static constexpr bool kTimeline = kCfg.timeline;
   static constexpr bool kPrefetchNextRows = kCfg.prefetch_next_rows;
   static constexpr int kDkBeforePeer = kCfg.dk_before_peer;
-  static_assert(kDkBeforePeer == 0 || (kCfg.pair_dq && kDkBeforePeer <= 2), "dk_before_peer: the pair's step, 0-2");
+  static_assert(kDkBeforePeer == 0 || (kCfg.pair_dq && kDkBeforePeer >= 1 && kDkBeforePeer <= 2),
+                "dk_before_peer: the pair's step, 0-2");
   static_assert(!kTimeline || (kCfg.pair_dq && kCfg.sdp_by_role), "timeline: the pair's steps by role");
   static_assert(!kPairGhost || kPair, "pair_ghost: the pair's upper CTA");
   // Swizzled tiles start on 1024 bytes (the stat rows before may end anywhere).
@@ -1088,7 +1089,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     // dV frees dO_i, dK frees Q_i.
     if constexpr (kPairOn) {
       // (7) for atom-column dq_atom over both blocks' keys: K_own^T dS_own^T, then (after dV^T,
-      // which needs no partner) K_peer^T dS_peer^T once the partner's dS^T is in; dK^T last.
+      // which needs no partner) K_peer^T dS_peer^T once the partner's dS^T is in; dK^T last
+      // (dk_before_peer 0; 1 and 2 move dK^T ahead of the partner wait, bwd_sm90.h).
       // dQ^T is complete after the first three groups: released, added while dK^T runs.
       // The step's end once dQ^T is complete: its adds, and Q handed back after dK^T.
       const auto add_dq_release_q = [&](const float(&dq)[T::kBlockM / 2]) {
@@ -1119,7 +1121,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       }
       if constexpr (T::kDkBeforePeer == 1) {
         // dK^T needs nothing from the partner: queued behind dV^T, it runs while the partner's
-        // dS^T travels, and the Q stage frees before dQ^T peer (dk_before_peer, bwd_sm90.h).
+        // dS^T travels, and the Q stage frees before dQ^T peer completes (dk_before_peer,
+        // bwd_sm90.h).
 #pragma unroll
         for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
         fh::wgmma_commit();
@@ -1128,6 +1131,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         // Nothing from the partner; Q_i is back, dQ^T complete; dV^T still runs.
         fh::wgmma_fence_operand(dq);
         add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
+        if constexpr (T::kAddsBeforeWait) fh::keep_waits_below(seqlen_k);  // (wgmma.h)
         fh::wgmma_wait<0>();
         if (warp_leader) pipe_do->consumer_release(sd);
         if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlStepEnd);
@@ -1157,7 +1161,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
                    smem + T::kOffDsPeer + pb * T::kHandBytes, true);
         fh::wgmma_commit();
         if constexpr (T::kDkBeforePeer != 0) {
-          fh::wgmma_wait<1>();  // dQ^T own, dV^T, dK^T: dO_i and Q_i read
+          fh::wgmma_wait<1>();  // all but dQ^T peer: dO_i read (and, with 1, Q_i)
           if (warp_leader) {
             pipe_do->consumer_release(sd);
             if constexpr (T::kDkBeforePeer == 1) pipe_q->consumer_release(sq);
