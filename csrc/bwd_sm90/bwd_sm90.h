@@ -183,9 +183,8 @@ struct BwdSm90Config {
   // pair_dq: dK^T issued before the wait for the partner's dS^T (it needs none), and the Q
   // stage handed back once it completes, before dQ^T peer completes; the dQ adds then follow
   // dQ^T peer. 1: dK^T right behind dV^T, Q released with dO after the partner wait and dQ^T
-  // peer's issue. 2: dK^T between dQ^T
-  // own and dV^T, Q released before the partner wait (the next Q's copy then lands under dV^T).
-  // The pair's timeline (twelfth run) puts ~850 clocks of every step at its top between the Q
+  // peer's issue. 2: dK^T between dQ^T own and dV^T, Q released before the partner wait (the
+  // next Q's copy then lands under dV^T). The pair's timeline (twelfth run) puts ~850 clocks of every step at its top between the Q
   // stage's release after dK^T and the next Q's first atom-column (an L2 hit), in which no
   // wgmma of the step can start; the adds and dQ^T peer (and with 2 dV^T) would cover them.
   int dk_before_peer = 0;
@@ -328,8 +327,8 @@ constexpr int kBwdSm90PairMinRows = 1024;
 // pair at 64 x 80 with two Q stages in the room of single P^T / dS^T buffers and one dS^T
 // receive buffer, -3.5 / -3.5 / -4.5% causal 4k / 8k / 16k, -2.6..+2.5% non-causal,
 // deterministic -0.9..+1.4% (H100; docs/perf-log.md, "Measured 2026-12-06, fifth run"); again
-// after S / dP by role and the L2 prefetch, -0.7..-6.5% default, -0.6..-4.6% deterministic at
-// 1k-16k: the Q wait at the step's top halved, but S and the partner's dS^T came later (the next
+// after S / dP by role and the L2 prefetch, +0.3..-6.5% default (a loss from 2048), -0.6..-4.6%
+// deterministic at 1k-16k: the Q wait at the step's top halved, but S and the partner's dS^T came later (the next
 // Q's copy lands amid the step's shared-memory-bound GEMMs; docs/perf-log.md, "Measured
 // 2026-12-06, twelfth run").
 // The d = 256 pair's step as dV^T, dK^T, then dQ^T (the one Q stage handed back while dQ^T
