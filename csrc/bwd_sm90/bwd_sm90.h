@@ -184,9 +184,11 @@ struct BwdSm90Config {
   // stage handed back once it completes, before dQ^T peer completes; the dQ adds then follow
   // dQ^T peer. 1: dK^T right behind dV^T, Q released with dO after the partner wait and dQ^T
   // peer's issue. 2: dK^T between dQ^T own and dV^T, Q released before the partner wait (the
-  // next Q's copy then lands under dV^T). The pair's timeline (twelfth run) puts ~850 clocks of every step at its top between the Q
-  // stage's release after dK^T and the next Q's first atom-column (an L2 hit), in which no
-  // wgmma of the step can start; the adds and dQ^T peer (and with 2 dV^T) would cover them.
+  // next Q's copy then lands under dV^T). The pair's timeline (twelfth run) puts ~850 clocks
+  // of every step at its top between the Q stage's release after dK^T and the next Q's first
+  // atom-column (an L2 hit), in which no wgmma of the step can start; the adds and dQ^T peer
+  // (and with 2 dV^T) would cover them (docs/perf-log.md, "dK^T before the partner's dS^T,
+  // again").
   int dk_before_peer = 0;
 };
 
