@@ -180,16 +180,15 @@ struct BwdSm90Config {
   // on the pair +1.9..+7.5% where its CTAs walk in step (kBwdSm90Hdim256); with two Q stages
   // (d = 128, 192) the load has a step to land anyway: there it read -0.4..-4.7% at most points.
   bool prefetch_next_rows = false;
-  // pair_dq: dK^T issued before the wait for the partner's dS^T (it needs none), and the Q
-  // stage handed back once it completes, before dQ^T peer completes; the dQ adds then follow
-  // dQ^T peer. 1: dK^T right behind dV^T, Q released with dO after the partner wait and dQ^T
-  // peer's issue. 2: dK^T between dQ^T own and dV^T, Q released before the partner wait (the
-  // next Q's copy then lands under dV^T). The pair's timeline (twelfth run) puts ~850 clocks
-  // of every step at its top between the Q stage's release after dK^T and the next Q's first
-  // atom-column (an L2 hit), in which no wgmma of the step can start; the adds and dQ^T peer
-  // (and with 2 dV^T) would cover them (docs/perf-log.md, "dK^T before the partner's dS^T,
-  // again").
-  int dk_before_peer = 0;
+  // pair_dq: the step's groups as dQ^T own, dK^T, dV^T, and the Q stage handed back once the
+  // first two complete, before the wait for the partner's dS^T (dK^T needs none); the next Q's
+  // copy then lands under dV^T and dQ^T peer, and the dQ adds follow dQ^T peer. Otherwise Q is
+  // freed only after dK^T, the step's last group, and ~850 clocks of each step's top wait for
+  // the next Q (the pair's timeline, H100). Measured (H200, A B A B): deterministic +0.7..+3.1%
+  // at 4k-16k, where the adds wait for their turn anyway; default -0.4..-2.1%, where the adds
+  // lose their overlap with dK^T. So the deterministic d = 256 config only (docs/perf-log.md,
+  // "Measured 2026-12-06, thirteenth run").
+  bool dk_before_peer = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -272,8 +271,9 @@ constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2,
 // none has a smaller block_n than the default's: the workspace and can_implement read the
 // default's; they share det_from_the_end, whose walk order is also dK's and dV's order of
 // accumulation, the same in the pair and the single CTA: dV bitwise equal between them, dK
-// within rounding, since the pair's dS takes P in 16 bits (sdp_by_role)). Every head dim runs its
-// default config in this mode too. d = 256, the pair: against the single-CTA config in this
+// within rounding, since the pair's dS takes P in 16 bits (sdp_by_role)). Every head dim but
+// d = 256 runs its default config in this mode too; d = 256 the default's pair with the step's
+// groups reordered (dk_before_peer). The pair: against the single-CTA config in this
 // mode +3.5 / +5.3 / +7.9% causal, +5.0 / +5.5 / +5.8% non-causal; q_atom_barriers (with
 // adds_before_wait) +1.5..+3.9%; pair_ghost +1.6 / +0.9 / +0.3% causal, +0.4 / +0.9 / +1.3%
 // non-causal (measured while the causal walks went upwards, when an upper CTA's ghost steps
@@ -283,7 +283,10 @@ constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2,
 static constexpr const BwdSm90Config& kBwdSm90Hdim64Det = kBwdSm90Hdim64;
 static constexpr const BwdSm90Config& kBwdSm90Hdim128Det = kBwdSm90Hdim128;
 static constexpr const BwdSm90Config& kBwdSm90Hdim192Det = kBwdSm90Hdim192;
-static constexpr const BwdSm90Config& kBwdSm90Hdim256Det = kBwdSm90Hdim256;
+// d = 256: the default's pair with dk_before_peer (above; measured in this mode +2.4 / +3.1 /
+// +0.8% causal, +1.7 / +0.7 / +1.2% non-causal at 4k / 8k / 16k, H200).
+constexpr BwdSm90Config kBwdSm90Hdim256Det = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
+                                             true, true, false, false, false, true, false, true, false, true, true};
 // The single-CTA config of a head dim whose configs are pairs: it runs both modes where the
 // pair does not pay (short walks: fewer than kBwdSm90PairMinRows query rows per CTA, measured
 // 2.0-5.6% faster than the pair at seqlen 512) or cannot run (no 2-CTA cluster fits, or
@@ -351,17 +354,10 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // scripts/build_candidates.sh kBwdSm90Hdim256=kBwdSm90Hdim256Timeline for scripts/bwd_timeline.py.
 constexpr BwdSm90Config kBwdSm90Hdim256Timeline = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
                                                   true, true, false, false, false, true, false, true, true, true};
-// Candidates (docs/perf-log.md, "dK^T before the partner's dS^T, again"): the d = 256 pair with
-// dk_before_peer 1 and 2.
-constexpr BwdSm90Config kBwdSm90Hdim256DkFirst = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
-                                                 true, true, false, false, false, true, false, true, false, true, 1};
-constexpr BwdSm90Config kBwdSm90Hdim256DkFirstQ = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
-                                                  true, true, false, false, false, true, false, true, false, true, 2};
-// With the stamps (timeline), for scripts/bwd_timeline.py: its "dQ done" stamp then follows dQ^T
-// peer (wait<0>), its "step end" the adds.
-constexpr BwdSm90Config kBwdSm90Hdim256DkFirstTimeline = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false,
-                                                         true, false, true, true, false, false, false, true, false,
-                                                         true, true, true, 1};
+// Measured and removed (H200, bf16, GPU time, A B C A B C; docs/perf-log.md, "Measured
+// 2026-12-06, thirteenth run"): the d = 256 pair with dK^T queued behind dV^T before the
+// partner wait and Q handed back with dO after dQ^T peer's issue, -1.3..-2.7% default,
+// +0.1..+1.6% deterministic (below dk_before_peer's order there).
 // Measured and removed (H100, bf16, GPU time, A B C D x 2; docs/perf-log.md, "Measured
 // 2026-12-06, tenth run"): in the d = 256 pair, the next step's dO issued before its Q
 // (-2.6..-5.4% at 1024-16k, not profiled; ncu had put ~9% of the stall samples on the dO wait),

@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 }
 
 // kDet: the deterministic mode (p.deterministic), whose config may differ from the default's
-// (bwd_sm90.h, kBwdSm90Hdim*Det; today every head dim's is the default's).
+// (bwd_sm90.h, kBwdSm90Hdim*Det; today d = 256's alone differs, by its step's order).
 template <class T, bool kDet>
 cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stream) {
   CUtensorMap map_q, map_k, map_v, map_do;

@@ -175,9 +175,8 @@ struct BwdSm90Traits {
   static constexpr bool kAddsBeforeWait = kCfg.adds_before_wait;
   static constexpr bool kTimeline = kCfg.timeline;
   static constexpr bool kPrefetchNextRows = kCfg.prefetch_next_rows;
-  static constexpr int kDkBeforePeer = kCfg.dk_before_peer;
-  static_assert(kDkBeforePeer == 0 || (kCfg.pair_dq && kDkBeforePeer >= 1 && kDkBeforePeer <= 2),
-                "dk_before_peer: the pair's step, 0-2");
+  static constexpr bool kDkBeforePeer = kCfg.dk_before_peer;
+  static_assert(!kDkBeforePeer || kCfg.pair_dq, "dk_before_peer: the pair's step");
   static_assert(!kTimeline || (kCfg.pair_dq && kCfg.sdp_by_role), "timeline: the pair's steps by role");
   static_assert(!kPairGhost || kPair, "pair_ghost: the pair's upper CTA");
   // Swizzled tiles start on 1024 bytes (the stat rows before may end anywhere).
@@ -1090,7 +1089,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     if constexpr (kPairOn) {
       // (7) for atom-column dq_atom over both blocks' keys: K_own^T dS_own^T, then (after dV^T,
       // which needs no partner) K_peer^T dS_peer^T once the partner's dS^T is in; dK^T last
-      // (dk_before_peer 0; 1 and 2 move dK^T ahead of the partner wait, bwd_sm90.h).
+      // (dk_before_peer moves dK^T ahead of dV^T and the partner wait, bwd_sm90.h).
       // dQ^T is complete after the first three groups: released, added while dK^T runs.
       // The step's end once dQ^T is complete: its adds, and Q handed back after dK^T.
       const auto add_dq_release_q = [&](const float(&dq)[T::kBlockM / 2]) {
@@ -1101,7 +1100,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         if (warp_leader) pipe_q->consumer_release(sq);
       };
       float dq[T::kBlockM / 2];
-      if constexpr (T::kDkBeforePeer == 2) {
+      if constexpr (T::kDkBeforePeer) {
         // dQ^T own, dK^T, dV^T: wait<1> then finds Q_i read (dk_before_peer, bwd_sm90.h).
         fh::zero_acc(dq);
         fh::wgmma_fence_operand(dq);
@@ -1119,15 +1118,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       } else {
         issue_dq_dv<T, kOwn>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, ds_t, acc_dv, do_s, first, p_t);
       }
-      if constexpr (T::kDkBeforePeer == 1) {
-        // dK^T needs nothing from the partner: queued behind dV^T, it runs while the partner's
-        // dS^T travels, and the Q stage frees before dQ^T peer completes (dk_before_peer,
-        // bwd_sm90.h).
-#pragma unroll
-        for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
-        fh::wgmma_commit();
-      }
-      if (T::kPairGhost && partner_ghost && T::kDkBeforePeer == 2) {
+      if (T::kPairGhost && partner_ghost && T::kDkBeforePeer) {
         // Nothing from the partner; Q_i is back, dQ^T complete; dV^T still runs.
         fh::wgmma_fence_operand(dq);
         add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
@@ -1160,12 +1151,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes,
                    smem + T::kOffDsPeer + pb * T::kHandBytes, true);
         fh::wgmma_commit();
-        if constexpr (T::kDkBeforePeer != 0) {
-          fh::wgmma_wait<1>();  // all but dQ^T peer: dO_i read (and, with 1, Q_i)
-          if (warp_leader) {
-            pipe_do->consumer_release(sd);
-            if constexpr (T::kDkBeforePeer == 1) pipe_q->consumer_release(sq);
-          }
+        if constexpr (T::kDkBeforePeer) {
+          fh::wgmma_wait<1>();  // all but dQ^T peer: dO_i read
+          if (warp_leader) pipe_do->consumer_release(sd);
           fh::wgmma_wait<0>();  // dQ^T peer
           if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlDqDone);
           fh::wgmma_fence_operand(dq);
