@@ -84,7 +84,9 @@ def plot(rows, payload, dtype, png_path):
         raise SystemExit(f"no {dtype} rows of {', '.join(i for i, _, _ in IMPLS)} in the given files")
     headdims = sorted({d for d, _ in data})
     nheads = {r["headdim"]: r["nheads"] for r in rows}
-    fig, axes = plt.subplots(len(headdims), len(DIRECTIONS), figsize=(13, 2.9 * len(headdims) + 0.9),
+    # Six points per panel fit 13 inches; the whole sweep (512-16k) needs room per group.
+    most = max(len(e["groups"]) for e in data.values())
+    fig, axes = plt.subplots(len(headdims), len(DIRECTIONS), figsize=(max(13, 2.1 * most), 2.9 * len(headdims) + 0.9),
                              squeeze=False, sharey=True)
     present = [(impl, label, color) for impl, label, color in IMPLS
                if any(any(v is not None for v in e[impl]) for e in data.values())]
@@ -115,7 +117,9 @@ def plot(rows, payload, dtype, png_path):
             for i, (causal, batch, seqlen) in enumerate(groups):
                 ours, fa3 = entry["flashback"][i], entry["fa3"][i]
                 frac = f"\n{ours[0] / fa3[0]:.3f} of FA3" if ours and fa3 else ""
-                labels.append(f"{'causal' if causal else 'full'} {seqlen_label(seqlen)}{frac}")
+                # Kind and length on two lines when the panel is crowded.
+                sep = "\n" if most > 6 else " "
+                labels.append(f"{'causal' if causal else 'full'}{sep}{seqlen_label(seqlen)}{frac}")
             ax.set_xticks(range(len(groups)))
             ax.set_xticklabels(labels, fontsize=7)
             ax.grid(axis="y", alpha=0.3)
