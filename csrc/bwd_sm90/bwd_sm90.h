@@ -184,7 +184,7 @@ struct BwdSm90Config {
   // first two complete, before the wait for the partner's dS^T (dK^T needs none); the next Q's
   // copy then lands under dV^T and dQ^T peer, and the dQ adds follow dQ^T peer. Otherwise Q is
   // freed only after dK^T, the step's last group, and ~850 clocks of each step's top wait for
-  // the next Q (the pair's timeline, H100). Measured (H200, A B A B): deterministic +0.7..+3.1%
+  // the next Q (the pair's timeline, H100). Measured (H200, A B C A B C): deterministic +0.7..+3.1%
   // at 4k-16k, where the adds wait for their turn anyway; default -0.4..-2.1%, where the adds
   // lose their overlap with dK^T. So the deterministic d = 256 config only (docs/perf-log.md,
   // "Measured 2026-12-06, thirteenth run").
