@@ -197,17 +197,33 @@ def row_mj_per_call(r):
     return statistics.mean(mj) if mj else None
 
 
+# A ratio is marked when the repeats of either side spread by more than this (max / min): at
+# seqlen <= 1024 a call can take about as long as the host's work for it, and a slower host then
+# halves a whole repeat of flashback and FA3 alike (seen on an H200 host: 267 / 271 / 488 TFLOP/s),
+# while the C++-launched yardstick stays put; at the power cap repeats swing by up to ~15%.
+UNSTEADY_SPREAD = 1.25
+
+
+def spread(tflops):
+    """max / min of a row's repeats (1.0 for one repeat or none)."""
+    runs = [t for t in tflops if t]
+    return max(runs) / min(runs) if len(runs) > 1 else 1.0
+
+
 def format_table(payload):
     """Median TFLOP/s per implementation; ours/yardstick = flashback / sdpa_flash; where the run
     timed FA3, ours/fa3 = flashback / fa3; where it timed the deterministic mode, det/ours =
     flashback_det / flashback; where the rows carry energy per call for flashback and FA3, its
     ratio (mJ ours / mJ FA3 per call: above 1, ours spends more energy on the same work, which at
-    the power cap costs clock)."""
+    the power cap costs clock). A ratio whose two sides include a repeat spread above
+    UNSTEADY_SPREAD is marked "?", with a note under the table."""
     rows = payload["results"]
     def point(r):
         return (r["headdim"], r.get("dtype", "bf16"), r["direction"], bool(r["causal"]), r["batch"], r["seqlen"])
 
     med = {(r["impl"],) + point(r): statistics.median(r["tflops"]) for r in rows}
+    unsteady = {(r["impl"],) + point(r) for r in rows if spread(r["tflops"]) > UNSTEADY_SPREAD}
+    marked = 0
     energy = {(r["impl"],) + point(r): row_mj_per_call(r) for r in rows}
     with_energy = any(energy.get(k) for k in energy if k[0] == "flashback") and any(
         energy.get(k) for k in energy if k[0] == "fa3")
@@ -233,7 +249,12 @@ def format_table(payload):
         cells = []
         for _, other, ours_over_other in ratios:
             x = med.get((other,) + key)
-            cells.append(f"{(ours / x if ours_over_other else x / ours):.3f}" if ours and x else "-")
+            if not (ours and x):
+                cells.append("-")
+                continue
+            mark = "?" if {("flashback",) + key, (other,) + key} & unsteady else ""
+            marked += bool(mark)
+            cells.append(f"{(ours / x if ours_over_other else x / ours):.3f}{mark}")
         line = ([direction, str(d), dtype, "yes" if causal else "no", str(batch), str(seqlen)]
                 + [f"{v:.1f}" if v is not None else "-" for v in vals] + cells)
         if with_energy:
@@ -249,6 +270,10 @@ def format_table(payload):
     text += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
              for line in lines]
     text.append(path_summary(rows))
+    if marked:
+        text.append(f"?: {marked} ratio(s) with a side whose repeats spread by more than "
+                    f"{UNSTEADY_SPREAD:.2f}x (max / min): a moving host, clock or neighbour, not a "
+                    f"steady measurement; rerun, or time the GPU alone with --queue-ahead")
     for note in payload.get("notes", []):
         text.append("note: " + note)
     return "\n".join(text)

@@ -271,3 +271,30 @@ def test_bad_preheat_is_an_error(bad):
     res = _run("--preheat", bad)
     assert res.returncode == 2
     assert "--preheat takes seconds >= 0" in res.stderr
+
+
+def test_table_marks_unsteady_ratios(bench):
+    """A ratio whose sides include a repeat spread above UNSTEADY_SPREAD carries "?" and the
+    table says how many; steady points stay unmarked."""
+    import copy
+
+    payload = _payload(bench)
+    ours = [r for r in payload["results"] if r["impl"] == "flashback"]
+    payload["results"] += [dict(copy.deepcopy(r), impl="fa3", tflops=[400.0, 390.0, 395.0]) for r in ours]
+    table = bench.format_table(payload)
+    assert "?" not in table  # the example's repeats are steady
+    # One point of FA3 halved in two of three repeats (a slow host), one of ours by 1.2x only.
+    fa3 = [r for r in payload["results"] if r["impl"] == "fa3"]
+    fa3[0]["tflops"] = [400.0, 200.0, 205.0]
+    ours[1]["tflops"] = [300.0, 250.0, 290.0]
+    assert bench.spread(fa3[0]["tflops"]) == 2.0 and bench.spread(ours[1]["tflops"]) == 1.2
+    lines = bench.format_table(payload).splitlines()
+    head = lines[1].split()
+    rows = [line.split() for line in lines if line.split()[:1] in (["fwd"], ["bwd"], ["train"])]
+    marked = [row for row in rows if row[head.index("ours/fa3")].endswith("?")]
+    assert len(marked) == 1
+    row = marked[0]
+    assert (row[0], int(row[1]), int(row[5])) == (fa3[0]["direction"], fa3[0]["headdim"], fa3[0]["seqlen"])
+    assert not row[head.index("ours/yardstick")].endswith("?")  # ours and the yardstick are steady there
+    assert sum(line.startswith("?: 1 ratio(s)") for line in lines) == 1
+    assert bench.spread([5.0]) == 1.0 and bench.spread([]) == 1.0
