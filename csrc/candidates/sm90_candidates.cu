@@ -19,6 +19,15 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256Timeline)
 #define FLASHBACK_FWD_CANDIDATE(C)                                           \
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
       const flashback_fwd_params&, cudaStream_t);
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64Lo)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128Lo)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192Lo)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256Lo)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullLo)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullLongLo)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64MultiLo)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192MultiLo)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256MultiLo)
 #undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

@@ -104,6 +104,15 @@ struct FwdSm90Config {
   // The first warpgroup's first S of tile k + 1 then runs while the last one finishes tile k
   // (FA3's rotation runs on the same way).
   bool pingpong_across_tiles = false;
+  // The S = Q K^T issue's descriptors built from 32-bit shared addresses taken once per tile and
+  // advanced per k16 step on their low word (hopper::desc_advance_lo). Built from the generic
+  // pointers per key block, ptxas re-derives the aligned shared base (S2UR of the CTA id, the
+  // 1024-byte round-up) each block and advances both 64-bit descriptors with add + add-with-carry
+  // + moves: 8 uniform instructions per S wgmma. A SASS count of the d = 128 non-causal 176-key
+  // loop put ours at 647 instructions per key block against FA3's 590, the same math, +48 of the
+  // difference in the S issue (docs/perf-log.md, "The forward's S issue in uniform
+  // instructions").
+  bool s_desc_lo = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -227,6 +236,29 @@ constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, 
 // (not taken; docs/perf-log.md, "Measured 2026-12-06, fifth run").
 constexpr FwdSm90Config kFwdSm90Hdim256Multi = {256, 80, 2, 2, 24, 240, false, true, true, true,
                                                true, true, false, true, true, true};
+// Candidates (docs/perf-log.md, "The forward's S issue in uniform instructions"): every forward
+// row with s_desc_lo; scripts/build_candidates.sh swaps them in together.
+constexpr FwdSm90Config kFwdSm90Hdim64Lo = {64, 128, 3, 2, 24, 160, true, true, false, false, false,
+                                            false, true, false, false, false, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim128Lo = {128, 128, 2, 2, 24, 240, false, true, false, false,
+                                             true, true, true, true, false, true, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim192Lo = {192, 112, 2, 2, 24, 240, false, true, true, false,
+                                             true, true, false, false, false, false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim256Lo = {256, 80, 2, 2, 24, 240, false, true, true, false, true,
+                                             true, false, false, false, false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim128FullLo = {128, 128, 2, 2, 24, 240, false, true, false, false,
+                                                 false, false, false, false, true, false, false,
+                                                 true};
+constexpr FwdSm90Config kFwdSm90Hdim128FullLongLo = {128, 176, 2, 2, 24, 240, true, true, true,
+                                                     false, false, false, false, false, true, false,
+                                                     false, true};
+constexpr FwdSm90Config kFwdSm90Hdim64MultiLo = {64, 128, 3, 2, 24, 160, true, true, false, false,
+                                                 false, true, true, true, false, true, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim192MultiLo = {192, 112, 2, 2, 24, 240, false, true, true, true,
+                                                  true, false, true, false, false, false, false,
+                                                  true};
+constexpr FwdSm90Config kFwdSm90Hdim256MultiLo = {256, 80, 2, 2, 24, 240, false, true, true, true,
+                                                  true, true, false, true, true, true, false, true};
 
 // Which grid serves a head dim's calls, by seqlen_k (varlen: the longest sequence). Tiles are
 // (Q block, head, batch); a persistent grid (one CTA per SM) hides each tile's fixed costs (the

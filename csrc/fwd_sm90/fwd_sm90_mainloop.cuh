@@ -76,6 +76,7 @@ struct FwdSm90Traits {
   static constexpr bool kCopyOutEarly = kCfg.copy_out_early;
   static constexpr bool kFastTileDecode = kCfg.fast_tile_decode;
   static constexpr bool kPingpongAcrossTiles = kCfg.pingpong_across_tiles;
+  static constexpr bool kSDescLo = kCfg.s_desc_lo;
   static_assert(!kPingpongAcrossTiles || kCfg.pingpong, "pingpong_across_tiles: a ping-pong config");
   // o_over_v: the O-free barrier (one arrival per consumer warp after its O rows left the V
   // stages; the producer waits for it before the next tile's V_0). It runs in step with the one
@@ -290,20 +291,40 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   // S = Q_w K_j^T into `acc` (one commit group). Zeroed first although the first wgmma ignores
   // it: its asm reads the accumulators; the operand fence keeps the zeroing before
   // wgmma.fence (C7519).
+  // s_desc_lo: the shared addresses once per tile (fwd_sm90.h), passed through an asm so that
+  // ptxas keeps the values instead of re-deriving the aligned base in every key block.
+  uint32_t q_w_addr = fh::smem_u32(q_w);
+  uint32_t k_addr = fh::smem_u32(smem + T::kOffK);
+  if constexpr (T::kSDescLo) {
+    asm volatile("mov.b32 %0, %0;" : "+r"(q_w_addr));
+    asm volatile("mov.b32 %0, %0;" : "+r"(k_addr));
+  }
+  // (q_rows is q_w at every call; the s_desc_lo path uses q_w_addr.)
   auto issue_s = [&](float (&acc)[kS], const fh::PipelineState<T::kStages>& at,
                      const uint8_t* q_rows) {
     fh::zero_acc(acc);
     fh::wgmma_fence_operand(acc);
     pipe_k->consumer_wait(at);
     fh::wgmma_fence();
-    const uint8_t* k_s = smem + T::kOffK + at.stage * T::kKvTileBytes;
-    const uint64_t da = fh::desc_kmajor_sw128(q_rows);
-    const uint64_t db = fh::desc_kmajor_sw128(k_s);
+    if constexpr (T::kSDescLo) {
+      const uint64_t da = fh::make_smem_desc_sw128(q_w_addr, 16, 1024);
+      const uint64_t db = fh::make_smem_desc_sw128(k_addr + at.stage * T::kKvTileBytes, 16, 1024);
 #pragma unroll
-    for (int k = 0; k < T::kHeadDim / 16; ++k) {
-      fh::wgmma_ss<T::kBlockN, 0, 0, T::kElem>(acc, fh::desc_advance(da, fh::kmajor_k_offset(k, T::kBlockM)),
-                                               fh::desc_advance(db, fh::kmajor_k_offset(k, T::kBlockN)),
-                                               k > 0);
+      for (int k = 0; k < T::kHeadDim / 16; ++k) {
+        fh::wgmma_ss<T::kBlockN, 0, 0, T::kElem>(acc, fh::desc_advance_lo(da, fh::kmajor_k_offset(k, T::kBlockM)),
+                                                 fh::desc_advance_lo(db, fh::kmajor_k_offset(k, T::kBlockN)),
+                                                 k > 0);
+      }
+    } else {
+      const uint8_t* k_s = smem + T::kOffK + at.stage * T::kKvTileBytes;
+      const uint64_t da = fh::desc_kmajor_sw128(q_rows);
+      const uint64_t db = fh::desc_kmajor_sw128(k_s);
+#pragma unroll
+      for (int k = 0; k < T::kHeadDim / 16; ++k) {
+        fh::wgmma_ss<T::kBlockN, 0, 0, T::kElem>(acc, fh::desc_advance(da, fh::kmajor_k_offset(k, T::kBlockM)),
+                                                 fh::desc_advance(db, fh::kmajor_k_offset(k, T::kBlockN)),
+                                                 k > 0);
+      }
     }
     fh::wgmma_commit();
   };
