@@ -4,7 +4,10 @@
 // A wrong barrier count or byte count would hang the GPU; trap instead once one wait has spun
 // for 1e12 cycles (~8 minutes at 2 GHz): far beyond any legitimate wait, even with the GPU
 // time-sliced or the process stopped in a debugger, yet a hang still ends. The GPU tests build
-// the Hopper primitives with a ~2 s limit. The spin reads clock64 only while waiting.
+// the Hopper primitives with a ~2 s limit. The spin reads clock64 once before its first try
+// (one CS2R per wait in SASS, also when the phase is already complete) and then on each retry;
+// taking the first reading only after a failed try would save that instruction in every
+// kernel's waits (docs/perf-log.md, "The forward's S issue in uniform instructions").
 #pragma once
 
 #ifndef FLASHBACK_MBAR_TIMEOUT_CYCLES
