@@ -113,6 +113,13 @@ struct FwdSm90Config {
   // difference in the S issue (docs/perf-log.md, "The forward's S issue in uniform
   // instructions").
   bool s_desc_lo = false;
+  // The O rescale by block j's factor after S_{j+1} is issued and before P_j V_j (FA3's order:
+  // its 128 x 80 d = 256 loop multiplies O while its S wgmmas run), instead of after P_{j-1} V_{j-1}
+  // is waited for, where this warpgroup has no wgmma in flight until the next S. Measured once
+  // per call at the power cap (d = 192 -1.4..+1.6%, d = 256 -0.0..+2.6%: noise) and removed; at
+  // d = 128 -0.6..-5.0% with ping-pong. Back as a candidate beside s_desc_lo, to be timed in GPU
+  // time (docs/perf-log.md, "The forward's S issue in uniform instructions").
+  bool rescale_between = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -259,6 +266,19 @@ constexpr FwdSm90Config kFwdSm90Hdim192MultiLo = {192, 112, 2, 2, 24, 240, false
                                                   true};
 constexpr FwdSm90Config kFwdSm90Hdim256MultiLo = {256, 80, 2, 2, 24, 240, false, true, true, true,
                                                   true, true, false, true, true, true, false, true};
+// With rescale_between too (d = 192 / 256, where FA3's loop has that order).
+constexpr FwdSm90Config kFwdSm90Hdim192LoRb = {192, 112, 2, 2, 24, 240, false, true, true, false,
+                                               true, true, false, false, false, false, false, true,
+                                               true};
+constexpr FwdSm90Config kFwdSm90Hdim256LoRb = {256, 80, 2, 2, 24, 240, false, true, true, false,
+                                               true, true, false, false, false, false, false, true,
+                                               true};
+constexpr FwdSm90Config kFwdSm90Hdim192MultiLoRb = {192, 112, 2, 2, 24, 240, false, true, true,
+                                                    true, true, false, true, false, false, false,
+                                                    false, true, true};
+constexpr FwdSm90Config kFwdSm90Hdim256MultiLoRb = {256, 80, 2, 2, 24, 240, false, true, true, true,
+                                                    true, true, false, true, true, true, false,
+                                                    true, true};
 
 // Which grid serves a head dim's calls, by seqlen_k (varlen: the longest sequence). Tiles are
 // (Q block, head, batch); a persistent grid (one CTA per SM) hides each tile's fixed costs (the

@@ -77,6 +77,7 @@ struct FwdSm90Traits {
   static constexpr bool kFastTileDecode = kCfg.fast_tile_decode;
   static constexpr bool kPingpongAcrossTiles = kCfg.pingpong_across_tiles;
   static constexpr bool kSDescLo = kCfg.s_desc_lo;
+  static constexpr bool kRescaleBetween = kCfg.rescale_between;
   static_assert(!kPingpongAcrossTiles || kCfg.pingpong, "pingpong_across_tiles: a ping-pong config");
   // o_over_v: the O-free barrier (one arrival per consumer warp after its O rows left the V
   // stages; the producer waits for it before the next tile's V_0). It runs in step with the one
@@ -437,6 +438,13 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       next.advance();
       turn_begin();
       issue_s(s, next, q_w);
+      if constexpr (T::kRescaleBetween) {
+        // rescale_between: the fences keep the multiplies after the S issue (in its shadow) and
+        // before the P V issue (which accumulates into O).
+        fh::wgmma_fence_operand(o);
+        rescale_o(alpha);
+        fh::wgmma_fence_operand(o);
+      }
       issue_pv(a, st);
       turn_end();
       fh::wgmma_wait<1>();  // S_{j+1}; P_j V_j may still run
@@ -449,7 +457,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       fh::wgmma_fence_operand(o);
       fence_frags(a);
       if (warp_leader) pipe_v->consumer_release(st);
-      rescale_o(alpha);
+      if constexpr (!T::kRescaleBetween) rescale_o(alpha);
       to_frags(s, a);
       st = next;
     };
@@ -468,6 +476,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     } else {
       for (; j + 1 < w.n_count; ++j) step(j, 0);
     }
+    if constexpr (T::kRescaleBetween) rescale_o(alpha);  // the last block's factor
     turn_begin();
     issue_pv(a, st);
     turn_end();
