@@ -189,6 +189,14 @@ struct BwdSm90Config {
   // lose their overlap with dK^T. So the deterministic d = 256 config only (docs/perf-log.md,
   // "Measured 2026-12-06, thirteenth run").
   bool dk_before_peer = false;
+  // L2 cache policies on the step's traffic (hopper::l2_policy_*): Q and dO rows, which every
+  // CTA of the head (x the GQA group) reads again, and the dQ adds into dQaccum, which every
+  // K/V block's CTA updates, as evict_last; K and V, which one CTA (or pair) reads once, as
+  // evict_first. ncu (H100, d = 256 causal 4k) read our L2 hit rate at 64.6% against FA3's
+  // 84.3%, and FA3's backward SASS carries evict_last hints on its Q / dO loads and its dQ
+  // reduce where ours carries none (docs/perf-log.md, "L2 cache policies in the backward").
+  // The adds from registers only (add_dq_partial); the dQ warps' bulk reduce takes no hint.
+  bool l2_hints = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -354,6 +362,14 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // scripts/build_candidates.sh kBwdSm90Hdim256=kBwdSm90Hdim256Timeline for scripts/bwd_timeline.py.
 constexpr BwdSm90Config kBwdSm90Hdim256Timeline = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
                                                   true, true, false, false, false, true, false, true, true, true};
+// Candidates (docs/perf-log.md, "L2 cache policies in the backward"): the d = 256 default and
+// deterministic configs with l2_hints.
+constexpr BwdSm90Config kBwdSm90Hdim256L2 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
+                                            true, true, false, false, false, true, false, true, false, true,
+                                            false, true};
+constexpr BwdSm90Config kBwdSm90Hdim256DetL2 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true,
+                                               false, true, true, false, false, false, true, false, true, false,
+                                               true, true, true};
 // Measured and removed (H200, bf16, GPU time, A B C A B C; docs/perf-log.md, "Measured
 // 2026-12-06, thirteenth run"): the d = 256 pair with dK^T queued behind dV^T before the
 // partner wait and Q handed back with dO after dQ^T peer's issue, -1.3..-2.7% default,

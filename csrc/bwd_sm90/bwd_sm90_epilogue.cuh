@@ -29,20 +29,34 @@ __device__ __forceinline__ void red_add_v4(float* dst, float a, float b, float c
                : "memory");
 }
 
+// The same with an L2 cache policy (hopper::l2_policy_*; the .L2::cache_hint form).
+__device__ __forceinline__ void red_add_v4_hint(float* dst, float a, float b, float c, float d,
+                                                uint64_t policy) {
+  asm volatile("red.global.add.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(dst), "f"(a),
+               "f"(b), "f"(c), "f"(d), "l"(policy)
+               : "memory");
+}
+
 // One atom-column of a dQaccum tile in the fragment order above: thread t's register group g
 // (accumulator registers 4g..4g+3) at float dq_frag_thread(t) + g * kDqFragGroupFloats.
 __host__ __device__ constexpr int dq_frag_thread(int t) { return t * 4; }
 constexpr int kDqFragGroupFloats = 512;  // 128 threads x 4 floats
 
 // (7) dQaccum[tile][atom-column u] += dq (32 registers of an m64n64 accumulator).
-template <int kHeadDim>
+// kHint: the adds carry the L2 cache policy `policy` (l2_hints).
+template <int kHeadDim, bool kHint = false>
 __device__ __forceinline__ void add_dq_partial(const BwdSm90Params& p, int64_t tile, int u, int t,
-                                               const float (&dq)[32]) {
+                                               const float (&dq)[32], uint64_t policy = 0) {
   float* dst = p.dq_accum + tile * dq_tile_floats(kHeadDim) + u * kDqAtomFloats + dq_frag_thread(t);
 #pragma unroll
   for (int g = 0; g < 8; ++g) {
-    red_add_v4(dst + g * kDqFragGroupFloats, dq[4 * g], dq[4 * g + 1], dq[4 * g + 2],
-               dq[4 * g + 3]);
+    if constexpr (kHint) {
+      red_add_v4_hint(dst + g * kDqFragGroupFloats, dq[4 * g], dq[4 * g + 1], dq[4 * g + 2],
+                      dq[4 * g + 3], policy);
+    } else {
+      red_add_v4(dst + g * kDqFragGroupFloats, dq[4 * g], dq[4 * g + 1], dq[4 * g + 2],
+                 dq[4 * g + 3]);
+    }
   }
 }
 

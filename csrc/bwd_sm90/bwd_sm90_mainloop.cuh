@@ -176,6 +176,7 @@ struct BwdSm90Traits {
   static constexpr bool kTimeline = kCfg.timeline;
   static constexpr bool kPrefetchNextRows = kCfg.prefetch_next_rows;
   static constexpr bool kDkBeforePeer = kCfg.dk_before_peer;
+  static constexpr bool kL2Hints = kCfg.l2_hints;
   static_assert(!kDkBeforePeer || kCfg.pair_dq, "dk_before_peer: the pair's step");
   static_assert(!kTimeline || (kCfg.pair_dq && kCfg.sdp_by_role), "timeline: the pair's steps by role");
   static_assert(!kPairGhost || kPair, "pair_ghost: the pair's upper CTA");
@@ -332,11 +333,14 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
                                                   fh::TmaPipeline<T::kDoStages>* pipe_do) {
   if (w.n_iters == 0) return;  // nobody would wait for the copies
   const int n0 = w.n_block * T::kBlockN;
+  // l2_hints: Q / dO rows kept in L2, K / V (read once here) dropped first; 0 = no hint.
+  const uint64_t keep = T::kL2Hints ? fh::l2_policy_evict_last() : 0;
+  const uint64_t once = T::kL2Hints ? fh::l2_policy_evict_first() : 0;
   // K on its own barrier, first: the first S needs K and Q_0 only; V (for dP) follows Q_0.
   auto load_kv = [&](uint32_t off, const CUtensorMap* map, uint64_t* bar, bool head_inner) {
     fh::mbar_arrive_expect_tx(bar, T::kKvTileBytes);
-    tma_tile<T::kAtomCols>(smem + off, T::kKvAtomBytes, map, bar, head_inner, static_cast<int>(w.seq.row_k) + n0,
-             w.kv_head, w.map_batch);
+    tma_tile<T::kAtomCols, T::kL2Hints>(smem + off, T::kKvAtomBytes, map, bar, head_inner,
+                                        static_cast<int>(w.seq.row_k) + n0, w.kv_head, w.map_batch, once);
   };
   if constexpr (T::kPair) {
     // K, then on the same barrier the partner's K rows for this CTA's dQ^T atom-columns (rank r
@@ -347,8 +351,8 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     auto load_peer_k = [&] {
 #pragma unroll
       for (int a = 0; a < T::kPairAtoms; ++a) {
-        tma_rows(smem + T::kOffKPeer + a * T::kKvAtomBytes, m.k, kv_bar, p.head_inner & 2,
-                 64 * (T::kPairAtoms * rank + a), peer_row, w.kv_head, w.map_batch);
+        tma_rows<T::kL2Hints>(smem + T::kOffKPeer + a * T::kKvAtomBytes, m.k, kv_bar, p.head_inner & 2,
+                              64 * (T::kPairAtoms * rank + a), peer_row, w.kv_head, w.map_batch, once);
       }
     };
     if (T::kPairGhost && w.n_block >= w.n_blocks) {
@@ -360,8 +364,8 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     // pair_ghost: a partner past the keys sends nothing, so its K rows are not read here.
     const bool peer_k = !(T::kPairGhost && rank == 0 && w.n_block + 1 >= w.n_blocks);
     fh::mbar_arrive_expect_tx(kv_bar, T::kKvTileBytes + (peer_k ? T::kPairAtoms * T::kKvAtomBytes : 0));
-    tma_tile<T::kAtomCols>(smem + T::kOffK, T::kKvAtomBytes, m.k, kv_bar, p.head_inner & 2,
-                           static_cast<int>(w.seq.row_k) + n0, w.kv_head, w.map_batch);
+    tma_tile<T::kAtomCols, T::kL2Hints>(smem + T::kOffK, T::kKvAtomBytes, m.k, kv_bar, p.head_inner & 2,
+                                        static_cast<int>(w.seq.row_k) + n0, w.kv_head, w.map_batch, once);
     if (peer_k) load_peer_k();
   } else {
     load_kv(T::kOffK, m.k, kv_bar, p.head_inner & 2);
@@ -394,8 +398,9 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
         fh::tma_load<2>(smem + stat_off + st.stage * T::kStatBytes, m.stats, pipe->full_barrier(st),
                         {0, stat_row0 + static_cast<int>(tile)});
       }
-      tma_tile<T::kAtomCols>(smem + off + st.stage * T::kQTileBytes, T::kQAtomBytes, map, pipe->full_barrier(st),
-               inner, static_cast<int>(w.seq.row_q) + m0, head, w.map_batch);
+      tma_tile<T::kAtomCols, T::kL2Hints>(smem + off + st.stage * T::kQTileBytes, T::kQAtomBytes, map,
+                                          pipe->full_barrier(st), inner, static_cast<int>(w.seq.row_q) + m0,
+                                          head, w.map_batch, keep);
       st.advance();
     };
     if constexpr (T::kQAtomBars) {
@@ -406,8 +411,9 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
 #pragma unroll
       for (int a = 0; a < T::kAtomCols; ++a) {
         fh::mbar_arrive_expect_tx(qb + a, T::kQAtomBytes);
-        tma_rows(smem + T::kOffQ + sq.stage * T::kQTileBytes + a * T::kQAtomBytes, m.q, qb + a,
-                 p.head_inner & 1, 64 * a, static_cast<int>(w.seq.row_q) + m0, head, w.map_batch);
+        tma_rows<T::kL2Hints>(smem + T::kOffQ + sq.stage * T::kQTileBytes + a * T::kQAtomBytes, m.q, qb + a,
+                              p.head_inner & 1, 64 * a, static_cast<int>(w.seq.row_q) + m0, head,
+                              w.map_batch, keep);
       }
       sq.advance();
     } else {
@@ -614,7 +620,8 @@ template <class T, bool kDet>
 __device__ __forceinline__ void add_dq_in_turn(const BwdSm90Params& p, int64_t tile, int atom,
                                                int t, const float (&dq)[T::kBlockM / 2], int h = 0) {
   if constexpr (kDet) fh::named_bar_sync(T::kBarTurn0 + h, T::kTurnThreads);
-  add_dq_partial<T::kHeadDim>(p, tile, atom, t, dq);
+  add_dq_partial<T::kHeadDim, T::kL2Hints>(p, tile, atom, t, dq,
+                                           T::kL2Hints ? fh::l2_policy_evict_last() : 0);
   if constexpr (kDet) fh::named_bar_arrive(T::kBarAdded0 + h, T::kTurnThreads);
 }
 

@@ -136,6 +136,43 @@ FB_DEVICE void tma_load(void* dst, const CUtensorMap* map, uint64_t* bar, const 
   }
 }
 
+// L2 eviction priorities for the .L2::cache_hint forms below (createpolicy, PTX ISA 7.4, sm_80+):
+// an opaque 64-bit policy applying `evict_last` (kept over normal lines, e.g. rows many CTAs
+// read again) or `evict_first` (dropped first, e.g. rows one CTA reads once) to every line the
+// access touches. A hint only: results do not depend on it.
+FB_DEVICE uint64_t l2_policy_evict_last() {
+  uint64_t p;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+FB_DEVICE uint64_t l2_policy_evict_first() {
+  uint64_t p;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+
+// tma_load with an L2 cache policy (the .L2::cache_hint form; ranks 2 and 4, what the kernels
+// use).
+template <int Rank>
+FB_DEVICE void tma_load_hint(void* dst, const CUtensorMap* map, uint64_t* bar, const int (&c)[Rank],
+                             uint64_t policy) {
+  static_assert(Rank == 2 || Rank == 4, "tma_load_hint: ranks 2 and 4");
+  const uint32_t d = smem_u32(dst), b = smem_u32(bar);
+  const uint64_t m = map_addr(map);
+  if constexpr (Rank == 2) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(d), "l"(m), "r"(b), "r"(c[0]), "r"(c[1]), "l"(policy)
+        : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%3, %4, %5, %6}], [%2], %7;" ::"r"(d), "l"(m), "r"(b), "r"(c[0]), "r"(c[1]),
+        "r"(c[2]), "r"(c[3]), "l"(policy)
+        : "memory");
+  }
+}
+
 // Ask L2 to fetch one box from global memory, with no shared-memory destination and no
 // completion to wait for (cp.async.bulk.prefetch.tensor, PTX ISA 8.0, sm_90). For data a later
 // tma_load will read: that load then finds its lines in L2 instead of paying the DRAM latency.

@@ -109,14 +109,25 @@ inline cudaError_t make_call_map(CUtensorMap* map, bool* head_inner, const void*
 // One box (64 d x the map's rows) at (d0, row) of (head, batch) into `dst`, completing on `bar`.
 // Rows past seqlen arrive as zeros and still count in the transaction bytes
 // (docs/hopper-facts.md section 4.2).
+// kHint: with the L2 cache policy `policy` (hopper::tma_load_hint).
+template <bool kHint = false>
 __device__ __forceinline__ void tma_rows(void* dst, const CUtensorMap* map, uint64_t* bar,
-                                         bool head_inner, int d0, int row, int head, int batch) {
+                                         bool head_inner, int d0, int row, int head, int batch,
+                                         uint64_t policy = 0) {
   if (head_inner) {
     const int c[4] = {d0, head, row, batch};
-    hopper::tma_load<4>(dst, map, bar, c);
+    if constexpr (kHint) {
+      hopper::tma_load_hint<4>(dst, map, bar, c, policy);
+    } else {
+      hopper::tma_load<4>(dst, map, bar, c);
+    }
   } else {
     const int c[4] = {d0, row, head, batch};
-    hopper::tma_load<4>(dst, map, bar, c);
+    if constexpr (kHint) {
+      hopper::tma_load_hint<4>(dst, map, bar, c, policy);
+    } else {
+      hopper::tma_load<4>(dst, map, bar, c);
+    }
   }
 }
 
@@ -150,13 +161,13 @@ __device__ __forceinline__ void tma_rows_store(const void* src, const CUtensorMa
 // A whole tile of rows [row, row + the map's box rows) x d = 64 kAtoms: its kAtoms boxes of 64 d
 // into the atom-columns of `dst`, `atom_bytes` apart, all completing on `bar` (expect kAtoms
 // boxes of bytes).
-template <int kAtoms>
+template <int kAtoms, bool kHint = false>
 __device__ __forceinline__ void tma_tile(uint8_t* dst, uint32_t atom_bytes, const CUtensorMap* map,
                                          uint64_t* bar, bool head_inner, int row, int head,
-                                         int batch) {
+                                         int batch, uint64_t policy = 0) {
 #pragma unroll
   for (int a = 0; a < kAtoms; ++a) {
-    tma_rows(dst + a * atom_bytes, map, bar, head_inner, 64 * a, row, head, batch);
+    tma_rows<kHint>(dst + a * atom_bytes, map, bar, head_inner, 64 * a, row, head, batch, policy);
   }
 }
 

@@ -52,11 +52,13 @@ def make_case(rank, dtype, sw):
 CASES = [(r, dt, sw, 0) for r in (2, 3, 4, 5) for dt in ("bf16", "f32") for sw in (0, 1)]
 # The same loads after an L2 prefetch of their (partly out-of-bounds) box: no fault, same bytes.
 CASES += [(r, "bf16", 1, 1) for r in (2, 4)]
+# Loads with an L2 cache policy (2: evict_last, 4: evict_first; hopper::tma_load_hint): same bytes.
+CASES += [(r, dt, 1, pf) for r in (2, 4) for dt in ("bf16", "f32") for pf in (2, 4)]
+FLAGS = {0: "", 1: "-prefetch", 2: "-evict_last", 4: "-evict_first"}
 
 
 @pytest.mark.parametrize("rank,dt,sw,prefetch", CASES,
-                         ids=[f"rank{r}-{d}-{'sw128' if s else 'noswz'}{'-prefetch' if pf else ''}"
-                              for r, d, s, pf in CASES])
+                         ids=[f"rank{r}-{d}-{'sw128' if s else 'noswz'}{FLAGS[pf]}" for r, d, s, pf in CASES])
 def test_tma_load_store(hlib, rank, dt, sw, prefetch):
     dtype = torch.bfloat16 if dt == "bf16" else torch.float32
     dims, box, load, store = make_case(rank, dtype, sw)

@@ -30,9 +30,19 @@ __global__ void tma_load_store_kernel(const __grid_constant__ CUtensorMap src,
     for (int i = 0; i < Rank; ++i) c[i] = lc.c[i];
     // The L2 prefetch of the same box (partly out of bounds) first: it must not fault or
     // change what the load brings.
-    if (prefetch) fh::tma_prefetch_l2<Rank>(&src, c);
+    if (prefetch & 1) fh::tma_prefetch_l2<Rank>(&src, c);
     fh::mbar_arrive_expect_tx(&bar, box_bytes);
-    fh::tma_load<Rank>(tile, &src, &bar, c);
+    if constexpr (Rank == 2 || Rank == 4) {
+      // The load with an L2 cache policy (bit 1: evict_last, bit 2: evict_first): same bytes.
+      if (prefetch & 6) {
+        const uint64_t policy = (prefetch & 2) ? fh::l2_policy_evict_last() : fh::l2_policy_evict_first();
+        fh::tma_load_hint<Rank>(tile, &src, &bar, c, policy);
+      } else {
+        fh::tma_load<Rank>(tile, &src, &bar, c);
+      }
+    } else {
+      fh::tma_load<Rank>(tile, &src, &bar, c);
+    }
   }
   fh::mbar_wait(&bar, 0);
   for (uint32_t i = threadIdx.x * 16; i < box_bytes; i += blockDim.x * 16) {
@@ -213,7 +223,9 @@ fh::TmaSwizzle tma_swizzle(int sw) { return sw ? fh::TmaSwizzle::k128B : fh::Tma
 // Load the box at load_coord of `src` (dims[0] innermost, contiguous) into shared memory, copy
 // the raw shared-memory bytes to `raw`, and, if store_coord is not null, TMA-store the tile into
 // `dst` (same shape as src) at store_coord.
-// prefetch != 0: the loading thread first asks L2 for the same box (hopper::tma_prefetch_l2).
+// prefetch bit 0: the loading thread first asks L2 for the same box (hopper::tma_prefetch_l2);
+// bits 1 / 2 (ranks 2 and 4): the load carries an evict_last / evict_first L2 policy
+// (hopper::tma_load_hint).
 FBH_EXPORT int fbh_tma_load_store(const void* src, void* raw, void* dst, int is_f32, int rank,
                                   const long long* dims, const int* box, const int* load_coord,
                                   const int* store_coord, int swizzle128, int prefetch) {
