@@ -333,14 +333,15 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
                                                   fh::TmaPipeline<T::kDoStages>* pipe_do) {
   if (w.n_iters == 0) return;  // nobody would wait for the copies
   const int n0 = w.n_block * T::kBlockN;
-  // l2_hints: Q / dO rows kept in L2, K / V (read once here) dropped first; 0 = no hint.
-  const uint64_t keep = T::kL2Hints ? fh::l2_policy_evict_last() : 0;
-  const uint64_t once = T::kL2Hints ? fh::l2_policy_evict_first() : 0;
+  // l2_hints: Q / dO rows kept in L2, K / V (read once here) dropped first. Each site makes its
+  // policy (one instruction) rather than holding one live in the 24-register producer.
+  auto keep = [] { return T::kL2Hints ? fh::l2_policy_evict_last() : uint64_t{0}; };
+  auto once = [] { return T::kL2Hints ? fh::l2_policy_evict_first() : uint64_t{0}; };
   // K on its own barrier, first: the first S needs K and Q_0 only; V (for dP) follows Q_0.
   auto load_kv = [&](uint32_t off, const CUtensorMap* map, uint64_t* bar, bool head_inner) {
     fh::mbar_arrive_expect_tx(bar, T::kKvTileBytes);
     tma_tile<T::kAtomCols, T::kL2Hints>(smem + off, T::kKvAtomBytes, map, bar, head_inner,
-                                        static_cast<int>(w.seq.row_k) + n0, w.kv_head, w.map_batch, once);
+                                        static_cast<int>(w.seq.row_k) + n0, w.kv_head, w.map_batch, once());
   };
   if constexpr (T::kPair) {
     // K, then on the same barrier the partner's K rows for this CTA's dQ^T atom-columns (rank r
@@ -352,7 +353,7 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
 #pragma unroll
       for (int a = 0; a < T::kPairAtoms; ++a) {
         tma_rows<T::kL2Hints>(smem + T::kOffKPeer + a * T::kKvAtomBytes, m.k, kv_bar, p.head_inner & 2,
-                              64 * (T::kPairAtoms * rank + a), peer_row, w.kv_head, w.map_batch, once);
+                              64 * (T::kPairAtoms * rank + a), peer_row, w.kv_head, w.map_batch, once());
       }
     };
     if (T::kPairGhost && w.n_block >= w.n_blocks) {
@@ -365,7 +366,7 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     const bool peer_k = !(T::kPairGhost && rank == 0 && w.n_block + 1 >= w.n_blocks);
     fh::mbar_arrive_expect_tx(kv_bar, T::kKvTileBytes + (peer_k ? T::kPairAtoms * T::kKvAtomBytes : 0));
     tma_tile<T::kAtomCols, T::kL2Hints>(smem + T::kOffK, T::kKvAtomBytes, m.k, kv_bar, p.head_inner & 2,
-                                        static_cast<int>(w.seq.row_k) + n0, w.kv_head, w.map_batch, once);
+                                        static_cast<int>(w.seq.row_k) + n0, w.kv_head, w.map_batch, once());
     if (peer_k) load_peer_k();
   } else {
     load_kv(T::kOffK, m.k, kv_bar, p.head_inner & 2);
@@ -400,7 +401,7 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
       }
       tma_tile<T::kAtomCols, T::kL2Hints>(smem + off + st.stage * T::kQTileBytes, T::kQAtomBytes, map,
                                           pipe->full_barrier(st), inner, static_cast<int>(w.seq.row_q) + m0,
-                                          head, w.map_batch, keep);
+                                          head, w.map_batch, keep());
       st.advance();
     };
     if constexpr (T::kQAtomBars) {
@@ -413,7 +414,7 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
         fh::mbar_arrive_expect_tx(qb + a, T::kQAtomBytes);
         tma_rows<T::kL2Hints>(smem + T::kOffQ + sq.stage * T::kQTileBytes + a * T::kQAtomBytes, m.q, qb + a,
                               p.head_inner & 1, 64 * a, static_cast<int>(w.seq.row_q) + m0, head,
-                              w.map_batch, keep);
+                              w.map_batch, keep());
       }
       sq.advance();
     } else {
@@ -432,8 +433,8 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
         const int row = static_cast<int>(w.seq.row_q) + next_block * T::kBlockM;
 #pragma unroll
         for (int a = 0; a < T::kAtomCols; ++a) {
-          tma_rows_prefetch(m.q, p.head_inner & 1, 64 * a, row, next_head, w.map_batch);
-          tma_rows_prefetch(m.dout, p.head_inner & 8, 64 * a, row, next_head, w.map_batch);
+          tma_rows_prefetch<T::kL2Hints>(m.q, p.head_inner & 1, 64 * a, row, next_head, w.map_batch, keep());
+          tma_rows_prefetch<T::kL2Hints>(m.dout, p.head_inner & 8, 64 * a, row, next_head, w.map_batch, keep());
         }
       }
     }

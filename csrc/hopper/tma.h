@@ -139,15 +139,17 @@ FB_DEVICE void tma_load(void* dst, const CUtensorMap* map, uint64_t* bar, const 
 // L2 eviction priorities for the .L2::cache_hint forms below (createpolicy, PTX ISA 7.4, sm_80+):
 // an opaque 64-bit policy applying `evict_last` (kept over normal lines, e.g. rows many CTAs
 // read again) or `evict_first` (dropped first, e.g. rows one CTA reads once) to every line the
-// access touches. A hint only: results do not depend on it.
+// access touches. A hint only: results do not depend on it. volatile, so that each call site
+// makes its own (one instruction) instead of the compiler hoisting one value out of a loop and
+// keeping it live across it (in the backward's 24-register producer that spilled).
 FB_DEVICE uint64_t l2_policy_evict_last() {
   uint64_t p;
-  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
   return p;
 }
 FB_DEVICE uint64_t l2_policy_evict_first() {
   uint64_t p;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
   return p;
 }
 
@@ -198,6 +200,13 @@ FB_DEVICE void tma_prefetch_l2(const CUtensorMap* map, const int (&c)[Rank]) {
     asm volatile("cp.async.bulk.prefetch.tensor.5d.L2.global.tile [%0, {%1, %2, %3, %4, %5}];"
                  ::"l"(m), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]), "r"(c[4]) : "memory");
   }
+}
+
+// tma_prefetch_l2 with an L2 cache policy (rank 4): the line comes into L2 with that priority.
+FB_DEVICE void tma_prefetch_l2_hint(const CUtensorMap* map, const int (&c)[4], uint64_t policy) {
+  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile.L2::cache_hint [%0, {%1, %2, %3, %4}], %5;"
+               ::"l"(map_addr(map)), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]), "l"(policy)
+               : "memory");
 }
 
 // 2-D convenience form: (c0 = inner/column, c1 = row).

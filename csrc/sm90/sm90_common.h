@@ -132,15 +132,24 @@ __device__ __forceinline__ void tma_rows(void* dst, const CUtensorMap* map, uint
 }
 
 // The same box as tma_rows, fetched into L2 only (hopper::tma_prefetch_l2): no destination, no
-// barrier.
+// barrier. kHint: with the L2 cache policy `policy`.
+template <bool kHint = false>
 __device__ __forceinline__ void tma_rows_prefetch(const CUtensorMap* map, bool head_inner, int d0, int row,
-                                                  int head, int batch) {
+                                                  int head, int batch, uint64_t policy = 0) {
   if (head_inner) {
     const int c[4] = {d0, head, row, batch};
-    hopper::tma_prefetch_l2<4>(map, c);
+    if constexpr (kHint) {
+      hopper::tma_prefetch_l2_hint(map, c, policy);
+    } else {
+      hopper::tma_prefetch_l2<4>(map, c);
+    }
   } else {
     const int c[4] = {d0, row, head, batch};
-    hopper::tma_prefetch_l2<4>(map, c);
+    if constexpr (kHint) {
+      hopper::tma_prefetch_l2_hint(map, c, policy);
+    } else {
+      hopper::tma_prefetch_l2<4>(map, c);
+    }
   }
 }
 

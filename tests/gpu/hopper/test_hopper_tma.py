@@ -54,7 +54,10 @@ CASES = [(r, dt, sw, 0) for r in (2, 3, 4, 5) for dt in ("bf16", "f32") for sw i
 CASES += [(r, "bf16", 1, 1) for r in (2, 4)]
 # Loads with an L2 cache policy (2: evict_last, 4: evict_first; hopper::tma_load_hint): same bytes.
 CASES += [(r, dt, 1, pf) for r in (2, 4) for dt in ("bf16", "f32") for pf in (2, 4)]
-FLAGS = {0: "", 1: "-prefetch", 2: "-evict_last", 4: "-evict_first"}
+# ... after a prefetch with the same policy (rank 4; hopper::tma_prefetch_l2_hint).
+CASES += [(4, "bf16", 1, 3), (4, "f32", 1, 5)]
+FLAGS = {0: "", 1: "-prefetch", 2: "-evict_last", 4: "-evict_first", 3: "-prefetch-evict_last",
+         5: "-prefetch-evict_first"}
 
 
 @pytest.mark.parametrize("rank,dt,sw,prefetch", CASES,

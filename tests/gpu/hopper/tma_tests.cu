@@ -30,7 +30,16 @@ __global__ void tma_load_store_kernel(const __grid_constant__ CUtensorMap src,
     for (int i = 0; i < Rank; ++i) c[i] = lc.c[i];
     // The L2 prefetch of the same box (partly out of bounds) first: it must not fault or
     // change what the load brings.
-    if (prefetch & 1) fh::tma_prefetch_l2<Rank>(&src, c);
+    if constexpr (Rank == 4) {
+      // Bits 0 and 1 / 2 together: the prefetch carries the policy too (tma_prefetch_l2_hint).
+      if ((prefetch & 1) && (prefetch & 6)) {
+        fh::tma_prefetch_l2_hint(&src, c, (prefetch & 2) ? fh::l2_policy_evict_last() : fh::l2_policy_evict_first());
+      } else if (prefetch & 1) {
+        fh::tma_prefetch_l2<Rank>(&src, c);
+      }
+    } else {
+      if (prefetch & 1) fh::tma_prefetch_l2<Rank>(&src, c);
+    }
     fh::mbar_arrive_expect_tx(&bar, box_bytes);
     if constexpr (Rank == 2 || Rank == 4) {
       // The load with an L2 cache policy (bit 1: evict_last, bit 2: evict_first): same bytes.
@@ -225,7 +234,7 @@ fh::TmaSwizzle tma_swizzle(int sw) { return sw ? fh::TmaSwizzle::k128B : fh::Tma
 // `dst` (same shape as src) at store_coord.
 // prefetch bit 0: the loading thread first asks L2 for the same box (hopper::tma_prefetch_l2);
 // bits 1 / 2 (ranks 2 and 4): the load carries an evict_last / evict_first L2 policy
-// (hopper::tma_load_hint).
+// (hopper::tma_load_hint), and at rank 4 with bit 0 the prefetch too (tma_prefetch_l2_hint).
 FBH_EXPORT int fbh_tma_load_store(const void* src, void* raw, void* dst, int is_f32, int rank,
                                   const long long* dims, const int* box, const int* load_coord,
                                   const int* store_coord, int swizzle128, int prefetch) {
