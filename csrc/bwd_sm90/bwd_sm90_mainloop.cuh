@@ -514,16 +514,24 @@ __device__ __forceinline__ void stage_rows(const uint8_t* smem, uint32_t off, in
 }
 
 // (7) one dQ^T atom-column over this block's keys (overwriting dq), then (5) dV^T += dO^T P for
-// the kOwn atom-columns first ..: two commit groups, both in flight on return.
-template <class T, int kOwn, int kAcc>
+// the kOwn atom-columns first ..: two commit groups, both in flight on return. kDkBetween
+// (dk_before_peer): (6) dK^T += Q^T dS (acc_dk, Q_i at q_s) as a group between the two.
+template <class T, int kOwn, int kAcc, bool kDkBetween = false>
 __device__ __forceinline__ void issue_dq_dv(float (&dq)[T::kBlockM / 2], const uint8_t* k_atom,
                                             const uint8_t* ds_t, float (&acc_dv)[kAcc][T::kBlockN / 2],
-                                            const uint8_t* do_s, int first, const uint8_t* p_t) {
+                                            const uint8_t* do_s, int first, const uint8_t* p_t,
+                                            float (*acc_dk)[T::kBlockN / 2] = nullptr,
+                                            const uint8_t* q_s = nullptr) {
   fh::zero_acc(dq);
   fh::wgmma_fence_operand(dq);
   fh::wgmma_fence();
   gemm_dq<T>(dq, k_atom, ds_t);
   fh::wgmma_commit();
+  if constexpr (kDkBetween) {
+#pragma unroll
+    for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
+    fh::wgmma_commit();
+  }
 #pragma unroll
   for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dv[u], do_s + (first + u) * T::kQAtomBytes, p_t);
   fh::wgmma_commit();
@@ -1108,23 +1116,12 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         if (warp_leader) pipe_q->consumer_release(sq);
       };
       float dq[T::kBlockM / 2];
+      issue_dq_dv<T, kOwn, kAcc, T::kDkBeforePeer>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, ds_t,
+                                                     acc_dv, do_s, first, p_t, acc_dk, q_s);
       if constexpr (T::kDkBeforePeer) {
         // dQ^T own, dK^T, dV^T: wait<1> then finds Q_i read (dk_before_peer, bwd_sm90.h).
-        fh::zero_acc(dq);
-        fh::wgmma_fence_operand(dq);
-        fh::wgmma_fence();
-        gemm_dq<T>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, ds_t);
-        fh::wgmma_commit();
-#pragma unroll
-        for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
-        fh::wgmma_commit();
-#pragma unroll
-        for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dv[u], do_s + (first + u) * T::kQAtomBytes, p_t);
-        fh::wgmma_commit();
-        fh::wgmma_wait<1>();  // dQ^T own, dK^T
+        fh::wgmma_wait<1>();
         if (warp_leader) pipe_q->consumer_release(sq);
-      } else {
-        issue_dq_dv<T, kOwn>(dq, smem + T::kOffK + dq_atom * T::kKvAtomBytes, ds_t, acc_dv, do_s, first, p_t);
       }
       if (T::kPairGhost && partner_ghost && T::kDkBeforePeer) {
         // Nothing from the partner; Q_i is back, dQ^T complete; dV^T still runs.

@@ -175,6 +175,17 @@ FB_DEVICE void tma_load_hint(void* dst, const CUtensorMap* map, uint64_t* bar, c
   }
 }
 
+// tma_load, or with kHint tma_load_hint: callers whose hint is a compile-time choice.
+template <bool kHint, int Rank>
+FB_DEVICE void tma_load_maybe_hint(void* dst, const CUtensorMap* map, uint64_t* bar, const int (&c)[Rank],
+                                   uint64_t policy) {
+  if constexpr (kHint) {
+    tma_load_hint<Rank>(dst, map, bar, c, policy);
+  } else {
+    tma_load<Rank>(dst, map, bar, c);
+  }
+}
+
 // Ask L2 to fetch one box from global memory, with no shared-memory destination and no
 // completion to wait for (cp.async.bulk.prefetch.tensor, PTX ISA 8.0, sm_90). For data a later
 // tma_load will read: that load then finds its lines in L2 instead of paying the DRAM latency.
@@ -207,6 +218,16 @@ FB_DEVICE void tma_prefetch_l2_hint(const CUtensorMap* map, const int (&c)[4], u
   asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile.L2::cache_hint [%0, {%1, %2, %3, %4}], %5;"
                ::"l"(map_addr(map)), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]), "l"(policy)
                : "memory");
+}
+
+// tma_prefetch_l2<4>, or with kHint tma_prefetch_l2_hint.
+template <bool kHint>
+FB_DEVICE void tma_prefetch_l2_maybe_hint(const CUtensorMap* map, const int (&c)[4], uint64_t policy) {
+  if constexpr (kHint) {
+    tma_prefetch_l2_hint(map, c, policy);
+  } else {
+    tma_prefetch_l2<4>(map, c);
+  }
 }
 
 // 2-D convenience form: (c0 = inner/column, c1 = row).

@@ -116,18 +116,10 @@ __device__ __forceinline__ void tma_rows(void* dst, const CUtensorMap* map, uint
                                          uint64_t policy = 0) {
   if (head_inner) {
     const int c[4] = {d0, head, row, batch};
-    if constexpr (kHint) {
-      hopper::tma_load_hint<4>(dst, map, bar, c, policy);
-    } else {
-      hopper::tma_load<4>(dst, map, bar, c);
-    }
+    hopper::tma_load_maybe_hint<kHint, 4>(dst, map, bar, c, policy);
   } else {
     const int c[4] = {d0, row, head, batch};
-    if constexpr (kHint) {
-      hopper::tma_load_hint<4>(dst, map, bar, c, policy);
-    } else {
-      hopper::tma_load<4>(dst, map, bar, c);
-    }
+    hopper::tma_load_maybe_hint<kHint, 4>(dst, map, bar, c, policy);
   }
 }
 
@@ -138,18 +130,10 @@ __device__ __forceinline__ void tma_rows_prefetch(const CUtensorMap* map, bool h
                                                   int head, int batch, uint64_t policy = 0) {
   if (head_inner) {
     const int c[4] = {d0, head, row, batch};
-    if constexpr (kHint) {
-      hopper::tma_prefetch_l2_hint(map, c, policy);
-    } else {
-      hopper::tma_prefetch_l2<4>(map, c);
-    }
+    hopper::tma_prefetch_l2_maybe_hint<kHint>(map, c, policy);
   } else {
     const int c[4] = {d0, row, head, batch};
-    if constexpr (kHint) {
-      hopper::tma_prefetch_l2_hint(map, c, policy);
-    } else {
-      hopper::tma_prefetch_l2<4>(map, c);
-    }
+    hopper::tma_prefetch_l2_maybe_hint<kHint>(map, c, policy);
   }
 }
 
