@@ -9,7 +9,14 @@ this is what per-call event timing measures once a kernel is shorter than it (se
 bench_attention.py --queue-ahead). Numbers vary between machines by tens of percent: compare
 implementations within one run.
 
+--issue times something else: at a real shape (--batch, --seqlen, --nheads), the host time until
+each call returns, with the GPU idle before the call (a synchronize between calls, outside the
+timed part), median of --calls. That is the time by which a call's first kernel trails the
+event recorded before it under per-call timing, and it includes what the C side asks the driver
+on every call (the pair backward's cluster fit, the forward's tile counter).
+
     python3 benchmarks/bench_host.py [--calls 2000] [--headdim 128]
+    python3 benchmarks/bench_host.py --issue --headdim 256 --batch 16 --seqlen 1024 [--nheads 8]
 """
 import argparse
 import os
@@ -31,11 +38,33 @@ def per_call_us(fn, calls):
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+def issue_us(fn, calls):
+    import statistics
+
+    import torch
+    for _ in range(10):
+        fn()
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return statistics.median(times) * 1e6
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--headdim", type=int, default=128)
+    ap.add_argument("--issue", action="store_true", help="host time to issue one call at a real shape")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seqlen", type=int, default=128)
+    ap.add_argument("--nheads", type=int, default=1)
     a = ap.parse_args()
+    if a.issue and a.calls == 2000:
+        a.calls = 200  # each call waits for the GPU: a real shape takes milliseconds
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
     import torch
     import torch.nn.functional as F
@@ -43,7 +72,7 @@ def main():
 
     import flashback
 
-    shape = (1, 128, 1, a.headdim)
+    shape = (a.batch, a.seqlen, a.nheads, a.headdim) if a.issue else (1, 128, 1, a.headdim)
     q, k, v, dout = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
 
@@ -63,16 +92,19 @@ def main():
     except Exception:  # noqa: BLE001 - FA3 is optional
         pass
 
-    print(f"host us per call, head dim {a.headdim}, {a.calls} calls ({torch.cuda.get_device_name()}, "
+    timer = issue_us if a.issue else per_call_us
+    what = (f"host us to issue one call (median), b{a.batch} s{a.seqlen} h{a.nheads}" if a.issue
+            else "host us per call")
+    print(f"{what}, head dim {a.headdim}, {a.calls} calls ({torch.cuda.get_device_name()}, "
           f"torch {torch.__version__})")
     print(f"{'impl':12} {'fwd (autograd)':>15} {'fwd (no grad)':>14} {'bwd':>8} {'train':>8}")
     for name, f in impls.items():
-        fwd = per_call_us(lambda: f(*leaves, True), a.calls)
+        fwd = timer(lambda: f(*leaves, True), a.calls)
         with torch.no_grad():
-            nograd = per_call_us(lambda: f(q, k, v, True), a.calls)
+            nograd = timer(lambda: f(q, k, v, True), a.calls)
         out = f(*leaves, True)
-        bwd = per_call_us(lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True), a.calls)
-        train = per_call_us(lambda: torch.autograd.grad(f(*leaves, True), leaves, dout), a.calls)
+        bwd = timer(lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True), a.calls)
+        train = timer(lambda: torch.autograd.grad(f(*leaves, True), leaves, dout), a.calls)
         print(f"{name:12} {fwd:15.1f} {nograd:14.1f} {bwd:8.1f} {train:8.1f}")
     return 0
 
