@@ -3,8 +3,10 @@
 backward and training step, for flashback, FlashAttention-3 (when flash_attn_interface is
 importable) and PyTorch SDPA's flash backend.
 
-The shape is tiny (one head of 128 rows), so the GPU finishes each call long before the host has
-issued the next: the wall time of many back-to-back calls is the host's. At short sequences
+The shape is tiny by default (one head of 128 rows; --batch, --seqlen, --nheads change it), so
+the GPU finishes each call long before the host has issued the next: the wall time of many
+back-to-back calls is the host's. (The d = 256 backward runs its 2-CTA pair from 1024 rows:
+--seqlen 1024 with one head still leaves the GPU idle between calls.) At short sequences
 this is what per-call event timing measures once a kernel is shorter than it (see
 bench_attention.py --queue-ahead). Numbers vary between machines by tens of percent: compare
 implementations within one run.
@@ -15,7 +17,7 @@ timed part), median of --calls. That is the time by which a call's first kernel 
 event recorded before it under per-call timing, and it includes what the C side asks the driver
 on every call (the pair backward's cluster fit, the forward's tile counter).
 
-    python3 benchmarks/bench_host.py [--calls 2000] [--headdim 128]
+    python3 benchmarks/bench_host.py [--calls 2000] [--headdim 128] [--seqlen 1024]
     python3 benchmarks/bench_host.py --issue --headdim 256 --batch 16 --seqlen 1024 [--nheads 8]
 """
 import argparse
@@ -72,7 +74,7 @@ def main():
 
     import flashback
 
-    shape = (a.batch, a.seqlen, a.nheads, a.headdim) if a.issue else (1, 128, 1, a.headdim)
+    shape = (a.batch, a.seqlen, a.nheads, a.headdim)
     q, k, v, dout = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
 
@@ -93,8 +95,8 @@ def main():
         pass
 
     timer = issue_us if a.issue else per_call_us
-    what = (f"host us to issue one call (median), b{a.batch} s{a.seqlen} h{a.nheads}" if a.issue
-            else "host us per call")
+    what = "host us to issue one call (median)" if a.issue else "host us per call"
+    what += f", b{a.batch} s{a.seqlen} h{a.nheads}"
     print(f"{what}, head dim {a.headdim}, {a.calls} calls ({torch.cuda.get_device_name()}, "
           f"torch {torch.__version__})")
     print(f"{'impl':12} {'fwd (autograd)':>15} {'fwd (no grad)':>14} {'bwd':>8} {'train':>8}")

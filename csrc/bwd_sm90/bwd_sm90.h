@@ -196,6 +196,11 @@ struct BwdSm90Config {
   // 84.3%, and FA3's backward SASS carries evict_last hints on its Q / dO loads and its dQ
   // reduce where ours carries none (docs/perf-log.md, "L2 cache policies in the backward").
   // The adds from registers only (add_dq_partial); the dQ warps' bulk reduce takes no hint.
+  // Measured on the d = 256 pair (H100, bf16, GPU time, A B A B): default +0.2..+1.1% causal at
+  // 1k-16k, non-causal +0.2 / +0.5% at 1k / 2k, -0.3 / -0.8 / +1.6% at 4k / 8k / 16k (those
+  // three with 0.5-2.1% spreads); deterministic -0.2..+0.6% at 4k-16k. Small, but positive at
+  // every point whose repeats agree within 0.4%: on in both d = 256 pair configs
+  // (docs/perf-log.md, "Measured 2026-12-06, fourteenth run").
   bool l2_hints = false;
 };
 
@@ -274,7 +279,7 @@ constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 96, 2, 1, 24, 160, true, 3, 
 // +3.0% at d = 128, +2.0% at d = 192 causal): off there (docs/perf-log.md, "Measured
 // 2026-12-06, eleventh run").
 constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
-                                          false, false, false, true, false, true, false, true};
+                                          false, false, false, true, false, true, false, true, false, true};
 // The deterministic mode's config per head dim (the configs of a head dim share block_m, and
 // none has a smaller block_n than the default's: the workspace and can_implement read the
 // default's; they share det_from_the_end, whose walk order is also dK's and dV's order of
@@ -291,10 +296,11 @@ constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2,
 static constexpr const BwdSm90Config& kBwdSm90Hdim64Det = kBwdSm90Hdim64;
 static constexpr const BwdSm90Config& kBwdSm90Hdim128Det = kBwdSm90Hdim128;
 static constexpr const BwdSm90Config& kBwdSm90Hdim192Det = kBwdSm90Hdim192;
-// d = 256: the default's pair with dk_before_peer (above; measured in this mode +2.4 / +3.1 /
-// +0.8% causal, +1.7 / +0.7 / +1.2% non-causal at 4k / 8k / 16k, H200).
+// d = 256: the default's pair (l2_hints included) with dk_before_peer (above; measured in this
+// mode +2.4 / +3.1 / +0.8% causal, +1.7 / +0.7 / +1.2% non-causal at 4k / 8k / 16k, H200).
 constexpr BwdSm90Config kBwdSm90Hdim256Det = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
-                                             true, true, false, false, false, true, false, true, false, true, true};
+                                             true, true, false, false, false, true, false, true, false, true, true,
+                                             true};
 // The single-CTA config of a head dim whose configs are pairs: it runs both modes where the
 // pair does not pay (short walks: fewer than kBwdSm90PairMinRows query rows per CTA, measured
 // 2.0-5.6% faster than the pair at seqlen 512) or cannot run (no 2-CTA cluster fits, or
@@ -361,15 +367,8 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // The d = 256 config with the per-step clock stamps (timeline), a measuring aid: swapped in by
 // scripts/build_candidates.sh kBwdSm90Hdim256=kBwdSm90Hdim256Timeline for scripts/bwd_timeline.py.
 constexpr BwdSm90Config kBwdSm90Hdim256Timeline = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
-                                                  true, true, false, false, false, true, false, true, true, true};
-// Candidates (docs/perf-log.md, "L2 cache policies in the backward"): the d = 256 default and
-// deterministic configs with l2_hints.
-constexpr BwdSm90Config kBwdSm90Hdim256L2 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
-                                            true, true, false, false, false, true, false, true, false, true,
-                                            false, true};
-constexpr BwdSm90Config kBwdSm90Hdim256DetL2 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true,
-                                               false, true, true, false, false, false, true, false, true, false,
-                                               true, true, true};
+                                                  true, true, false, false, false, true, false, true, true, true,
+                                                  false, true};
 // Measured and removed (H200, bf16, GPU time, A B C A B C; docs/perf-log.md, "Measured
 // 2026-12-06, thirteenth run"): the d = 256 pair with dK^T queued behind dV^T before the
 // partner wait and Q handed back with dO after dQ^T peer's issue, -1.3..-2.7% default,

@@ -111,14 +111,20 @@ struct FwdSm90Config {
   // + moves: 8 uniform instructions per S wgmma. A SASS count of the d = 128 non-causal 176-key
   // loop put ours at 647 instructions per key block against FA3's 590, the same math, +48 of the
   // difference in the S issue (docs/perf-log.md, "The forward's S issue in uniform
-  // instructions").
+  // instructions"). Measured (H100, bf16, GPU time, builds interleaved x 2 and x 3): d = 128
+  // causal +1.2..+2.1% at 4k-16k, non-causal +0.4..+2.6%; d = 64 -0.2..+1.0% causal, noise
+  // non-causal; d = 192 (its Multi config serves every call) non-causal +0.4..+2.2%, causal
+  // -0.7..+0.2% (noise); d = 256 -0.1..-2.1% alone (docs/perf-log.md, "Measured 2026-12-06,
+  // fourteenth run"): on at d = 64-192, and at d = 256 with rescale_between.
   bool s_desc_lo = false;
   // The O rescale by block j's factor after S_{j+1} is issued and before P_j V_j (FA3's order:
   // its 128 x 80 d = 256 loop multiplies O while its S wgmmas run), instead of after P_{j-1} V_{j-1}
-  // is waited for, where this warpgroup has no wgmma in flight until the next S. Measured once
-  // per call at the power cap (d = 192 -1.4..+1.6%, d = 256 -0.0..+2.6%: noise) and removed; at
-  // d = 128 -0.6..-5.0% with ping-pong. Back as a candidate beside s_desc_lo, to be timed in GPU
-  // time (docs/perf-log.md, "The forward's S issue in uniform instructions").
+  // is waited for, where this warpgroup has no wgmma in flight until the next S. With s_desc_lo,
+  // in GPU time (H100, bf16, builds interleaved x 2 and x 3): d = 256 causal +1.5..+3.4% at
+  // 4k-16k in both runs, non-causal +3.1 / -2.2% at 4k / 8k (16k within its 7% spread), on the
+  // persistent grid (the Multi config, to 2048 keys) -1.4..+0.2%; d = 192 -1.4..+0.7%. So the
+  // d = 256 causal config alone (docs/perf-log.md, "Measured 2026-12-06, fourteenth run"). At
+  // d = 128 with ping-pong it read -0.6..-5.0% (ninth run).
   bool rescale_between = false;
 };
 
@@ -141,7 +147,7 @@ struct FwdSm90Config {
 // tiles (pingpong_across_tiles): +2.3..+8.7% causal, -1.2..+6.0% non-causal at 512-16k (H100,
 // docs/perf-log.md, "Measured 2026-12-06, eighth run").
 constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true, true, false, false,
-                                         false, false, true, false, false, false, true};
+                                         false, false, true, false, false, false, true, true};
 // d = 128 (causal, and its Multi): the statistics in the last P V's shadow and the tile decode
 // without divisions, the d = 64 tail changes on top of O by TMA. Measured against the config
 // without them (H100, bf16, GPU time, A B A B): causal +2.8 / +2.4 / +1.5 / +0.8 / +0.5 / +0.5%
@@ -149,9 +155,12 @@ constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true, true, fa
 // the same two read +1.5% at 512 and -0.6 / -1.8 / -2.2% at 1024-4096: not there
 // (docs/perf-log.md, "Measured 2026-12-06, tenth run").
 constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false, true, false, false, true, true,
-                                          true, true, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false, true, true, false, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false, true, true, false, true, true};
+                                          true, true, false, true, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false, true, true, false, true, true,
+                                          false, false, false, false, false, true};
+// d = 256 causal from 4096 keys (one CTA per tile): s_desc_lo with rescale_between (above).
+constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false, true, true, false, true, true,
+                                          false, false, false, false, false, true, true};
 // The config of a head dim's non-causal calls: the tile shape may differ with the mask (FA3's
 // public choices do at d = 128: 176 keys per block without the mask, 128 with it). Where one
 // config serves both, the same object (and the same instance). Both of a head dim share
@@ -164,9 +173,11 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim64Full = kFwdSm90Hdim64;
 // 512 / 1024 / 2048, -1.0 / +2.0 / -0.3% at 4k / 8k / 16k (noise there) (docs/perf-log.md,
 // "Measured 2026-12-06, second run").
 constexpr FwdSm90Config kFwdSm90Hdim128Full = {128, 128, 2, 2, 24, 240, false, true, false, false,
-                                              false, false, false, false, true};
+                                              false, false, false, false, true, false, false, true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim192Full = kFwdSm90Hdim192;
-static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
+// d = 256 non-causal from 4096 keys: the causal config's flags without s_desc_lo and
+// rescale_between, which read +3.1 / -2.2% there at 4k / 8k (above).
+constexpr FwdSm90Config kFwdSm90Hdim256Full = {256, 80, 2, 2, 24, 240, false, true, true, false, true, true};
 // The config of a head dim's non-causal calls past full_persistent_keys (one CTA per tile);
 // where it is the Full config's object, Full serves them. d = 128: FA3's public arrangement for
 // these calls, 176-key blocks (O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 =
@@ -178,7 +189,7 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // 2026-12-06, seventh run").
 static constexpr const FwdSm90Config& kFwdSm90Hdim64FullLong = kFwdSm90Hdim64Full;
 constexpr FwdSm90Config kFwdSm90Hdim128FullLong = {128, 176, 2, 2, 24, 240, true, true, true, false,
-                                                  false, false, false, false, true};
+                                                  false, false, false, false, true, false, false, true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim192FullLong = kFwdSm90Hdim192Full;
 static constexpr const FwdSm90Config& kFwdSm90Hdim256FullLong = kFwdSm90Hdim256Full;
 // Measured slower and removed: d = 128 with 176-key blocks on the causal config's flags
@@ -228,10 +239,10 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256FullLong = kFwdSm90Hdim256F
 // TMA alone read -0.3..+1.2% to 8k and -2.5 / -3.0% at 16k (not kept; docs/perf-log.md,
 // "Measured 2026-12-06, ninth run").
 constexpr FwdSm90Config kFwdSm90Hdim64Multi = {64, 128, 3, 2, 24, 160, true, true, false, false,
-                                              false, true, true, true, false, true, true};
+                                              false, true, true, true, false, true, true, true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim128Multi = kFwdSm90Hdim128;
 constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, true, true, true, true,
-                                               false, true};
+                                               false, true, false, false, false, false, true};
 // d = 256 with finalize_in_pv, copy_out_early and fast_tile_decode (the tile's tail ~450
 // instructions shorter), on the counter to 2048 keys causal: +1.9% at causal 2048 (one CTA per
 // tile before), +0.1 / +0.3% at causal 512 / 1024, +0.1 / +0.3 / -0.5% non-causal 512-2048; to
@@ -243,43 +254,6 @@ constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, 
 // (not taken; docs/perf-log.md, "Measured 2026-12-06, fifth run").
 constexpr FwdSm90Config kFwdSm90Hdim256Multi = {256, 80, 2, 2, 24, 240, false, true, true, true,
                                                true, true, false, true, true, true};
-// Candidates (docs/perf-log.md, "The forward's S issue in uniform instructions"): every forward
-// row with s_desc_lo; scripts/build_candidates.sh swaps them in together.
-constexpr FwdSm90Config kFwdSm90Hdim64Lo = {64, 128, 3, 2, 24, 160, true, true, false, false, false,
-                                            false, true, false, false, false, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim128Lo = {128, 128, 2, 2, 24, 240, false, true, false, false,
-                                             true, true, true, true, false, true, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim192Lo = {192, 112, 2, 2, 24, 240, false, true, true, false,
-                                             true, true, false, false, false, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim256Lo = {256, 80, 2, 2, 24, 240, false, true, true, false, true,
-                                             true, false, false, false, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim128FullLo = {128, 128, 2, 2, 24, 240, false, true, false, false,
-                                                 false, false, false, false, true, false, false,
-                                                 true};
-constexpr FwdSm90Config kFwdSm90Hdim128FullLongLo = {128, 176, 2, 2, 24, 240, true, true, true,
-                                                     false, false, false, false, false, true, false,
-                                                     false, true};
-constexpr FwdSm90Config kFwdSm90Hdim64MultiLo = {64, 128, 3, 2, 24, 160, true, true, false, false,
-                                                 false, true, true, true, false, true, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim192MultiLo = {192, 112, 2, 2, 24, 240, false, true, true, true,
-                                                  true, false, true, false, false, false, false,
-                                                  true};
-constexpr FwdSm90Config kFwdSm90Hdim256MultiLo = {256, 80, 2, 2, 24, 240, false, true, true, true,
-                                                  true, true, false, true, true, true, false, true};
-// With rescale_between too (d = 192 / 256, where FA3's loop has that order).
-constexpr FwdSm90Config kFwdSm90Hdim192LoRb = {192, 112, 2, 2, 24, 240, false, true, true, false,
-                                               true, true, false, false, false, false, false, true,
-                                               true};
-constexpr FwdSm90Config kFwdSm90Hdim256LoRb = {256, 80, 2, 2, 24, 240, false, true, true, false,
-                                               true, true, false, false, false, false, false, true,
-                                               true};
-constexpr FwdSm90Config kFwdSm90Hdim192MultiLoRb = {192, 112, 2, 2, 24, 240, false, true, true,
-                                                    true, true, false, true, false, false, false,
-                                                    false, true, true};
-constexpr FwdSm90Config kFwdSm90Hdim256MultiLoRb = {256, 80, 2, 2, 24, 240, false, true, true, true,
-                                                    true, true, false, true, true, true, false,
-                                                    true, true};
-
 // Which grid serves a head dim's calls, by seqlen_k (varlen: the longest sequence). Tiles are
 // (Q block, head, batch); a persistent grid (one CTA per SM) hides each tile's fixed costs (the
 // first Q and K loads, the epilogue) under the previous tile, +8..+21% at seqlen 512-1024 and
