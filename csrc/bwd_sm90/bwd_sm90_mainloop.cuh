@@ -513,6 +513,16 @@ __device__ __forceinline__ void stage_rows(const uint8_t* smem, uint32_t off, in
   r1 = rows[q_row + 8];
 }
 
+// (5) dV^T += dO^T P (rows_s = dO_i, hand_t = P^T) or (6) dK^T += Q^T dS (Q_i, dS^T) for the
+// kOwn atom-columns from `first`: one commit group.
+template <class T, int kOwn>
+__device__ __forceinline__ void issue_dkv(float (*acc)[T::kBlockN / 2], const uint8_t* rows_s, int first,
+                                          const uint8_t* hand_t) {
+#pragma unroll
+  for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc[u], rows_s + (first + u) * T::kQAtomBytes, hand_t);
+  fh::wgmma_commit();
+}
+
 // (7) one dQ^T atom-column over this block's keys (overwriting dq), then (5) dV^T += dO^T P for
 // the kOwn atom-columns first ..: two commit groups, both in flight on return. kDkBetween
 // (dk_before_peer): (6) dK^T += Q^T dS (acc_dk, Q_i at q_s) as a group between the two.
@@ -527,14 +537,8 @@ __device__ __forceinline__ void issue_dq_dv(float (&dq)[T::kBlockM / 2], const u
   fh::wgmma_fence();
   gemm_dq<T>(dq, k_atom, ds_t);
   fh::wgmma_commit();
-  if constexpr (kDkBetween) {
-#pragma unroll
-    for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
-    fh::wgmma_commit();
-  }
-#pragma unroll
-  for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dv[u], do_s + (first + u) * T::kQAtomBytes, p_t);
-  fh::wgmma_commit();
+  if constexpr (kDkBetween) issue_dkv<T, kOwn>(acc_dk, q_s, first, ds_t);
+  issue_dkv<T, kOwn>(acc_dv, do_s, first, p_t);
 }
 
 // The hand-off tile's address for stmatrix / ldmatrix .trans: block (key group j, query half h)
@@ -1135,9 +1139,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         // Nothing from the partner: dQ^T own, dV^T, dK^T; dQ^T is complete at wait<1>.
         if constexpr (!T::kDkBeforePeer) {
           fh::wgmma_fence();  // a wgmma after a branch (C7519)
-#pragma unroll
-          for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
-          fh::wgmma_commit();
+          issue_dkv<T, kOwn>(acc_dk, q_s, first, ds_t);
         }
         fh::wgmma_wait<1>();
         fh::wgmma_fence_operand(dq);
@@ -1170,9 +1172,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
           add_dq_in_turn<T, kDet>(p, tile, dq_atom, t, dq);
           if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlStepEnd);
         } else {
-#pragma unroll
-          for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
-          fh::wgmma_commit();
+          issue_dkv<T, kOwn>(acc_dk, q_s, first, ds_t);
           fh::wgmma_wait<1>();
           if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlDqDone);
           fh::wgmma_fence_operand(dq);
@@ -1190,9 +1190,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     } else if (has_cols) {
       float dq[T::kBlockM / 2];
       issue_dq_dv<T, kOwn>(dq, smem + T::kOffK + first * T::kKvAtomBytes, ds_t, acc_dv, do_s, first, p_t);
-#pragma unroll
-      for (int u = 0; u < kOwn; ++u) gemm_dkv<T>(acc_dk[u], q_s + (first + u) * T::kQAtomBytes, ds_t);
-      fh::wgmma_commit();
+      issue_dkv<T, kOwn>(acc_dk, q_s, first, ds_t);
       fh::wgmma_wait<2>();
       fh::wgmma_fence_operand(dq);
       if constexpr (!kDqSmem) {
