@@ -197,7 +197,7 @@ struct BwdSm90Config {
   // reduce where ours carries none (docs/perf-log.md, "L2 cache policies in the backward").
   // The adds from registers only (add_dq_partial); the dQ warps' bulk reduce takes no hint.
   // Measured on the d = 256 pair (H100, bf16, GPU time, A B A B): default +0.2..+1.1% causal at
-  // 1k-16k, non-causal +0.2 / +0.5% at 1k / 2k, -0.3 / -0.8 / +1.6% at 4k / 8k / 16k (those
+  // 1k-16k, non-causal +0.5 / +0.2% at 1k / 2k, -0.3 / -0.8 / +1.6% at 4k / 8k / 16k (those
   // three with 0.5-2.1% spreads); deterministic -0.2..+0.6% at 4k-16k. Small, but positive at
   // every point whose repeats agree within 0.4%: on in both d = 256 pair configs
   // (docs/perf-log.md, "Measured 2026-12-06, fourteenth run").

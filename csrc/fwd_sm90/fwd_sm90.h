@@ -112,19 +112,21 @@ struct FwdSm90Config {
   // loop put ours at 647 instructions per key block against FA3's 590, the same math, +48 of the
   // difference in the S issue (docs/perf-log.md, "The forward's S issue in uniform
   // instructions"). Measured (H100, bf16, GPU time, builds interleaved x 2 and x 3): d = 128
-  // causal +1.2..+2.1% at 4k-16k, non-causal +0.4..+2.6%; d = 64 -0.2..+1.0% causal, noise
-  // non-causal; d = 192 (its Multi config serves every call) non-causal +0.4..+2.2%, causal
-  // -0.7..+0.2% (noise); d = 256 -0.1..-2.1% alone (docs/perf-log.md, "Measured 2026-12-06,
+  // causal +1.2..+2.1% at 4k-16k, non-causal -0.7..+2.6%; d = 64 -0.2..+1.0% causal, noise
+  // non-causal; d = 192 (its Multi config serves every call) non-causal +0.4..+2.2% at 4k-16k,
+  // causal -0.7..+0.2% (noise); d = 256 alone -2.1..-0.1% (one +3.2% at non-causal 16k, within a
+  // 7% spread) (docs/perf-log.md, "Measured 2026-12-06,
   // fourteenth run"): on at d = 64-192, and at d = 256 with rescale_between.
   bool s_desc_lo = false;
   // The O rescale by block j's factor after S_{j+1} is issued and before P_j V_j (FA3's order:
   // its 128 x 80 d = 256 loop multiplies O while its S wgmmas run), instead of after P_{j-1} V_{j-1}
   // is waited for, where this warpgroup has no wgmma in flight until the next S. With s_desc_lo,
   // in GPU time (H100, bf16, builds interleaved x 2 and x 3): d = 256 causal +1.5..+3.4% at
-  // 4k-16k in both runs, non-causal +3.1 / -2.2% at 4k / 8k (16k within its 7% spread), on the
+  // 4k-16k in both runs, non-causal +3.1 / -2.2% at 4k / 8k (16k -6.3 / -0.6%, with 4-7%
+  // spreads), on the
   // persistent grid (the Multi config, to 2048 keys) -1.4..+0.2%; d = 192 -1.4..+0.7%. So the
   // d = 256 causal config alone (docs/perf-log.md, "Measured 2026-12-06, fourteenth run"). At
-  // d = 128 with ping-pong it read -0.6..-5.0% (ninth run).
+  // d = 128 with ping-pong it read -0.7..-5.0% (ninth run).
   bool rescale_between = false;
 };
 
@@ -175,11 +177,9 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim64Full = kFwdSm90Hdim64;
 constexpr FwdSm90Config kFwdSm90Hdim128Full = {128, 128, 2, 2, 24, 240, false, true, false, false,
                                               false, false, false, false, true, false, false, true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim192Full = kFwdSm90Hdim192;
-// d = 256 non-causal from 4096 keys: the causal config's flags without s_desc_lo and
-// rescale_between, which read +3.1 / -2.2% there at 4k / 8k (above).
-constexpr FwdSm90Config kFwdSm90Hdim256Full = {256, 80, 2, 2, 24, 240, false, true, true, false, true, true};
-// The config of a head dim's non-causal calls past full_persistent_keys (one CTA per tile);
-// where it is the Full config's object, Full serves them. d = 128: FA3's public arrangement for
+static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
+// The config of a head dim's non-causal calls past full_long_keys (FwdSm90Grid; one CTA per
+// tile); where it is the Full config's object, Full serves them. d = 128: FA3's public arrangement for
 // these calls, 176-key blocks (O 64 + S 88 + P 44 registers, one Q stage, 32 + 2 x 2 x 44 =
 // 208 KB) with ping-pong and the P V wait below the softmax. Measured as the Full config at every
 // length (H100, bf16, GPU time, builds interleaved x 2): +3.1 / +5.7% at 8k / 16k, -1.4% at 4k
@@ -191,7 +191,10 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim64FullLong = kFwdSm90Hdim64Ful
 constexpr FwdSm90Config kFwdSm90Hdim128FullLong = {128, 176, 2, 2, 24, 240, true, true, true, false,
                                                   false, false, false, false, true, false, false, true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim192FullLong = kFwdSm90Hdim192Full;
-static constexpr const FwdSm90Config& kFwdSm90Hdim256FullLong = kFwdSm90Hdim256Full;
+// d = 256 non-causal above 4096 keys (kFwdSm90Hdim256Grid): the causal config's flags without
+// s_desc_lo and rescale_between, which read +3.1% at 4096 and -2.2% at 8k there (above).
+constexpr FwdSm90Config kFwdSm90Hdim256FullLong = {256, 80, 2, 2, 24, 240, false, true, true, false,
+                                                  true, true};
 // Measured slower and removed: d = 128 with 176-key blocks on the causal config's flags
 // (-1.2..-1.8% non-causal, docs/perf-log.md, "Five candidates measured"); the non-causal forward
 // on a persistent grid at every length (+1.7 / +2.4% at 8k / 16k, below kFwdSm90Hdim128FullLong).
@@ -275,6 +278,9 @@ struct FwdSm90Grid {
   // not; else K_j and V_j in pairs.
   int causal_k_ahead_keys;
   int full_k_ahead_keys;
+  // Non-causal: the head dim's FullLong config (where it is a config of its own) above this
+  // seqlen_k, else its Full config; at least full_persistent_keys (FullLong runs one CTA per tile).
+  int full_long_keys;
 };
 constexpr int kAllKeys = 0x7fffffff;
 // Measured (H200, bf16; docs/perf-log.md "Forward tiles from a counter at every head dim", "The
@@ -304,10 +310,18 @@ constexpr int kAllKeys = 0x7fffffff;
 //   -1.4%, non-causal +2.6 / +1.2%, then -0.7..-2.7%; d = 128 causal +2.1 / +2.2 / +0.7%, then
 //   -0.5..-3.5%, non-causal -1.6..+0.8% (noise); d = 64 -1.7..+4.6% (noise). On where it gained
 //   (the 16k column swings 3-6% between repeats of one build).
-constexpr FwdSm90Grid kFwdSm90Hdim64Grid = {4096, kAllKeys, 2048, 2048, 0, 0};
-constexpr FwdSm90Grid kFwdSm90Hdim128Grid = {4096, kAllKeys, kAllKeys, 2048, 2048, 0};
-constexpr FwdSm90Grid kFwdSm90Hdim192Grid = {kAllKeys, kAllKeys, kAllKeys, 0, 4096, 1024};
-constexpr FwdSm90Grid kFwdSm90Hdim256Grid = {2048, 2048, 2048, 0, kAllKeys, 4096};
+// - FullLong (full_long_keys): d = 128 from 8k (its persistent grid ends at 4096); d = 256 above
+//   4096 keys, where s_desc_lo with rescale_between, which the causal and Full config share, read
+//   -2.2% at 8k against +3.1% at 4096 (kFwdSm90Hdim256FullLong).
+constexpr FwdSm90Grid kFwdSm90Hdim64Grid = {4096, kAllKeys, 2048, 2048, 0, 0, kAllKeys};
+constexpr FwdSm90Grid kFwdSm90Hdim128Grid = {4096, kAllKeys, kAllKeys, 2048, 2048, 0, 4096};
+constexpr FwdSm90Grid kFwdSm90Hdim192Grid = {kAllKeys, kAllKeys, kAllKeys, 0, 4096, 1024, kAllKeys};
+constexpr FwdSm90Grid kFwdSm90Hdim256Grid = {2048, 2048, 2048, 0, kAllKeys, 4096, 4096};
+static_assert(kFwdSm90Hdim64Grid.full_long_keys >= kFwdSm90Hdim64Grid.full_persistent_keys &&
+                  kFwdSm90Hdim128Grid.full_long_keys >= kFwdSm90Hdim128Grid.full_persistent_keys &&
+                  kFwdSm90Hdim192Grid.full_long_keys >= kFwdSm90Hdim192Grid.full_persistent_keys &&
+                  kFwdSm90Hdim256Grid.full_long_keys >= kFwdSm90Hdim256Grid.full_persistent_keys,
+              "FullLong runs one CTA per tile: never below the persistent grid's bound");
 // The causal forward's L2 groups: (batch, q head) pairs whose K and V fill about this many MB of
 // L2 run together, longest Q block first inside a group (fwd_sm90_scheduler.cuh). At 32 MB, ncu
 // of the d = 256 causal 512 forward (b32 h8, H100) read 281 MB from DRAM against 204 MB at 16 MB
@@ -401,6 +415,9 @@ bool fwd_sm90_dynamic(const flashback_fwd_params& p);
 
 // Whether the producer loads K one block ahead of V for this call (the head dim's FwdSm90Grid).
 bool fwd_sm90_k_ahead(const flashback_fwd_params& p);
+
+// Whether a non-causal call runs the head dim's FullLong config (the head dim's FwdSm90Grid).
+bool fwd_sm90_full_long(const flashback_fwd_params& p);
 
 // Whether a CTA of this call walks more than one tile (persistent or counter-fed): the head
 // dim's Multi config serves it.

@@ -58,7 +58,7 @@ bool fwd_sm90_can_implement(const flashback_fwd_params& p, const char** why) {
 namespace {
 // The head dim's row of grid bounds (fwd_sm90.h says why each is what it is).
 const FwdSm90Grid& grid_of(int headdim) {
-  static constexpr FwdSm90Grid kNone = {0, 0, 0, 0, 0, 0};  // not a head dim of this build
+  static constexpr FwdSm90Grid kNone = {0, 0, 0, 0, 0, 0, 0};  // not a head dim of this build
   switch (headdim) {
 #define FLASHBACK_FWD_GRID_CASE(D) \
   case D:                          \
@@ -84,6 +84,10 @@ bool fwd_sm90_dynamic(const flashback_fwd_params& p) {
 bool fwd_sm90_k_ahead(const flashback_fwd_params& p) {
   const FwdSm90Grid& g = grid_of(p.headdim);
   return p.seqlen_k <= (p.causal ? g.causal_k_ahead_keys : g.full_k_ahead_keys);
+}
+
+bool fwd_sm90_full_long(const flashback_fwd_params& p) {
+  return !p.causal && p.seqlen_k > grid_of(p.headdim).full_long_keys;
 }
 
 bool fwd_sm90_multi_tile(const flashback_fwd_params& p) {

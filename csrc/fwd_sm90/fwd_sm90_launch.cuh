@@ -269,7 +269,8 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
 // The entry points of head dim D's instances, bf16 and fp16 (in fwd_sm90_hdim<D>.cu; the table in
 // fwd_sm90_launch.cu declares them): the Multi config for calls a persistent grid serves, where
 // it is a config of its own; else the non-causal configs for calls without the mask, FullLong
-// where one CTA per tile runs them (where configs are one object, the branches are one instance).
+// above the grid row's full_long_keys (where configs are one object, the branches are one
+// instance).
 #define FLASHBACK_FWD_SM90_ENTRY(D, DT, DTYPE)                                                       \
   cudaError_t run_fwd_sm90_hdim##D##_##DT(const flashback_fwd_params& p, cudaStream_t stream) {   \
     if constexpr (&kFwdSm90Hdim##D##Multi != &kFwdSm90Hdim##D) {                                   \
@@ -277,7 +278,7 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
     }                                                                                              \
     if (p.causal) return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D, DTYPE>>(p, stream);    \
     if constexpr (&kFwdSm90Hdim##D##FullLong != &kFwdSm90Hdim##D##Full) {                          \
-      if (!fwd_sm90_persistent(p)) return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D##FullLong, DTYPE>>(p, stream); \
+      if (fwd_sm90_full_long(p)) return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D##FullLong, DTYPE>>(p, stream); \
     }                                                                                              \
     return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D##Full, DTYPE>>(p, stream);            \
   }
