@@ -16,8 +16,12 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg2)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256Timeline)
 #undef FLASHBACK_BWD_CANDIDATE
-// Forward candidates (none at present) are instantiated the same way:
-//   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>(
-//       const flashback_fwd_params&, cudaStream_t);
+#define FLASHBACK_FWD_CANDIDATE(C)                                           \
+  template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
+      const flashback_fwd_params&, cudaStream_t);
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64Kw)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64MultiKw)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullLongKw)
+#undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

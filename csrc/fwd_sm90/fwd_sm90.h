@@ -128,6 +128,13 @@ struct FwdSm90Config {
   // d = 256 causal config alone (docs/perf-log.md, "Measured 2026-12-06, fourteenth run"). At
   // d = 128 with ping-pong it read -0.7..-5.0% (ninth run).
   bool rescale_between = false;
+  // Ping-pong: only the first warpgroup waits for K_j / V_j to land. The others issue their
+  // GEMMs on that stage in later turns, which begin only after the first warpgroup's turn, and
+  // so its wait, has ended (the turn's bar.arrive / bar.sync orders them); each still frees the
+  // stage. FA3's d = 64 SASS has its warpgroups 1 and 2 issue without the waits, ~10
+  // instructions a key block each (docs/perf-log.md, "Ideas not built (after the thirteenth
+  // run)").
+  bool kv_wait_lead = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -257,6 +264,17 @@ constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, 
 // (not taken; docs/perf-log.md, "Measured 2026-12-06, fifth run").
 constexpr FwdSm90Config kFwdSm90Hdim256Multi = {256, 80, 2, 2, 24, 240, false, true, true, true,
                                                true, true, false, true, true, true};
+// Candidates (docs/perf-log.md, "The followers' K / V waits under ping-pong"): the ping-pong
+// configs (d = 64 both, d = 128 FullLong) with kv_wait_lead.
+constexpr FwdSm90Config kFwdSm90Hdim64Kw = {64, 128, 3, 2, 24, 160, true, true, false, false, false,
+                                            false, true, false, false, false, true, true, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim64MultiKw = {64, 128, 3, 2, 24, 160, true, true, false, false,
+                                                 false, true, true, true, false, true, true, true,
+                                                 false, true};
+constexpr FwdSm90Config kFwdSm90Hdim128FullLongKw = {128, 176, 2, 2, 24, 240, true, true, true,
+                                                     false, false, false, false, false, true, false,
+                                                     false, true, false, true};
+
 // Which grid serves a head dim's calls, by seqlen_k (varlen: the longest sequence). Tiles are
 // (Q block, head, batch); a persistent grid (one CTA per SM) hides each tile's fixed costs (the
 // first Q and K loads, the epilogue) under the previous tile, +8..+21% at seqlen 512-1024 and

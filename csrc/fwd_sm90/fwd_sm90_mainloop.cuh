@@ -78,10 +78,13 @@ struct FwdSm90Traits {
   static constexpr bool kPingpongAcrossTiles = kCfg.pingpong_across_tiles;
   static constexpr bool kSDescLo = kCfg.s_desc_lo;
   static constexpr bool kRescaleBetween = kCfg.rescale_between;
+  static constexpr bool kKvWaitLead = kCfg.kv_wait_lead;
   // Under ping-pong the multiplies would sit inside this warpgroup's turn (d = 128 measured
   // -0.6..-5.0% so).
   static_assert(!kRescaleBetween || !kCfg.pingpong, "rescale_between: configs without ping-pong");
   static_assert(!kPingpongAcrossTiles || kCfg.pingpong, "pingpong_across_tiles: a ping-pong config");
+  static_assert(!kKvWaitLead || (kCfg.pingpong && kConsumerWgs > 1),
+                "kv_wait_lead: the turns must order the other warpgroups behind the first");
   // o_over_v: the O-free barrier (one arrival per consumer warp after its O rows left the V
   // stages; the producer waits for it before the next tile's V_0). It runs in step with the one
   // Q stage, so it shares the Q ring's state.
@@ -303,12 +306,14 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     asm volatile("mov.b32 %0, %0;" : "+r"(q_w_addr));
     asm volatile("mov.b32 %0, %0;" : "+r"(k_addr));
   }
+  // kv_wait_lead: warpgroups after the first issue in turns that follow its wait.
+  const bool waits_kv = !T::kKvWaitLead || wg == 0;
   // (q_rows is q_w at every call; the s_desc_lo path uses q_w_addr.)
   auto issue_s = [&](float (&acc)[kS], const fh::PipelineState<T::kStages>& at,
                      const uint8_t* q_rows) {
     fh::zero_acc(acc);
     fh::wgmma_fence_operand(acc);
-    pipe_k->consumer_wait(at);
+    if (waits_kv) pipe_k->consumer_wait(at);
     fh::wgmma_fence();
     if constexpr (T::kSDescLo) {
       const uint64_t da = fh::make_smem_desc_sw128(q_w_addr, 16, 1024);
@@ -335,7 +340,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   // O += P V_j (one commit group): B = V_j [key][d] read N-major; N = d spans its
   // atom-columns.
   auto issue_pv = [&](const uint32_t (&a)[T::kBlockN / 16][4], const fh::PipelineState<T::kStages>& at) {
-    pipe_v->consumer_wait(at);
+    if (waits_kv) pipe_v->consumer_wait(at);
     fh::wgmma_fence();  // also after the wait loop's branch (C7519)
     const uint8_t* v_s = smem + T::kOffV + at.stage * T::kKvTileBytes;
     const uint64_t db = fh::desc_mnmajor_sw128(v_s, T::kKvAtomBytes);
