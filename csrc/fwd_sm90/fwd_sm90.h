@@ -135,6 +135,16 @@ struct FwdSm90Config {
   // instructions a key block each (docs/perf-log.md, "Ideas not built (after the thirteenth
   // run)").
   bool kv_wait_lead = false;
+  // The softmax without its -inf guards and the per-block mask test from a per-tile bound. A row
+  // that has seen only masked keys keeps m = -inf: its offset is floored at -FLT_MAX instead of
+  // tested (-inf - offset stays -inf, exp2 0), and the rescale factor exp2(m_old * scale -
+  // offset) is 0 by itself when m_old = -inf (the API keeps the scale finite and > 0); the same
+  // bits for every finite row. Without split_mask_loop, block j takes the mask when j >=
+  // masked_from, the bound split_mask_loop's loops use, computed once per tile, instead of four
+  // products and two compares per block. A SASS read beside FA3's d = 256 loop (480 executed
+  // instructions per key block against 449; the math and the wgmmas equal) put +8 on the guards
+  // and +9 on the mask test (docs/perf-log.md, "Ideas not built (after the fourteenth run)").
+  bool lean_softmax = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -274,6 +284,27 @@ constexpr FwdSm90Config kFwdSm90Hdim64MultiKw = {64, 128, 3, 2, 24, 160, true, t
 constexpr FwdSm90Config kFwdSm90Hdim128FullLongKw = {128, 176, 2, 2, 24, 240, true, true, true,
                                                      false, false, false, false, false, true, false,
                                                      false, true, false, true};
+
+// Candidates (docs/perf-log.md, "The softmax without its guards"): lean_softmax on the d = 128
+// and d = 256 configs.
+constexpr FwdSm90Config kFwdSm90Hdim128Ls = {128, 128, 2, 2, 24, 240, false, true, false, false, true,
+                                             true, true, true, false, true, false, true, false, false,
+                                             true};
+constexpr FwdSm90Config kFwdSm90Hdim128FullLs = {128, 128, 2, 2, 24, 240, false, true, false, false,
+                                                 false, false, false, false, true, false, false,
+                                                 true, false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim128FullLongLs = {128, 176, 2, 2, 24, 240, true, true, true,
+                                                     false, false, false, false, false, true, false,
+                                                     false, true, false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim256Ls = {256, 80, 2, 2, 24, 240, false, true, true, false, true,
+                                             true, false, false, false, false, false, true, true,
+                                             false, true};
+constexpr FwdSm90Config kFwdSm90Hdim256FullLongLs = {256, 80, 2, 2, 24, 240, false, true, true,
+                                                     false, true, true, false, false, false, false,
+                                                     false, false, false, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim256MultiLs = {256, 80, 2, 2, 24, 240, false, true, true, true,
+                                                  true, true, false, true, true, true, false, false,
+                                                  false, false, true};
 
 // Which grid serves a head dim's calls, by seqlen_k (varlen: the longest sequence). Tiles are
 // (Q block, head, batch); a persistent grid (one CTA per SM) hides each tile's fixed costs (the

@@ -20,6 +20,7 @@
 
 #include <cuda_bf16.h>
 
+#include <cfloat>
 #include <cmath>
 
 #include "fwd_sm90/fwd_sm90.h"
@@ -79,6 +80,7 @@ struct FwdSm90Traits {
   static constexpr bool kSDescLo = kCfg.s_desc_lo;
   static constexpr bool kRescaleBetween = kCfg.rescale_between;
   static constexpr bool kKvWaitLead = kCfg.kv_wait_lead;
+  static constexpr bool kLeanSoftmax = kCfg.lean_softmax;
   // Under ping-pong the multiplies would sit inside this warpgroup's turn (d = 128 measured
   // -0.6..-5.0% so).
   static_assert(!kRescaleBetween || !kCfg.pingpong, "rescale_between: configs without ping-pong");
@@ -355,14 +357,28 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   // statistics updated; returns in alpha the factor O must be rescaled by before P_j V_j.
   // mask: 0 tests whether block j needs the mask, 1 never masks, 2 always (split_mask_loop;
   // always a literal at the call, folded once inlined).
+  // Blocks are masked from the first that reaches past seqlen_k or past this warpgroup's first
+  // row's diagonal on (both conditions only grow with the block).
+  auto first_masked_block = [&] {
+    const int diag_end = m0 + diag + 1;  // keys below it are seen by every row here
+    const int past_keys = w.seqlen_k / T::kBlockN;
+    return p.causal ? min(past_keys, diag_end <= 0 ? 0 : diag_end / T::kBlockN) : past_keys;
+  };
+  int lean_masked_from = 0;  // lean_softmax's per-tile bound
+  if constexpr (T::kLeanSoftmax) lean_masked_from = first_masked_block();
   auto softmax = [&](float (&acc)[kS], int j, float (&alpha)[2], int mask) {
     const int n0 = j * T::kBlockN;
     // Keys past seqlen_k and (causal) after a row's diagonal get -inf; only blocks that reach
     // past seqlen_k or cross the diagonal test each element. (One compare per element against
     // a per-row limit, as the backward masks, measured no faster here: docs/perf-log.md, "The
     // runbook measured".)
-    if (mask == 2 ||
-        (mask == 0 && (n0 + T::kBlockN > w.seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag)))) {
+    bool masked_block;
+    if constexpr (T::kLeanSoftmax) {
+      masked_block = j >= lean_masked_from;
+    } else {
+      masked_block = n0 + T::kBlockN > w.seqlen_k || (p.causal && n0 + T::kBlockN - 1 > m0 + diag);
+    }
+    if (mask == 2 || (mask == 0 && masked_block)) {
 #pragma unroll
       for (int r = 0; r < kS; ++r) {
         const int key = n0 + fh::acc_col(r, t);
@@ -382,10 +398,16 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
         if (((r >> 1) & 1) == h) mx = fmaxf(mx, acc[r]);
       }
       mx = quad_max(mx);
-      offset[h] = mx == -INFINITY ? 0.f : mx * p.scale_log2;
-      // O and l are still 0 while no key was seen: alpha must then be 0, not exp2(-offset),
-      // which overflows to inf (and 0 * inf = NaN) when the first row maximum is very negative.
-      alpha[h] = m_raw[h] == -INFINITY ? 0.f : fh::exp2_approx(m_raw[h] * p.scale_log2 - offset[h]);
+      if constexpr (T::kLeanSoftmax) {
+        // (lean_softmax, fwd_sm90.h) -inf * scale_log2 - offset = -inf for any offset >= -FLT_MAX.
+        offset[h] = fmaxf(mx * p.scale_log2, -FLT_MAX);
+        alpha[h] = fh::exp2_approx(m_raw[h] * p.scale_log2 - offset[h]);
+      } else {
+        offset[h] = mx == -INFINITY ? 0.f : mx * p.scale_log2;
+        // O and l are still 0 while no key was seen: alpha must then be 0, not exp2(-offset),
+        // which overflows to inf (and 0 * inf = NaN) when the first row maximum is very negative.
+        alpha[h] = m_raw[h] == -INFINITY ? 0.f : fh::exp2_approx(m_raw[h] * p.scale_log2 - offset[h]);
+      }
       m_raw[h] = mx;
     }
     float rowsum[2] = {0.f, 0.f};
@@ -471,14 +493,8 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     };
     int j = 0;
     if constexpr (T::kSplitMaskLoop) {
-      // Blocks are masked from the first that reaches past seqlen_k or past this warpgroup's
-      // first row's diagonal on (both conditions only grow with the block): the steps before
-      // it (step j computes block j + 1) need no mask code.
-      const int diag_end = m0 + diag + 1;  // keys below it are seen by every row here
-      int masked_from = w.seqlen_k / T::kBlockN;
-      if (p.causal) {
-        masked_from = min(masked_from, diag_end <= 0 ? 0 : diag_end / T::kBlockN);
-      }
+      // The steps before the first masked block (step j computes block j + 1) need no mask code.
+      const int masked_from = first_masked_block();
       for (; j + 1 < min(masked_from, w.n_count); ++j) step(j, 1);
       for (; j + 1 < w.n_count; ++j) step(j, 2);
     } else {
