@@ -145,6 +145,13 @@ struct FwdSm90Config {
   // instructions per key block against 449; the math and the wgmmas equal) put +8 on the guards
   // and +9 on the mask test (docs/perf-log.md, "Ideas not built (after the fourteenth run)").
   bool lean_softmax = false;
+  // Ping-pong: this warpgroup's turn barrier and the next one's ids taken once per tile, and the
+  // hand-on of every turn but the tile's last unconditional (only the last turn of the last
+  // warpgroup may skip it, and which turn is last is known where it is issued), instead of the
+  // ids rebuilt and the turn counted and tested per turn (+5 instructions per key block in
+  // warpgroup 0, +8 in warpgroup 1 of the d = 128 FullLong loop against FA3's; docs/perf-log.md,
+  // "Ideas not built (after the fourteenth run)").
+  bool turn_ids = false;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -284,6 +291,16 @@ constexpr FwdSm90Config kFwdSm90Hdim64MultiKw = {64, 128, 3, 2, 24, 160, true, t
 constexpr FwdSm90Config kFwdSm90Hdim128FullLongKw = {128, 176, 2, 2, 24, 240, true, true, true,
                                                      false, false, false, false, false, true, false,
                                                      false, true, false, true};
+// With turn_ids too.
+constexpr FwdSm90Config kFwdSm90Hdim64KwT = {64, 128, 3, 2, 24, 160, true, true, false, false, false,
+                                             false, true, false, false, false, true, true, false, true,
+                                             false, true};
+constexpr FwdSm90Config kFwdSm90Hdim64MultiKwT = {64, 128, 3, 2, 24, 160, true, true, false, false,
+                                                  false, true, true, true, false, true, true, true,
+                                                  false, true, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim128FullLongKwT = {128, 176, 2, 2, 24, 240, true, true, true,
+                                                      false, false, false, false, false, true, false,
+                                                      false, true, false, true, false, true};
 
 // Candidates (docs/perf-log.md, "The softmax without its guards"): lean_softmax on the d = 128
 // and d = 256 configs.

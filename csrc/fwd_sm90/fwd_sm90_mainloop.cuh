@@ -81,12 +81,14 @@ struct FwdSm90Traits {
   static constexpr bool kRescaleBetween = kCfg.rescale_between;
   static constexpr bool kKvWaitLead = kCfg.kv_wait_lead;
   static constexpr bool kLeanSoftmax = kCfg.lean_softmax;
+  static constexpr bool kTurnIds = kCfg.turn_ids;
   // Under ping-pong the multiplies would sit inside this warpgroup's turn (d = 128 measured
   // -0.6..-5.0% so).
   static_assert(!kRescaleBetween || !kCfg.pingpong, "rescale_between: configs without ping-pong");
   static_assert(!kPingpongAcrossTiles || kCfg.pingpong, "pingpong_across_tiles: a ping-pong config");
   static_assert(!kKvWaitLead || (kCfg.pingpong && kConsumerWgs > 1),
                 "kv_wait_lead: the turns must order the other warpgroups behind the first");
+  static_assert(!kTurnIds || (kCfg.pingpong && kConsumerWgs > 1), "turn_ids: a ping-pong config");
   // o_over_v: the O-free barrier (one arrival per consumer warp after its O rows left the V
   // stages; the producer waits for it before the next tile's V_0). It runs in step with the one
   // Q stage, so it shares the Q ring's state.
@@ -259,11 +261,22 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   // GEMM groups is one turn of every warpgroup.
   const int n_turns = w.n_count > 0 ? w.n_count + 1 : 0;
   int turn = 0;
+  // turn_ids: the two barrier ids once per tile; the hand-on skipped only at the tile's last turn
+  // of the last warpgroup (without pingpong_across_tiles), which the call says (`last_turn`).
+  uint32_t bar_mine = 0, bar_next = 0;
+  if constexpr (T::kTurnIds) {
+    bar_mine = T::kBarTurn0 + wg;
+    bar_next = wg + 1 < T::kConsumerWgs ? T::kBarTurn0 + wg + 1 : T::kBarTurn0;
+  }
   auto turn_begin = [&] {
-    if constexpr (T::kPingpong) fh::named_bar_sync(T::kBarTurn0 + wg, 256);
+    if constexpr (T::kPingpong) fh::named_bar_sync(T::kTurnIds ? bar_mine : T::kBarTurn0 + wg, 256);
   };
-  auto turn_end = [&] {
-    if constexpr (T::kPingpong) {
+  auto turn_end = [&](bool last_turn) {
+    if constexpr (T::kPingpong && T::kTurnIds) {
+      if (T::kPingpongAcrossTiles || !last_turn || wg + 1 < T::kConsumerWgs) {
+        fh::named_bar_arrive(bar_next, 256);
+      }
+    } else if constexpr (T::kPingpong) {
       ++turn;
       if (wg + 1 < T::kConsumerWgs) {
         fh::named_bar_arrive(T::kBarTurn0 + wg + 1, 256);
@@ -456,7 +469,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   if (w.n_count > 0) {
     turn_begin();
     issue_s(s, st, q_w);
-    turn_end();
+    turn_end(false);
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(s);
     if (warp_leader) pipe_k->consumer_release(st);
@@ -476,7 +489,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
         fh::wgmma_fence_operand(o);
       }
       issue_pv(a, st);
-      turn_end();
+      turn_end(false);
       fh::wgmma_wait<1>();  // S_{j+1}; P_j V_j may still run
       fh::wgmma_fence_operand(s);
       if (warp_leader) pipe_k->consumer_release(next);
@@ -503,7 +516,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     if constexpr (T::kRescaleBetween) rescale_o(alpha);  // the last block's factor
     turn_begin();
     issue_pv(a, st);
-    turn_end();
+    turn_end(true);
     if constexpr (T::kFinalizeInPv) {
       // finalize_in_pv: while the last P V runs (l and m are final after the last softmax);
       // the wait kept below it in the SASS.
