@@ -152,6 +152,14 @@ struct FwdSm90Config {
   // warpgroup 0, +8 in warpgroup 1 of the d = 128 FullLong loop against FA3's; docs/perf-log.md,
   // "Ideas not built (after the fourteenth run)").
   bool turn_ids = false;
+  // The wait for P_j V_j placed inside the softmax of block j + 1, after its first pv_wait_at
+  // of the block_n / 2 exponentials per thread (0: not; a multiple of 4, so both rows have
+  // begun), with O's rescale and the P stage's release behind it, instead of above the softmax
+  // (where ptxas puts it) or below the whole of it (pv_wait_below). FA3's loops wait after
+  // 23 of 90 exponentials (d = 128, 176 keys) and 13-18 of 42 (d = 256) and interleave the O
+  // multiplies and conversions with the rest; the two ends measured here were each slower at
+  // some head dims (docs/perf-log.md, "Ideas not built (after the fourteenth run)").
+  int pv_wait_at = 0;
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -322,6 +330,25 @@ constexpr FwdSm90Config kFwdSm90Hdim256FullLongLs = {256, 80, 2, 2, 24, 240, fal
 constexpr FwdSm90Config kFwdSm90Hdim256MultiLs = {256, 80, 2, 2, 24, 240, false, true, true, true,
                                                   true, true, false, true, true, true, false, false,
                                                   false, false, true};
+
+// Candidates (docs/perf-log.md, "The P V wait inside the softmax"): pv_wait_at on the d = 128
+// configs and the one-CTA-per-tile d = 256 configs (about a quarter of the exponentials first,
+// as FA3's loops), pv_wait_below off where it was on.
+constexpr FwdSm90Config kFwdSm90Hdim128Pm = {128, 128, 2, 2, 24, 240, false, true, false, false, true,
+                                             true, true, true, false, true, false, true, false, false,
+                                             false, false, 16};
+constexpr FwdSm90Config kFwdSm90Hdim128FullPm = {128, 128, 2, 2, 24, 240, false, true, false, false,
+                                                 false, false, false, false, true, false, false,
+                                                 true, false, false, false, false, 16};
+constexpr FwdSm90Config kFwdSm90Hdim128FullLongPm = {128, 176, 2, 2, 24, 240, true, true, false,
+                                                     false, false, false, false, false, true, false,
+                                                     false, true, false, false, false, false, 24};
+constexpr FwdSm90Config kFwdSm90Hdim256Pm = {256, 80, 2, 2, 24, 240, false, true, false, false, true,
+                                             true, false, false, false, false, false, true, true,
+                                             false, false, false, 12};
+constexpr FwdSm90Config kFwdSm90Hdim256FullLongPm = {256, 80, 2, 2, 24, 240, false, true, false,
+                                                     false, true, true, false, false, false, false,
+                                                     false, false, false, false, false, false, 12};
 
 // Which grid serves a head dim's calls, by seqlen_k (varlen: the longest sequence). Tiles are
 // (Q block, head, batch); a persistent grid (one CTA per SM) hides each tile's fixed costs (the

@@ -82,6 +82,9 @@ struct FwdSm90Traits {
   static constexpr bool kKvWaitLead = kCfg.kv_wait_lead;
   static constexpr bool kLeanSoftmax = kCfg.lean_softmax;
   static constexpr bool kTurnIds = kCfg.turn_ids;
+  static constexpr int kPvWaitAt = kCfg.pv_wait_at;
+  static_assert(kPvWaitAt == 0 || (!kPvWaitBelow && kPvWaitAt % 4 == 0 && kPvWaitAt < kBlockN / 2),
+                "pv_wait_at: a multiple of 4 below block_n / 2, instead of pv_wait_below");
   // Under ping-pong the multiplies would sit inside this warpgroup's turn (d = 128 measured
   // -0.6..-5.0% so).
   static_assert(!kRescaleBetween || !kCfg.pingpong, "rescale_between: configs without ping-pong");
@@ -379,7 +382,11 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   };
   int lean_masked_from = 0;  // lean_softmax's per-tile bound
   if constexpr (T::kLeanSoftmax) lean_masked_from = first_masked_block();
-  auto softmax = [&](float (&acc)[kS], int j, float (&alpha)[2], int mask) {
+  // pv_in_flight (a literal at each call; pv_wait_at): P_j V_j, which reads pv_frags, is in
+  // flight and is waited for after the first kPvWaitAt exponentials, with what follows its
+  // wait in the step (the V stage's release, O's rescale).
+  auto softmax = [&](float (&acc)[kS], int j, float (&alpha)[2], int mask, bool pv_in_flight,
+                     uint32_t (&pv_frags)[T::kBlockN / 16][4]) {
     const int n0 = j * T::kBlockN;
     // Keys past seqlen_k and (causal) after a row's diagonal get -inf; only blocks that reach
     // past seqlen_k or cross the diagonal test each element. (One compare per element against
@@ -426,6 +433,22 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     float rowsum[2] = {0.f, 0.f};
 #pragma unroll
     for (int r = 0; r < kS; ++r) {
+      if constexpr (T::kPvWaitAt > 0) {
+        if (pv_in_flight && r == T::kPvWaitAt) {
+          // The branch ends a basic block, so the wait stays below the exponentials before it
+          // (wgmma.h); the rest of them can interleave with O's multiplies.
+          fh::keep_waits_below(w.seqlen_k);
+          fh::wgmma_wait<0>();  // P_j V_j
+          fh::wgmma_fence_operand(o);
+#pragma unroll
+          for (int c = 0; c < T::kBlockN / 16; ++c) fh::wgmma_fence_operand(pv_frags[c]);
+          if (warp_leader) pipe_v->consumer_release(st);
+          if constexpr (!T::kRescaleBetween) {
+#pragma unroll
+            for (int i = 0; i < T::kHeadDim / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
+          }
+        }
+      }
       const int h = (r >> 1) & 1;
       acc[r] = fh::exp2_approx(acc[r] * p.scale_log2 - offset[h]);
       rowsum[h] += acc[r];
@@ -474,7 +497,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     fh::wgmma_fence_operand(s);
     if (warp_leader) pipe_k->consumer_release(st);
     release_q_after_last_s(w.n_count == 1);
-    softmax(s, 0, alpha, 0);
+    softmax(s, 0, alpha, 0, false, a);
     to_frags(s, a);  // O is 0: no rescale
     auto step = [&](int j, int mask) {
       fh::PipelineState<T::kStages> next = st;
@@ -494,13 +517,15 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
       fh::wgmma_fence_operand(s);
       if (warp_leader) pipe_k->consumer_release(next);
       release_q_after_last_s(j + 2 == w.n_count);
-      softmax(s, j + 1, alpha, mask);
-      if constexpr (T::kPvWaitBelow) fh::keep_waits_below(w.seqlen_k);  // (wgmma.h)
-      fh::wgmma_wait<0>();  // P_j V_j
-      fh::wgmma_fence_operand(o);
-      fence_frags(a);
-      if (warp_leader) pipe_v->consumer_release(st);
-      if constexpr (!T::kRescaleBetween) rescale_o(alpha);
+      softmax(s, j + 1, alpha, mask, T::kPvWaitAt > 0, a);  // pv_wait_at: P_j V_j waited inside
+      if constexpr (T::kPvWaitAt == 0) {
+        if constexpr (T::kPvWaitBelow) fh::keep_waits_below(w.seqlen_k);  // (wgmma.h)
+        fh::wgmma_wait<0>();  // P_j V_j
+        fh::wgmma_fence_operand(o);
+        fence_frags(a);
+        if (warp_leader) pipe_v->consumer_release(st);
+        if constexpr (!T::kRescaleBetween) rescale_o(alpha);
+      }
       to_frags(s, a);
       st = next;
     };
