@@ -443,6 +443,8 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
 #pragma unroll
           for (int c = 0; c < T::kBlockN / 16; ++c) fh::wgmma_fence_operand(pv_frags[c]);
           if (warp_leader) pipe_v->consumer_release(st);
+          // rescale_o's loop: defining that lambda (and fence_frags) above this one changed
+          // production kernels' SASS.
           if constexpr (!T::kRescaleBetween) {
 #pragma unroll
             for (int i = 0; i < T::kHeadDim / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
