@@ -140,7 +140,7 @@ struct FwdSm90Config {
   // tested (-inf - offset stays -inf, exp2 0), and the rescale factor exp2(m_old * scale -
   // offset) is 0 by itself when m_old = -inf (the API keeps the scale finite and > 0); the same
   // bits for every finite row. Without split_mask_loop, block j takes the mask when j >=
-  // masked_from, the bound split_mask_loop's loops use, computed once per tile, instead of four
+  // masked_from, the bound split_mask_loop's loops use, computed once per tile, instead of two
   // products and two compares per block. A SASS read beside FA3's d = 256 loop (480 executed
   // instructions per key block against 449; the math and the wgmmas equal) put +8 on the guards
   // and +9 on the mask test (docs/perf-log.md, "Ideas not built (after the fourteenth run)").
@@ -154,7 +154,7 @@ struct FwdSm90Config {
   bool turn_ids = false;
   // The wait for P_j V_j placed inside the softmax of block j + 1, after its first pv_wait_at
   // of the block_n / 2 exponentials per thread (0: not; a multiple of 4, so both rows have
-  // begun), with O's rescale and the P stage's release behind it, instead of above the softmax
+  // begun), with O's rescale and the V stage's release behind it, instead of above the softmax
   // (where ptxas puts it) or below the whole of it (pv_wait_below). FA3's loops wait after
   // 23 of 90 exponentials (d = 128, 176 keys) and 13-18 of 42 (d = 256) and interleave the O
   // multiplies and conversions with the rest; the two ends measured here were each slower at
