@@ -97,6 +97,60 @@ def summarize_producer(stamps, ctas, steps, q_stages=1):
     return [np.asarray(x, dtype=np.float64) for x in segs]
 
 
+# Once per CTA, in step 0's slots of each consumer warpgroup (kTlCtaEntry.. in bwd_sm90.h).
+CTA_ENTRY, CTA_EXIT, CTA_ENTRY_NS, CTA_EXIT_NS, CTA_SM = range(PRODUCER_DO_ISSUED + 1, PRODUCER_DO_ISSUED + 6)
+
+
+def summarize_ctas(stamps, ctas, steps):
+    """What the CTAs cost outside their steps, and how they fill the SMs.
+
+    Per CTA with keys (warpgroup 0's stamps): its start to the first step's top (barrier
+    init, the cluster barrier, K / V / the partner's K half and the first Q in flight), the last
+    step's end to its exit (dK / dV staged and stored, the final cluster barrier), and its whole
+    time, in clocks. From the global timer (ns) and the SM ids: the kernel's span from the first
+    CTA's start to the last one's exit, the share of SM-time inside CTAs, the gaps between one
+    CTA's exit and the next one's start on the same SM, and the tail: the span's part after the
+    first SM ran out of CTAs. Returns a dict, or None without the stamps."""
+    import numpy as np
+
+    t = stamps.astype(np.int64)
+    pro, epi, whole = [], [], []
+    for c in range(ctas):
+        row = t[c, :, 0]
+        entry, exit_ = row[0, CTA_ENTRY], row[0, CTA_EXIT]
+        if entry == 0 or exit_ == 0:
+            continue
+        whole.append(exit_ - entry)
+        if row[0, 0] == 0:  # no keys: the ghost CTA of an odd block count
+            continue
+        pro.append(row[0, 0] - entry)
+        ends = [row[s, len(EVENTS) - 1] for s in range(steps) if row[s, len(EVENTS) - 1] != 0]
+        if ends:
+            epi.append(exit_ - max(ends))
+    if not whole:
+        return None
+    cta_ns = [(int(t[c, 0, 0, CTA_SM]), min(t[c, 0, w, CTA_ENTRY_NS] for w in (0, 1)),
+               max(t[c, 0, w, CTA_EXIT_NS] for w in (0, 1)))
+              for c in range(ctas) if all(t[c, 0, w, CTA_ENTRY_NS] and t[c, 0, w, CTA_EXIT_NS] for w in (0, 1))]
+    start = min(e for _, e, _ in cta_ns)
+    end = max(x for _, _, x in cta_ns)
+    by_sm = {}
+    for sm, e, x in cta_ns:
+        by_sm.setdefault(sm, []).append((e, x))
+    gaps, last_exits = [], []
+    for runs in by_sm.values():
+        runs.sort()
+        gaps += [b[0] - a[1] for a, b in zip(runs, runs[1:])]
+        last_exits.append(runs[-1][1])
+    busy = sum(x - e for _, e, x in cta_ns)
+    return {
+        "prologue": np.asarray(pro, dtype=np.float64), "epilogue": np.asarray(epi, dtype=np.float64),
+        "cta": np.asarray(whole, dtype=np.float64), "span_ns": end - start, "sms": len(by_sm),
+        "busy": busy / (len(by_sm) * (end - start)), "gaps_ns": np.asarray(gaps, dtype=np.float64),
+        "tail_ns": end - min(last_exits),
+    }
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batch", type=int, default=4)
@@ -147,6 +201,19 @@ def main():
         for name, s in zip(SEGMENTS[wg], rows[wg]):
             if len(s):
                 print(f"  {name:32s} {np.median(s):8.0f} {s.mean():8.0f}  {100 * s.mean() / step:5.1f}%")
+    cta = summarize_ctas(stamps, ctas, steps)
+    if cta is not None:
+        print(f"CTAs: {len(cta['cta'])}, median {np.median(cta['cta']):.0f} clocks each; outside the steps "
+              f"(median / mean clocks, share of the CTAs' summed time):")
+        for name in ("prologue", "epilogue"):
+            s = cta[name]
+            if len(s):
+                print(f"  {name:10s} {np.median(s):8.0f} {s.mean():8.0f}  {100 * s.sum() / cta['cta'].sum():5.1f}%")
+        g = cta["gaps_ns"]
+        print(f"  kernel {cta['span_ns'] / 1e3:.1f} us on {cta['sms']} SMs: {100 * cta['busy']:.1f}% of SM time "
+              f"inside CTAs; gaps between CTAs on an SM median {np.median(g) if len(g) else 0:.0f} ns "
+              f"(mean {g.mean() if len(g) else 0:.0f}); tail after the first SM ran dry "
+              f"{cta['tail_ns'] / 1e3:.1f} us ({100 * cta['tail_ns'] / cta['span_ns']:.1f}%)")
     prod = summarize_producer(stamps, ctas, steps, a.q_stages)
     if len(prod[0]):
         print(f"producer, Q_i / dO_i loads ({a.q_stages} Q stage{'s' if a.q_stages > 1 else ''}): "

@@ -453,7 +453,16 @@ enum BwdTimelineEvent {
   // The producer's points, in warpgroup 0's slots of the step whose rows it loads.
   kTlProducerQFree = kTlEvents,  // the one Q stage seen free (every consumer warp released Q_{i-1})
   kTlProducerDoIssued,           // Q_i's and dO_i's copies issued
+  // Once per CTA, in step 0's slots of each consumer warpgroup: what a CTA costs outside its
+  // steps (its start to the first step's top, the last step's end to its exit) and, from the
+  // global timer and the SM id, how the grid's CTAs fill the SMs over the kernel's time.
+  kTlCtaEntry = kTlProducerDoIssued + 1,  // clock64 at the kernel's top
+  kTlCtaExit,                             // clock64 after the epilogue's final cluster barrier
+  kTlCtaEntryNs,                          // %globaltimer (ns) at the kernel's top
+  kTlCtaExitNs,                           // %globaltimer at the exit
+  kTlCtaSm,                               // %smid
 };
+static_assert(kTlCtaSm < 16, "16 timeline slots per warpgroup and step");
 
 // The buffer a timeline config writes to (bwd_sm90_launch.cu; null: none).
 void bwd_sm90_set_timeline(unsigned long long* buffer, int ctas, int steps);

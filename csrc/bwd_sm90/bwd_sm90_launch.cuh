@@ -71,6 +71,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       reinterpret_cast<fh::TmaPipeline<T::kDoStages>*>(smem + T::kOffPipeDo);
 
   const int wg = fh::warpgroup_index();
+  if constexpr (T::kTimeline) {
+    if (wg > 0) timeline_cta_stamp<T>(p, wg - 1, threadIdx.x % 128, false);
+  }
   if (threadIdx.x == 0) {
     fh::tma_prefetch_map(&map_q);
     fh::tma_prefetch_map(&map_k);
@@ -131,6 +134,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     if constexpr (T::kPairGhost) {
       if (w.n_block >= w.n_blocks) {
         bwd_sm90_consumer_ghost<T, kDet>(p, w, smem, kv_bar, wg - 1);
+        if constexpr (T::kTimeline) timeline_cta_stamp<T>(p, wg - 1, threadIdx.x % 128, true);
         return;
       }
     }
@@ -143,6 +147,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     } else {
       bwd_sm90_consumer<T, kDet, T::kOwn1>(p, w, smem, kv_bar, pipe_q, pipe_do, 1);
     }
+    if constexpr (T::kTimeline) timeline_cta_stamp<T>(p, wg - 1, threadIdx.x % 128, true);
   }
 }
 

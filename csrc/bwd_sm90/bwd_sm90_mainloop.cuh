@@ -320,6 +320,22 @@ __device__ __forceinline__ void timeline_stamp(const BwdSm90Params& p, int it, i
   }
 }
 
+// timeline configs: the CTA's entry (exit = false) or exit stamps of consumer warpgroup wg
+// (kTlCtaEntry..kTlCtaSm, step 0's slots).
+template <class T>
+__device__ __forceinline__ void timeline_cta_stamp(const BwdSm90Params& p, int wg, int t, bool exit) {
+  if (t == 0 && static_cast<int>(blockIdx.x) < p.timeline_ctas && p.timeline_steps > 0) {
+    unsigned long long* row = p.timeline + (static_cast<int64_t>(blockIdx.x) * p.timeline_steps * 2 + wg) * 16;
+    unsigned long long ns;
+    unsigned sm;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    row[exit ? kTlCtaExit : kTlCtaEntry] = static_cast<unsigned long long>(clock64());
+    row[exit ? kTlCtaExitNs : kTlCtaEntryNs] = ns;
+    row[kTlCtaSm] = sm;
+  }
+}
+
 // ------------------------------------------------------------------------------ producer ---
 // One thread: K_j and V_j once, then Q_i and dO_i of every step into their rings (by keys or
 // stats_smem with the step's LSE * log2(e) or D rows, kStatBytes, copied on the same full

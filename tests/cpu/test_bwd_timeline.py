@@ -93,3 +93,32 @@ def test_producer_segments_two_stages():
     assert (segs[1] == 2 * step_clocks + 10 - 88 - 5).all()
     # read as one stage, the same stamps give a free before its release
     assert (bwd_timeline.summarize_producer(t, 1, steps)[0][1:] < 0).all()
+
+
+def test_cta_summary():
+    # Two SMs; SM 0 runs CTAs 0 then 2, SM 1 runs CTA 1 (its own steps, no ghost) and then
+    # nothing: the tail is the time after SM 1's last exit.
+    steps = 3
+    t = np.zeros((3, steps, 2, 16), dtype=np.int64)
+    cta_ns = {0: (0, 0, 10_000), 1: (1, 0, 6_000), 2: (0, 10_500, 20_000)}  # sm, entry, exit
+    for c, (sm, e, x) in cta_ns.items():
+        for wg in (0, 1):
+            t[c, 0, wg, bwd_timeline.CTA_ENTRY] = 100
+            t[c, 0, wg, 0] = 100 + 40 * (c + 1)  # step 0's top
+            for s in range(steps):
+                t[c, s, wg, len(bwd_timeline.EVENTS) - 1] = 1000 + 500 * s  # step ends
+            t[c, 0, wg, bwd_timeline.CTA_EXIT] = 1000 + 500 * (steps - 1) + 30 * (c + 1)
+            t[c, 0, wg, bwd_timeline.CTA_ENTRY_NS] = e + 1 + wg  # the warpgroups' stamps differ
+            t[c, 0, wg, bwd_timeline.CTA_EXIT_NS] = x - wg
+            t[c, 0, wg, bwd_timeline.CTA_SM] = sm
+    r = bwd_timeline.summarize_ctas(t, 3, steps)
+    assert list(r["prologue"]) == [40, 80, 120]
+    assert list(r["epilogue"]) == [30, 60, 90]
+    assert r["sms"] == 2
+    assert r["span_ns"] == 20_000 - 1
+    assert list(r["gaps_ns"]) == [10_501 - 10_000]
+    assert r["tail_ns"] == 20_000 - 6_000
+    busy = (10_000 - 1) + (6_000 - 1) + (20_000 - 10_501)
+    assert abs(r["busy"] - busy / (2 * (20_000 - 1))) < 1e-12
+    t[:, :, :, bwd_timeline.CTA_ENTRY:] = 0  # a library without the CTA stamps
+    assert bwd_timeline.summarize_ctas(t, 3, steps) is None
