@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""How much of the d = 256 pair backward's grid time a fixed cost per CTA takes, by sequence
+length: a model of the pair grid's fill, to price a persistent pair before building one.
+
+Each cluster (two CTAs on K/V blocks 2u and 2u + 1 of one (batch, kv head), in lockstep) walks
+the Q blocks that see its lower block: m_blocks - first Q block (causal) or m_blocks steps,
+in units of one step, plus a fixed cost F per cluster (its start: barrier init, the cluster
+barrier, K / V / the partner's K half in flight; its end: dK / dV staged and stored, the final
+cluster barrier; the launch of the next cluster on the freed SMs). Clusters come in the
+launch order of csrc/bwd_sm90/bwd_sm90_scheduler.cuh (causal: L2 groups of (batch, kv head)
+pairs, the unit index slower than the pair, so the longest walks of a group start first) and
+go to the first of SMS / 2 cluster slots that is free (the hardware's greedy fill). The
+persistent form keeps a cluster per slot that takes the next unit when free and hides a
+fraction of F under its neighbours' steps (the next unit's K / V load under the last steps,
+the dK / dV stores under the next unit's first); each slot still pays F once.
+
+Printed per length: the makespan of one CTA per cluster over the ideal (total steps / slots),
+the share of it F accounts for, and the persistent form's gain at the given hidden fraction.
+The per-CTA timeline (scripts/bwd_timeline.py on the timeline config) measures F.
+
+    python3 scripts/bwd_balance_model.py [--fixed 0,0.5,1,2] [--hidden 0.7] [--sms 132]
+"""
+import argparse
+import heapq
+import math
+
+TOKENS = 16384
+BLOCK_M, BLOCK_N = 64, 80  # the d = 256 pair's tile (csrc/bwd_sm90/bwd_sm90.h)
+L2_ROWS, L2_SHORT_ROWS, L2_SHORT_SEQLEN = 16384, 8192, 1024  # kBwdSm90L2 at d = 256
+
+
+def walks(batch, seqlen, heads, causal):
+    """Steps per cluster in launch order (grouped_tile over units of two K/V blocks)."""
+    m_blocks = math.ceil(seqlen / BLOCK_M)
+    units = math.ceil(math.ceil(seqlen / BLOCK_N) / 2)
+    pairs = batch * heads
+    rows = L2_SHORT_ROWS if seqlen <= L2_SHORT_SEQLEN else L2_ROWS
+    group = max(1, min(pairs, rows // seqlen)) if causal else 1
+    out = []
+    for cta in range(units * pairs):
+        g = cta // (group * units)
+        rest = cta - g * group * units
+        unit = rest // min(group, pairs - g * group)
+        first = (2 * unit * BLOCK_N) // BLOCK_M if causal else 0
+        out.append(max(0, m_blocks - first))
+    return out
+
+
+def makespan(costs, slots):
+    """Greedy: each cost to the slot that frees first, in order."""
+    free = [0.0] * slots
+    for c in costs:
+        heapq.heapreplace(free, free[0] + c)
+    return max(free)
+
+
+def persistent_makespan(steps, slots, fixed, hidden):
+    """A persistent cluster per slot: the first unit of a slot pays all of F, later ones
+    (1 - hidden) of it."""
+    free = [(0.0, True)] * slots  # (time, nothing run yet)
+    heapq.heapify(free)
+    for s in steps:
+        t, first = heapq.heappop(free)
+        heapq.heappush(free, (t + s + (fixed if first else fixed * (1 - hidden)), False))
+    return max(t for t, _ in free)
+
+
+def model(batch, seqlen, heads, causal, fixed, hidden, sms):
+    steps = walks(batch, seqlen, heads, causal)
+    slots = sms // 2
+    ideal = sum(steps) / slots
+    tiles = makespan([s + fixed for s in steps], slots)
+    bare = makespan(steps, slots)
+    pers = persistent_makespan(steps, slots, fixed, hidden)
+    return {"ideal": ideal, "tiles": tiles, "bare": bare, "persistent": pers,
+            "mean_walk": sum(steps) / len(steps)}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--fixed", default="0,0.5,1,2", help="fixed cost per cluster, in steps (comma list)")
+    p.add_argument("--hidden", type=float, default=0.7, help="share of it a persistent cluster hides")
+    p.add_argument("--sms", type=int, default=132)
+    p.add_argument("--heads", type=int, default=8)
+    a = p.parse_args()
+    print(f"d = 256 pair, {TOKENS} tokens x {a.heads} heads, {a.sms // 2} cluster slots; makespan over "
+          f"the ideal; F's share of it; the persistent form's gain hiding {a.hidden:.0%} of F")
+    for causal in (True, False):
+        for seqlen in (1024, 2048, 4096, 8192, 16384):
+            batch = TOKENS // seqlen
+            cells = []
+            for f in (float(x) for x in a.fixed.split(",")):
+                r = model(batch, seqlen, a.heads, causal, f, a.hidden, a.sms)
+                cells.append(f"F={f:g}: {r['tiles'] / r['ideal']:.3f} F {100 * (r['tiles'] - r['bare']) / r['tiles']:4.1f}% "
+                             f"pers +{100 * (r['tiles'] / r['persistent'] - 1):4.1f}%")
+            r = model(batch, seqlen, a.heads, causal, 0.0, a.hidden, a.sms)
+            print(f"{'causal' if causal else 'non-causal':10s} {seqlen:5d} (walk {r['mean_walk']:5.1f} steps)  " + "  ".join(cells))
+
+
+if __name__ == "__main__":
+    main()
