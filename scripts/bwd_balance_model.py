@@ -29,18 +29,20 @@ BLOCK_M, BLOCK_N = 64, 80  # the d = 256 pair's tile (csrc/bwd_sm90/bwd_sm90.h)
 L2_ROWS, L2_SHORT_ROWS, L2_SHORT_SEQLEN = 16384, 8192, 1024  # kBwdSm90L2 at d = 256
 
 
-def walks(batch, seqlen, heads, causal):
-    """Steps per cluster in launch order (grouped_tile over units of two K/V blocks)."""
+def walks(batch, seqlen, heads, causal, tail_groups=1):
+    """Steps per cluster in launch order (grouped_tile over units of two K/V blocks; causal
+    with tail_groups > 1, grouped_tile_tail: the last tail_groups groups as one)."""
     m_blocks = math.ceil(seqlen / BLOCK_M)
     units = math.ceil(math.ceil(seqlen / BLOCK_N) / 2)
     pairs = batch * heads
     rows = L2_SHORT_ROWS if seqlen <= L2_SHORT_SEQLEN else L2_ROWS
     group = max(1, min(pairs, rows // seqlen)) if causal else 1
+    full = max(0, math.ceil(pairs / group) - (tail_groups if causal else 1))
     out = []
     for cta in range(units * pairs):
-        g = cta // (group * units)
+        g = min(cta // (group * units), full)
         rest = cta - g * group * units
-        unit = rest // min(group, pairs - g * group)
+        unit = rest // (pairs - full * group if g == full else group)
         first = (2 * unit * BLOCK_N) // BLOCK_M if causal else 0
         out.append(max(0, m_blocks - first))
     return out
@@ -65,8 +67,8 @@ def persistent_makespan(steps, slots, fixed, hidden):
     return max(t for t, _ in free)
 
 
-def model(batch, seqlen, heads, causal, fixed, hidden, sms):
-    steps = walks(batch, seqlen, heads, causal)
+def model(batch, seqlen, heads, causal, fixed, hidden, sms, tail_groups=1):
+    steps = walks(batch, seqlen, heads, causal, tail_groups)
     slots = sms // 2
     ideal = sum(steps) / slots
     tiles = makespan([s + fixed for s in steps], slots)
@@ -95,6 +97,13 @@ def main():
                              f"pers +{100 * (r['tiles'] / r['persistent'] - 1):4.1f}%")
             r = model(batch, seqlen, a.heads, causal, 0.0, a.hidden, a.sms)
             print(f"{'causal' if causal else 'non-causal':10s} {seqlen:5d} (walk {r['mean_walk']:5.1f} steps)  " + "  ".join(cells))
+    print("causal, the last L2 groups merged (l2_tail_groups): makespan over the ideal at F = 0 / 1 step")
+    for seqlen in (1024, 2048, 4096, 8192, 16384):
+        cells = []
+        for tail in (1, 2, 3):
+            r0, r1 = (model(TOKENS // seqlen, seqlen, a.heads, True, f, a.hidden, a.sms, tail) for f in (0.0, 1.0))
+            cells.append(f"{tail}: {r0['tiles'] / r0['ideal']:.3f} / {r1['tiles'] / r1['ideal']:.3f}")
+        print(f"  {seqlen:5d}  " + "  ".join(cells))
 
 
 if __name__ == "__main__":

@@ -202,6 +202,13 @@ struct BwdSm90Config {
   // every point whose repeats agree within 0.4%: on in both d = 256 pair configs
   // (docs/perf-log.md, "Measured 2026-12-06, fourteenth run").
   bool l2_hints = false;
+  // Default mode, causal: the last l2_tail_groups L2 groups of (batch, kv head) pairs run as
+  // one (grouped_tile_tail, sm90_common.h), so that the last group's longest walks, launched
+  // first in it, overlap more of its shorter ones instead of ending the grid alone. A model of
+  // the grid's fill (scripts/bwd_balance_model.py, d = 256 pair) puts the makespan over the
+  // ideal at 1.019-1.022 at 4k-16k with one group, 1.010 with the last two merged, 1.002-1.005
+  // with three; the price is L2 room in the grid's last phase (that many groups' rows at once).
+  int l2_tail_groups = 1;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -369,6 +376,12 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 constexpr BwdSm90Config kBwdSm90Hdim256Timeline = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
                                                   true, true, false, false, false, true, false, true, true, true,
                                                   false, true};
+// Candidates: the d = 256 default pair with the last two / three causal L2 groups merged
+// (l2_tail_groups; docs/perf-log.md, "The causal grid's last L2 group").
+constexpr BwdSm90Config kBwdSm90Hdim256Tail2 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
+                                               false, false, false, true, false, true, false, true, false, true, 2};
+constexpr BwdSm90Config kBwdSm90Hdim256Tail3 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
+                                               false, false, false, true, false, true, false, true, false, true, 3};
 // Measured and removed (H200, bf16, GPU time, A B C A B C; docs/perf-log.md, "Measured
 // 2026-12-06, thirteenth run"): the d = 256 pair with dK^T queued behind dV^T before the
 // partner wait and Q handed back with dO after dQ^T peer's issue, -1.3..-2.7% default,

@@ -108,7 +108,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // The postprocess (launched with the PDL attribute) may be scheduled once every CTA of this
   // grid has started; it waits for this grid's end before it reads dQaccum.
   if (threadIdx.x == 0) fh::launch_dependents();
-  const BwdSm90Work w = bwd_sm90_work<T::kBlockM, T::kBlockN, kDet, T::kPair, T::kDetFromEnd>(p);
+  const BwdSm90Work w =
+      bwd_sm90_work<T::kBlockM, T::kBlockN, kDet, T::kPair, T::kDetFromEnd, T::kL2TailGroups>(p);
   if (!w.active) return;  // varlen: past the end of a shorter sequence's keys (the whole CTA)
   // This grid may start while the preprocess still runs (PDL): what it wrote (LSE * log2(e),
   // D, the zeroed dQaccum and turn counters) is read or added to only after this wait. The

@@ -177,6 +177,8 @@ struct BwdSm90Traits {
   static constexpr bool kPrefetchNextRows = kCfg.prefetch_next_rows;
   static constexpr bool kDkBeforePeer = kCfg.dk_before_peer;
   static constexpr bool kL2Hints = kCfg.l2_hints;
+  static constexpr int kL2TailGroups = kCfg.l2_tail_groups;
+  static_assert(kL2TailGroups >= 1, "l2_tail_groups: 1 keeps every group");
   static_assert(!kDkBeforePeer || kCfg.pair_dq, "dk_before_peer: the pair's step");
   static_assert(!kTimeline || (kCfg.pair_dq && kCfg.sdp_by_role), "timeline: the pair's steps by role");
   static_assert(!kPairGhost || kPair, "pair_ghost: the pair's upper CTA");

@@ -65,13 +65,23 @@ struct BwdSm90Work {
 // the unit is what the add order ranks (each CTA of it has its own counter, for its half of the
 // head dim); the arguments above hold for units as for blocks (a unit's first Q block is its
 // lower block's).
-template <int kBlockM, int kBlockN, bool kDet = false, bool kPair = false, bool kFromEnd = false>
+//
+// kTailGroups > 1 (default mode, causal): the last kTailGroups groups run as one
+// (grouped_tile_tail; BwdSm90Config::l2_tail_groups).
+template <int kBlockM, int kBlockN, bool kDet = false, bool kPair = false, bool kFromEnd = false,
+          int kTailGroups = 1>
 __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
   constexpr int kUnitBlocks = kPair ? 2 : 1;
   BwdSm90Work w;
   const int cta = p.block_base + static_cast<int>(kPair ? blockIdx.x / 2 : blockIdx.x);
   const int grid_units = (p.n_blocks + kUnitBlocks - 1) / kUnitBlocks;
-  const GroupedTile tile = grouped_tile(cta, p.l2_group, grid_units, p.nheads_k * p.batch);
+  GroupedTile tile;
+  if constexpr (kTailGroups > 1 && !kDet) {
+    tile = p.causal ? grouped_tile_tail(cta, p.l2_group, grid_units, p.nheads_k * p.batch, kTailGroups)
+                    : grouped_tile(cta, p.l2_group, grid_units, p.nheads_k * p.batch);
+  } else {
+    tile = grouped_tile(cta, p.l2_group, grid_units, p.nheads_k * p.batch);
+  }
   w.unit = (kDet && p.causal && !kFromEnd) ? grid_units - 1 - tile.block : tile.block;
   w.n_block = kPair ? 2 * w.unit + static_cast<int>(blockIdx.x & 1) : w.unit;
   w.kv_head = tile.pair % p.nheads_k;

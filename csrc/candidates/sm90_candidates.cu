@@ -15,6 +15,8 @@ namespace sm90 {
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg3)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Wg2)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256Timeline)
+FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256Tail2)
+FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256Tail3)
 #undef FLASHBACK_BWD_CANDIDATE
 #define FLASHBACK_FWD_CANDIDATE(C)                                           \
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \

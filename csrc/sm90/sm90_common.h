@@ -203,6 +203,20 @@ __device__ __forceinline__ GroupedTile grouped_tile(int id, int group, int block
   return {rest / group_pairs, g * group + rest % group_pairs};
 }
 
+// grouped_tile with the last `tail` groups merged into one (tail >= 1; 1: grouped_tile's
+// order). With causal walks, longest first inside a group, a group's longest walks can outlast
+// its share of the SMs' time; in the last group nothing follows to fill in beside them, so they
+// end the grid (scripts/bwd_balance_model.py: 1.9-2.2% of the d = 256 pair's causal makespan at
+// 4k-16k). A larger last group spreads its longest walks over more work.
+__device__ __forceinline__ GroupedTile grouped_tile_tail(int id, int group, int blocks, int pairs,
+                                                         int tail) {
+  const int full = max(0, (pairs + group - 1) / group - tail);  // groups before the merged one
+  const int g = min(id / (group * blocks), full);
+  const int rest = id - g * group * blocks;
+  const int group_pairs = g == full ? pairs - full * group : group;
+  return {rest / group_pairs, g * group + rest % group_pairs};
+}
+
 // grouped_tile with the divisions by precomputed divisors: `per_group` = group x blocks, `group`,
 // `last` = the last group's pairs (pairs - (groups - 1) x group), `groups` the number of groups.
 __device__ __forceinline__ GroupedTile grouped_tile_fast(int id, const FastDiv& per_group,

@@ -43,3 +43,18 @@ def test_fixed_cost_weighs_more_on_shorter_walks():
         assert r["bare"] <= r["tiles"] and r["ideal"] <= r["bare"]
         share[seqlen] = (r["tiles"] - r["bare"]) / r["tiles"]
     assert share[4096] > 1.5 * share[8192]
+
+
+def test_tail_groups_merge_the_last_groups():
+    batch, seqlen, heads = 4, 4096, 8  # 8 groups of 4 pairs
+    units = math.ceil(math.ceil(seqlen / 80) / 2)
+    one = m.walks(batch, seqlen, heads, True)
+    for tail in (2, 3, 100):
+        merged = m.walks(batch, seqlen, heads, True, tail)
+        assert sorted(merged) == sorted(one)  # the same clusters, in another order
+        kept = max(0, 8 - tail) * 4 * units
+        assert merged[:kept] == one[:kept]
+        last = merged[kept:]
+        width = 32 - max(0, 8 - tail) * 4  # pairs in the merged group
+        assert last == [x for u in range(units) for x in [64 - (160 * u) // 64] * width]
+    assert m.walks(batch, seqlen, heads, False, 3) == m.walks(batch, seqlen, heads, False)
