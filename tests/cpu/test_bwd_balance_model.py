@@ -58,3 +58,31 @@ def test_tail_groups_merge_the_last_groups():
         width = 32 - max(0, 8 - tail) * 4  # pairs in the merged group
         assert last == [x for u in range(units) for x in [64 - (160 * u) // 64] * width]
     assert m.walks(batch, seqlen, heads, False, 3) == m.walks(batch, seqlen, heads, False)
+
+
+def grouped_tile_tail(cta, group, blocks, pairs, tail):
+    """sm90_common.h's grouped_tile_tail, line for line (C++ integer division on non-negatives)."""
+    full = max(0, (pairs + group - 1) // group - tail)
+    g = min(cta // (group * blocks), full)
+    rest = cta - g * group * blocks
+    group_pairs = pairs - full * group if g == full else group
+    return rest // group_pairs, g * group + rest % group_pairs
+
+
+def test_grouped_tile_tail_is_a_bijection_and_keeps_the_groups_before():
+    for pairs in (1, 2, 5, 8, 13, 32):
+        for group in (1, 2, 3, 4, 8):
+            group = min(group, pairs)
+            for blocks in (1, 3, 26):
+                for tail in (1, 2, 3, 9):
+                    tiles = [grouped_tile_tail(c, group, blocks, pairs, tail) for c in range(blocks * pairs)]
+                    assert sorted(tiles) == [(b, p) for b in range(blocks) for p in range(pairs)]
+                    full = max(0, -(-pairs // group) - tail)
+                    for c in range(full * group * blocks):  # grouped_tile's order there
+                        g, rest = divmod(c, group * blocks)
+                        assert tiles[c] == (rest // group, g * group + rest % group)
+                    if tail == 1:  # grouped_tile itself, its last group the remainder
+                        for c in range(blocks * pairs):
+                            g, rest = divmod(c, group * blocks)
+                            gp = min(group, pairs - g * group)
+                            assert tiles[c] == (rest // gp, g * group + rest % gp)
