@@ -382,6 +382,15 @@ constexpr BwdSm90Config kBwdSm90Hdim256Tail2 = {256, 64, 80, 1, 1, 24, 240, fals
                                                false, false, false, true, false, true, false, true, false, true, 2};
 constexpr BwdSm90Config kBwdSm90Hdim256Tail3 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
                                                false, false, false, true, false, true, false, true, false, true, 3};
+// The same at d = 192 (one CTA per 96-key block, 132 slots, 10 groups at 8k / 16k), where the
+// model puts one group at 1.015 / 1.032 / 1.032 of the ideal at 4k / 8k / 16k, two merged at
+// 1.010 / 1.013 / 1.013, three at 1.005 / 1.015 / 1.016 (d = 64 / 128: within 0.4% either way).
+constexpr BwdSm90Config kBwdSm90Hdim192Tail2 = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
+                                               false, true, false, false, true, false, false, true,
+                                               false, false, false, false, false, false, 2};
+constexpr BwdSm90Config kBwdSm90Hdim192Tail3 = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
+                                               false, true, false, false, true, false, false, true,
+                                               false, false, false, false, false, false, 3};
 // Measured and removed (H200, bf16, GPU time, A B C A B C; docs/perf-log.md, "Measured
 // 2026-12-06, thirteenth run"): the d = 256 pair with dK^T queued behind dV^T before the
 // partner wait and Q handed back with dO after dQ^T peer's issue, -1.3..-2.7% default,

@@ -86,3 +86,13 @@ def test_grouped_tile_tail_is_a_bijection_and_keeps_the_groups_before():
                             g, rest = divmod(c, group * blocks)
                             gp = min(group, pairs - g * group)
                             assert tiles[c] == (rest // gp, g * group + rest % gp)
+
+
+def test_one_cta_grids_of_the_other_head_dims():
+    # d = 192: 96-key blocks, one per CTA, 64-row steps; 10 heads at 8k x 2: groups of 2 pairs
+    w = m.walks(2, 8192, 10, True, headdim=192)
+    blocks = math.ceil(8192 / 96)
+    assert len(w) == blocks * 20
+    assert w[:2] == [128, 128] and w[2:4] == [128 - 96 // 64] * 2
+    r = m.model(2, 8192, 10, True, 0.0, 0.7, 132, 1, 192)
+    assert r["ideal"] == sum(w) / 132
