@@ -22,8 +22,9 @@ The per-CTA timeline (scripts/bwd_timeline.py on the timeline config) measures F
     python3 scripts/bwd_balance_model.py [--headdim 256] [--fixed 0,0.5,1,2] [--hidden 0.7] [--sms 132]
 """
 import argparse
-import heapq
 import math
+
+from fwd_balance_model import greedy  # each cost (+ fixed) to the slot that frees first
 
 TOKENS = 16384
 BLOCK_M, BLOCK_N = 64, 80  # the d = 256 pair's tile (csrc/bwd_sm90/bwd_sm90.h)
@@ -31,6 +32,16 @@ BLOCK_M, BLOCK_N = 64, 80  # the d = 256 pair's tile (csrc/bwd_sm90/bwd_sm90.h)
 # csrc/bwd_sm90/bwd_sm90.h (d = 256: the pair, from 1024 query rows per CTA)
 CONFIGS = {64: (128, 128, 1), 128: (64, 128, 1), 192: (64, 96, 1), 256: (BLOCK_M, BLOCK_N, 2)}
 L2_ROWS, L2_SHORT_ROWS, L2_SHORT_SEQLEN = 16384, 8192, 1024  # kBwdSm90L2 at d = 256 (x 256 / d)
+
+
+def grouped_tile_tail(cta, group, blocks, pairs, tail):
+    """sm90_common.h's grouped_tile_tail, line for line (tail = 1: grouped_tile's order):
+    (block, pair) of launch position cta."""
+    full = max(0, (pairs + group - 1) // group - tail)  # groups before the merged one
+    g = min(cta // (group * blocks), full)
+    rest = cta - g * group * blocks
+    group_pairs = pairs - full * group if g == full else group
+    return rest // group_pairs, g * group + rest % group_pairs
 
 
 def walks(batch, seqlen, heads, causal, tail_groups=1, headdim=256):
@@ -42,42 +53,27 @@ def walks(batch, seqlen, heads, causal, tail_groups=1, headdim=256):
     pairs = batch * heads
     rows = (L2_SHORT_ROWS if seqlen <= L2_SHORT_SEQLEN else L2_ROWS) * 256 // headdim
     group = max(1, min(pairs, rows // seqlen)) if causal else 1
-    full = max(0, math.ceil(pairs / group) - (tail_groups if causal else 1))
     out = []
     for cta in range(units * pairs):
-        g = min(cta // (group * units), full)
-        rest = cta - g * group * units
-        unit = rest // (pairs - full * group if g == full else group)
+        unit, _ = grouped_tile_tail(cta, group, units, pairs, tail_groups if causal else 1)
         first = (per_unit * unit * block_n) // block_m if causal else 0
         out.append(max(0, m_blocks - first))
     return out
 
 
-def makespan(costs, slots):
-    """Greedy: each cost to the slot that frees first, in order."""
-    free = [0.0] * slots
-    for c in costs:
-        heapq.heapreplace(free, free[0] + c)
-    return max(free)
-
-
 def persistent_makespan(steps, slots, fixed, hidden):
     """A persistent cluster per slot: the first unit of a slot pays all of F, later ones
-    (1 - hidden) of it."""
-    free = [(0.0, True)] * slots  # (time, nothing run yet)
-    heapq.heapify(free)
-    for s in steps:
-        t, first = heapq.heappop(free)
-        heapq.heappush(free, (t + s + (fixed if first else fixed * (1 - hidden)), False))
-    return max(t for t, _ in free)
+    (1 - hidden) of it. Every slot takes one of the first units at time 0, so this is the
+    greedy fill with (1 - hidden) F per unit, shifted by the hidden F that each slot pays once."""
+    return fixed * hidden + greedy(steps, slots, fixed * (1 - hidden))
 
 
 def model(batch, seqlen, heads, causal, fixed, hidden, sms, tail_groups=1, headdim=256):
     steps = walks(batch, seqlen, heads, causal, tail_groups, headdim)
     slots = sms // CONFIGS[headdim][2]
     ideal = sum(steps) / slots
-    tiles = makespan([s + fixed for s in steps], slots)
-    bare = makespan(steps, slots)
+    tiles = greedy(steps, slots, fixed)
+    bare = greedy(steps, slots, 0.0)
     pers = persistent_makespan(steps, slots, fixed, hidden)
     return {"ideal": ideal, "tiles": tiles, "bare": bare, "persistent": pers,
             "mean_walk": sum(steps) / len(steps)}

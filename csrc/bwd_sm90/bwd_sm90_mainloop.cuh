@@ -314,11 +314,14 @@ struct BwdSm90StatRows {
 // producer stamps its own events in warpgroup 0's slots). Each call sits under `if constexpr
 // (T::kTimeline)`: even an empty inline call moved ptxas's uniform registers in the shipped pair
 // kernels.
+// The 16 slots of warpgroup wg in step it of this CTA.
+__device__ __forceinline__ unsigned long long* timeline_row(const BwdSm90Params& p, int it, int wg) {
+  return p.timeline + ((static_cast<int64_t>(blockIdx.x) * p.timeline_steps + it) * 2 + wg) * 16;
+}
 template <class T>
 __device__ __forceinline__ void timeline_stamp(const BwdSm90Params& p, int it, int wg, int t, int e) {
   if (t == 0 && static_cast<int>(blockIdx.x) < p.timeline_ctas && it < p.timeline_steps) {
-    const int64_t slot = ((static_cast<int64_t>(blockIdx.x) * p.timeline_steps + it) * 2 + wg) * 16 + e;
-    p.timeline[slot] = static_cast<unsigned long long>(clock64());
+    timeline_row(p, it, wg)[e] = static_cast<unsigned long long>(clock64());
   }
 }
 
@@ -327,7 +330,7 @@ __device__ __forceinline__ void timeline_stamp(const BwdSm90Params& p, int it, i
 template <class T>
 __device__ __forceinline__ void timeline_cta_stamp(const BwdSm90Params& p, int wg, int t, bool exit) {
   if (t == 0 && static_cast<int>(blockIdx.x) < p.timeline_ctas && p.timeline_steps > 0) {
-    unsigned long long* row = p.timeline + (static_cast<int64_t>(blockIdx.x) * p.timeline_steps * 2 + wg) * 16;
+    unsigned long long* row = timeline_row(p, 0, wg);
     unsigned long long ns;
     unsigned sm;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));

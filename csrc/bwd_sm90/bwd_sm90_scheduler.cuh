@@ -76,9 +76,8 @@ __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
   const int cta = p.block_base + static_cast<int>(kPair ? blockIdx.x / 2 : blockIdx.x);
   const int grid_units = (p.n_blocks + kUnitBlocks - 1) / kUnitBlocks;
   GroupedTile tile;
-  if constexpr (kTailGroups > 1 && !kDet) {
-    tile = p.causal ? grouped_tile_tail(cta, p.l2_group, grid_units, p.nheads_k * p.batch, kTailGroups)
-                    : grouped_tile(cta, p.l2_group, grid_units, p.nheads_k * p.batch);
+  if constexpr (kTailGroups > 1 && !kDet) {  // one tail group: grouped_tile's order
+    tile = grouped_tile_tail(cta, p.l2_group, grid_units, p.nheads_k * p.batch, p.causal ? kTailGroups : 1);
   } else {
     tile = grouped_tile(cta, p.l2_group, grid_units, p.nheads_k * p.batch);
   }

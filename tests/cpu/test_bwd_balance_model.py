@@ -31,9 +31,17 @@ def test_walks_causal_longest_first_in_each_group():
 def test_persistent_without_hiding_is_the_greedy_fill():
     steps = m.walks(2, 8192, 8, causal=True)
     for fixed in (0.0, 1.5):
-        tiles = m.makespan([s + fixed for s in steps], 66)
+        tiles = m.greedy(steps, 66, fixed)
         assert m.persistent_makespan(steps, 66, fixed, 0.0) == tiles
         assert m.persistent_makespan(steps, 66, fixed, 1.0) <= tiles
+
+
+def test_persistent_by_hand():
+    # Two slots, F = 2, half of it hidden after a slot's first unit: A runs 4 (+2) then 1 (+1),
+    # B runs 3 (+2) then 2 (+1); both end at 8.
+    assert m.persistent_makespan([4, 3, 2, 1], 2, 2.0, 0.5) == 8.0
+    # Fully hidden: only a slot's first unit pays F. A runs 5 (+1): 6; B runs 4 (+1), then 3: 8.
+    assert m.persistent_makespan([5, 4, 3], 2, 1.0, 1.0) == 8.0
 
 
 def test_fixed_cost_weighs_more_on_shorter_walks():
@@ -60,22 +68,13 @@ def test_tail_groups_merge_the_last_groups():
     assert m.walks(batch, seqlen, heads, False, 3) == m.walks(batch, seqlen, heads, False)
 
 
-def grouped_tile_tail(cta, group, blocks, pairs, tail):
-    """sm90_common.h's grouped_tile_tail, line for line (C++ integer division on non-negatives)."""
-    full = max(0, (pairs + group - 1) // group - tail)
-    g = min(cta // (group * blocks), full)
-    rest = cta - g * group * blocks
-    group_pairs = pairs - full * group if g == full else group
-    return rest // group_pairs, g * group + rest % group_pairs
-
-
 def test_grouped_tile_tail_is_a_bijection_and_keeps_the_groups_before():
     for pairs in (1, 2, 5, 8, 13, 32):
         for group in (1, 2, 3, 4, 8):
             group = min(group, pairs)
             for blocks in (1, 3, 26):
                 for tail in (1, 2, 3, 9):
-                    tiles = [grouped_tile_tail(c, group, blocks, pairs, tail) for c in range(blocks * pairs)]
+                    tiles = [m.grouped_tile_tail(c, group, blocks, pairs, tail) for c in range(blocks * pairs)]
                     assert sorted(tiles) == [(b, p) for b in range(blocks) for p in range(pairs)]
                     full = max(0, -(-pairs // group) - tail)
                     for c in range(full * group * blocks):  # grouped_tile's order there
