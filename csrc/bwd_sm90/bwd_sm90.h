@@ -209,6 +209,18 @@ struct BwdSm90Config {
   // ideal at 1.019-1.022 at 4k-16k with one group, 1.010 with the last two merged, 1.002-1.005
   // with three; the price is L2 room in the grid's last phase (that many groups' rows at once).
   int l2_tail_groups = 1;
+  // The postprocess (dQ = scale * dQaccum) as a queue's consumer that runs under the main
+  // kernel's tail instead of after it: each CTA counts, once its dQ adds are done, on its
+  // (batch, kv head)'s counter; the count that completes a pair queues it (DqPostQueue,
+  // bwd_sm90_prepost.h); the postprocess, launched as the main kernel's dependent, starts on
+  // the SMs the last CTAs leave and converts queued pairs' tiles in the order they finished.
+  // Without it the conversion (53 us at 16384 tokens x 8 heads at d = 256: 3.4% of a causal 4k
+  // call, 9-12% at 512) starts after the main kernel's last CTA, while the causal grid's last
+  // L2 group and the non-causal grid's half-full last wave leave SMs idle (the fill model:
+  // 1.9-2.2% and 3.1-4.1% of the d = 256 kernel). The cost in the main kernel: one acquire-release
+  // add per counting warp and CTA, off the consumers' path (docs/perf-log.md, "The dQ
+  // conversion under the main kernel's tail").
+  bool dq_post_queue = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -391,6 +403,25 @@ constexpr BwdSm90Config kBwdSm90Hdim192Tail2 = {192, 64, 96, 2, 1, 24, 160, true
 constexpr BwdSm90Config kBwdSm90Hdim192Tail3 = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
                                                false, true, false, false, true, false, false, true,
                                                false, false, false, false, false, false, 3};
+// Candidates: the dQ conversion under the main kernel's tail (dq_post_queue; docs/perf-log.md,
+// "The dQ conversion under the main kernel's tail"), in each d = 256 config (the pair and the
+// single CTA count by warp 1 in the default mode, by the turn warp in the deterministic one)
+// and at d = 128 / 192 (the dQ warps count; deterministic: d = 128's dQ warps, d = 192's turn
+// warps).
+constexpr BwdSm90Config kBwdSm90Hdim256PostQ = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
+                                               false, false, false, true, false, true, false, true, false, true, 1, true};
+constexpr BwdSm90Config kBwdSm90Hdim256DetPostQ = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
+                                                  true, true, false, false, false, true, false, true, false, true, true,
+                                                  true, 1, true};
+constexpr BwdSm90Config kBwdSm90Hdim256SinglePostQ = {256, 64, 80, 2, 1, 24, 240, false, 2, false, false, true,
+                                                     false, false, false, false, false, false, false, true,
+                                                     false, false, false, false, false, false, 1, true};
+constexpr BwdSm90Config kBwdSm90Hdim128PostQ = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, true, false, false,
+                                               false, false, false, false, false, true, true,
+                                               false, false, false, false, false, 1, true};
+constexpr BwdSm90Config kBwdSm90Hdim192PostQ = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
+                                               false, true, false, false, true, false, false, true,
+                                               false, false, false, false, false, false, 1, true};
 // Measured and removed (H200, bf16, GPU time, A B C A B C; docs/perf-log.md, "Measured
 // 2026-12-06, thirteenth run"): the d = 256 pair with dK^T queued behind dV^T before the
 // partner wait and Q handed back with dO after dQ^T peer's issue, -1.3..-2.7% default,
@@ -456,6 +487,10 @@ struct BwdSm90Params {
   // warpgroup per step per CTA, for CTAs < timeline_ctas and steps < timeline_steps.
   unsigned long long* timeline;
   int timeline_ctas, timeline_steps;
+  // dq_post_queue configs only: the queue (DqPostQueue), and the count that completes a pair
+  // (its CTAs x the counts per CTA, dq_post_counts_per_cta).
+  DqPostQueue dq_post;
+  int dq_post_total;
 };
 
 // The points of a pair step a timeline config stamps (slot index per warpgroup and step).

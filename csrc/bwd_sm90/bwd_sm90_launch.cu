@@ -118,7 +118,8 @@ WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p) {
   w.dq_turn = align_up(tiles * static_cast<size_t>(dq_tile_floats(p.headdim)) * sizeof(float));
   w.lse = w.dq_turn + (p.deterministic ? align_up(tiles * kDqTurnsPerTile * sizeof(int)) : 0);
   w.dsum = w.lse + align_up(rows * sizeof(float));
-  w.total = w.dsum + align_up(rows * sizeof(float));
+  w.dq_post = w.dsum + align_up(rows * sizeof(float));
+  w.total = w.dq_post + align_up(DqPostQueue::bytes(p.batch * p.nheads_k));
   return w;
 }
 

@@ -43,6 +43,7 @@ namespace sm90 {
 // dQaccum tile, the turn counters (deterministic), 64 rows of LSE * log2(e) and of D.
 struct WorkspaceParts {
   size_t dq_accum, dq_turn, lse, dsum, total;  // dq_accum and dq_turn: zeroed by the preprocess
+  size_t dq_post;  // the dQ conversion queue (DqPostQueue; dq_post_queue configs), set by it too
 };
 WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p);
 // FLASHBACK_DET_COOPERATIVE, read once per process.
@@ -106,11 +107,23 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   }
 
   // The postprocess (launched with the PDL attribute) may be scheduled once every CTA of this
-  // grid has started; it waits for this grid's end before it reads dQaccum.
-  if (threadIdx.x == 0) fh::launch_dependents();
+  // grid has started; it waits for this grid's end before it reads dQaccum. dq_post_queue:
+  // once every CTA has passed its wait for the preprocess (below), which sets the queue the
+  // postprocess reads from its start.
+  if constexpr (!T::kDqPostQueue) {
+    if (threadIdx.x == 0) fh::launch_dependents();
+  }
   const BwdSm90Work w =
       bwd_sm90_work<T::kBlockM, T::kBlockN, kDet, T::kPair, T::kDetFromEnd, T::kL2TailGroups>(p);
-  if (!w.active) return;  // varlen: past the end of a shorter sequence's keys (the whole CTA)
+  if (!w.active) {  // varlen: past the end of a shorter sequence's keys (the whole CTA)
+    if constexpr (T::kDqPostQueue) {
+      if (threadIdx.x == 32) {  // no adds: all of the CTA's counts at once
+        fh::grid_dependency_wait();
+        dq_post_count(p, w, dq_post_counts_per_cta<T, kDet>());
+      }
+    }
+    return;
+  }
   // This grid may start while the preprocess still runs (PDL): what it wrote (LSE * log2(e),
   // D, the zeroed dQaccum and turn counters) is read or added to only after this wait. The
   // producer thread's own wait follows its K issue (an input: visible already), but the K load
@@ -119,6 +132,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // Waits below the setmaxnreg calls, so that K goes first, measured neutral (-0.5..+0.6%,
   // docs/perf-log.md, "The split loops, the dQ conversion and the late PDL wait measured").
   if (threadIdx.x != 0) fh::grid_dependency_wait();
+  if constexpr (T::kDqPostQueue) {
+    if (threadIdx.x == 32) fh::launch_dependents();
+  }
   if (wg == 0) {
     fh::setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == 0) {
@@ -129,6 +145,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     } else if ((!kDet || T::kDetDqWarp) && T::kDqViaSmem && threadIdx.x / 32 >= 1 &&
                threadIdx.x / 32 <= T::kConsumerWgs) {
       bwd_sm90_dq_warp<T, kDet>(p, w, smem, threadIdx.x / 32 - 1);
+    } else if (T::kDqPostQueue && !kDet && !T::kDqViaSmem && threadIdx.x / 32 == 1) {
+      fh::named_bar_sync(T::kBarPostCount, T::kPostCountThreads);  // dq_post_arrive
+      if (threadIdx.x == 32) dq_post_count(p, w, 1);
     }
   } else {
     fh::setmaxnreg_inc<T::kConsumerRegs>();
@@ -195,7 +214,7 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   std::memset(&map_stats, 0, sizeof(map_stats));
   int dsum_tile0 = 0;
   if constexpr (T::kStatBytes > 0) {
-    const uint64_t stat_rows = (parts.total - parts.lse) / 256;
+    const uint64_t stat_rows = (parts.dq_post - parts.lse) / 256;
     if (stat_rows > uint64_t{0x7fffffff}) return cudaErrorNotSupported;  // TMA coordinates are int
     dsum_tile0 = static_cast<int>((parts.dsum - parts.lse) / 256);
     if (fh::make_tensor_map_2d(&map_stats, lse_log2, fh::TmaType::kF32, stat_rows, kDqTileRows,
@@ -210,11 +229,22 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   // finishes, and the postprocess while the main kernel's last CTAs run; each waits for the
   // kernel before it where it reads that kernel's output. FLASHBACK_BWD_PDL=0: plain launches.
   const bool pdl = bwd_sm90_pdl();
+  DqPostQueue post{nullptr, p.batch * p.nheads_k};
+  if constexpr (T::kDqPostQueue) post.base = reinterpret_cast<int*>(ws + parts.dq_post);
   // (0) D = rowsum(dO * O), LSE * log2(e); dQaccum (and the deterministic mode's turn
-  // counters) zeroed by the same kernel, no memset before it.
+  // counters, the dQ conversion queue) set by the same kernel, no memset before it.
   err = launch_bwd_sm90_preprocess(p, tiles_m, T::kStepTiles, lse_log2, dsum, dq_accum,
-                                   kDet ? reinterpret_cast<int*>(ws + parts.dq_turn) : nullptr, stream);
+                                   kDet ? reinterpret_cast<int*>(ws + parts.dq_turn) : nullptr, post,
+                                   stream);
   if (err != cudaSuccess) return err;
+  // dQ = scale * dQaccum, after the main kernel (as its PDL dependent where `dependent`), or
+  // with dq_post_queue under its tail.
+  auto postprocess = [&](bool dependent) {
+    return T::kDqPostQueue
+               ? launch_bwd_sm90_postprocess_queue(p, tiles_m, T::kStepTiles, dq_accum, post,
+                                                   dependent, stream)
+               : launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, dependent, stream);
+  };
 
   BwdSm90Params kp;
   kp.batch = p.batch;
@@ -254,6 +284,11 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   kp.timeline_ctas = 0;
   kp.timeline_steps = 0;
   if constexpr (T::kTimeline) bwd_sm90_timeline(&kp.timeline, &kp.timeline_ctas, &kp.timeline_steps);
+  kp.dq_post = post;
+  // Every CTA of a (batch, kv head) counts, those past a shorter sequence's keys too: the
+  // grid's K/V blocks per pair (pair_dq: rounded up to whole clusters).
+  kp.dq_post_total = (T::kPair ? 2 * ((kp.n_blocks + 1) / 2) : kp.n_blocks) *
+                     dq_post_counts_per_cta<T, kDet>();
 
   // (1)-(7)
   const int ctas = kp.n_blocks * p.nheads_k * p.batch;
@@ -269,7 +304,7 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
     err = fh::launch_kernel(kernel, dim3(pair_ctas), dim3(T::kThreads), T::kSmemBytes, stream,
                             dim3(2, 1, 1), pdl, map_q, map_k, map_v, map_do, map_stats, kp);
     if (err != cudaSuccess) return err;
-    return launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, pdl, stream);
+    return postprocess(pdl);
   }
   if constexpr (kDet) {
     // Non-causal: chunks of CTAs that fit on the GPU at once (bwd_sm90_scheduler.cuh), so that
@@ -305,14 +340,13 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
         }
         if (err != cudaSuccess) return err;
       }
-      if (launched_all) return launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, false, stream);
+      if (launched_all) return postprocess(false);
     }
   }
   err = fh::launch_kernel(kernel, dim3(ctas), dim3(T::kThreads), T::kSmemBytes, stream,
                           dim3(1, 1, 1), pdl, map_q, map_k, map_v, map_do, map_stats, kp);
   if (err != cudaSuccess) return err;
-  // dQ = scale * dQaccum
-  return launch_bwd_sm90_postprocess(p, tiles_m, T::kStepTiles, dq_accum, pdl, stream);
+  return postprocess(pdl);
 }
 
 // One mode of one head dim (kCfg: its default or deterministic config). Where kCfg is a 2-CTA

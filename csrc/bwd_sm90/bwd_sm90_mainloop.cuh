@@ -179,6 +179,7 @@ struct BwdSm90Traits {
   static constexpr bool kL2Hints = kCfg.l2_hints;
   static constexpr int kL2TailGroups = kCfg.l2_tail_groups;
   static_assert(kL2TailGroups >= 1, "l2_tail_groups: 1 keeps every group");
+  static constexpr bool kDqPostQueue = kCfg.dq_post_queue;
   static_assert(!kDkBeforePeer || kCfg.pair_dq, "dk_before_peer: the pair's step");
   static_assert(!kTimeline || (kCfg.pair_dq && kCfg.sdp_by_role), "timeline: the pair's steps by role");
   static_assert(!kPairGhost || kPair, "pair_ghost: the pair's upper CTA");
@@ -253,6 +254,11 @@ struct BwdSm90Traits {
                                 kBarPStored < kBarHandFree),
                 "sdp_by_role: split by head dim, two warpgroups (one per role), the stat rows from "
                 "the stages or global memory; its barrier ids clear of the others");
+  // dq_post_queue, default mode with the adds from registers: the consumers have issued their
+  // last adds (they arrive), the producer warpgroup's warp 1 counts them (it syncs). The turn
+  // barrier's id: the turns are the deterministic mode's alone.
+  static constexpr uint32_t kBarPostCount = kBarTurn0;
+  static constexpr uint32_t kPostCountThreads = kConsumerThreads + 32;
 };
 
 struct BwdSm90Maps {
@@ -690,6 +696,42 @@ __device__ __forceinline__ void pair_ghost_step(const BwdSm90Params& p, uint8_t*
   add_dq_in_turn<T, kDet>(p, tile, T::kPairAtoms + wg, t, dq);
 }
 
+// ------------------------------------------------------------- the dQ conversion queue ---
+// dq_post_queue (BwdSm90Config): who counts a CTA's dQ adds done, and how many times per CTA:
+// its dQ warps (one per consumer warpgroup; each after its last bulk reduce has completed),
+// else in the deterministic mode its turn warps (one per add phase; each after its last turn),
+// else warp 1 of the producer warpgroup once every consumer thread has issued its last add
+// (kBarPostCount). A CTA with no keys of its sequence counts them all at once.
+template <class T, bool kDet>
+constexpr int dq_post_counts_per_cta() {
+  if constexpr ((!kDet || T::kDetDqWarp) && T::kDqViaSmem) {
+    return T::kConsumerWgs;
+  } else if constexpr (kDet) {
+    return T::kDqPhases;
+  } else {
+    return 1;
+  }
+}
+// Counts n for this CTA's (batch, kv head): the adds this thread has ordered before it (its own
+// completed bulk reduces, or other threads' adds through a barrier it synced on) are published
+// by the release, and the count that completes the pair's total has acquired every earlier
+// one's, so its release of the queue slot publishes all the pair's adds to the postprocess.
+__device__ __forceinline__ void dq_post_count(const BwdSm90Params& p, const BwdSm90Work& w, int n) {
+  const int pair = w.batch * p.nheads_k + w.kv_head;
+  if (fh::atom_acq_rel_gpu_add(p.dq_post.done(pair), n) + n == p.dq_post_total) {
+    const int slot = atomicAdd(p.dq_post.tail(), 1);
+    fh::red_release_gpu_add(p.dq_post.queue(slot), pair + 1);  // -1 -> pair
+  }
+}
+// The consumers' side of the count by warp 1 (default mode, adds from registers): after the
+// walk's last add, before the epilogue (which does not wait for the count).
+template <class T, bool kDet>
+__device__ __forceinline__ void dq_post_arrive() {
+  if constexpr (T::kDqPostQueue && !kDet && !T::kDqViaSmem) {
+    fh::named_bar_arrive(T::kBarPostCount, T::kPostCountThreads);
+  }
+}
+
 // ------------------------------------------------------------ deterministic turn warps ---
 // Deterministic mode: warp 1 + h of the producer warpgroup keeps the dQ turns of phase h (by
 // head dim the atom-column each consumer warpgroup adds first, h = 0, or second, h = 1, into the
@@ -731,6 +773,9 @@ __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const
     fh::named_bar_arrive(T::kBarTurn0 + h, T::kTurnThreads);
     fh::named_bar_sync(T::kBarAdded0 + h, T::kTurnThreads);
     if (leader) dq_turn_release(turn);
+  }
+  if constexpr (T::kDqPostQueue) {
+    if (leader) dq_post_count(p, w, 1);  // after the last kBarAdded sync: every add of phase h
   }
 }
 
@@ -782,7 +827,13 @@ __device__ __forceinline__ void bwd_sm90_dq_warp(const BwdSm90Params& p, const B
       __syncwarp();  // converged before the next step's bar.sync
     }
   }
-  if (leader) fh::bulk_wait_group<0>();
+  if (leader) {
+    fh::bulk_wait_group<0>();
+    if constexpr (T::kDqPostQueue) {
+      fh::fence_proxy_async_global();  // the reduces' writes (async proxy) before the release
+      dq_post_count(p, w, 1);
+    }
+  }
 }
 
 // The staged dV and dK rows of the CTA's keys (rows past seqlen_k skipped) to global memory, by
@@ -1269,6 +1320,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     fh::wgmma_fence_operand(acc_dk[u]);
   }
 
+  dq_post_arrive<T, kDet>();
   // Epilogue: all warpgroups are done reading K, V, Q (their last wgmmas were waited for) once
   // all pass this barrier; then the staging tiles may overwrite them.
   fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
@@ -1298,6 +1350,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_ghost(const BwdSm90Params& p, 
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);
     pair_ghost_step<T, kDet>(p, smem, it, tile, wg, false);  // no hand-off buffers in use
   }
+  dq_post_arrive<T, kDet>();
   fh::cluster_sync();  // as bwd_sm90_consumer: no exit while the partner may still copy in
 }
 

@@ -358,6 +358,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
   fh::wgmma_fence_operand(acc_dv);
   fh::wgmma_fence_operand(acc_dk);
 
+  dq_post_arrive<T, kDet>();
   // Epilogue as in the split by head dim, rows of this warpgroup's keys.
   fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
   uint8_t* stage_dv = smem;

@@ -13,14 +13,19 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include <cmath>
 
+#include "sm90/sm90_hang_guard.h"  // first: before anything includes the Hopper layer
+
 #include "bwd_sm90/bwd_sm90.h"
 #include "bwd_sm90/bwd_sm90_prepost.h"
 #include "common/sequence.cuh"
+#include "hopper/common.h"
 #include "hopper/dtype.h"
+#include "hopper/mbarrier.h"
 #include "hopper/pdl.h"
 #include "sm90/sm90_common.h"
 #include "sm90/sm90_family.h"
@@ -65,14 +70,30 @@ __device__ __forceinline__ uint16_t from_float(float x) {
 // at d = 256: docs/perf-log.md, "The runbook measured".) It also zeroes dQaccum and the
 // deterministic mode's turn counters, which a memset did before it (+0.5..+1.0% at seqlen
 // 512-2048).
-template <int kHeadDim, Dtype E>
+// dq_post_queue (kPost): the queue's counters and slots set (DqPostQueue), by CTA x = 0 of each
+// (q head < kv heads, batch), before any of its rows can return.
+__device__ __forceinline__ void set_post_queue(const DqPostQueue& post, int nheads_k) {
+  const int head = blockIdx.y;
+  if (blockIdx.x != 0 || threadIdx.x != 0 || head >= nheads_k) return;
+  const int pair = static_cast<int>(blockIdx.z) * nheads_k + head;
+  *post.done(pair) = 0;
+  *post.queue(pair) = -1;
+  if (pair == 0) {
+    *post.tail() = 0;
+    *post.claim() = 0;
+  }
+}
+
+template <int kHeadDim, Dtype E, bool kPost>
 __global__ void __launch_bounds__(kPreThreads)
     bwd_sm90_preprocess_kernel(const flashback_bwd_params p, int rows_padded, DqTiles tiles,
-                               float* lse_log2, float* dsum, float* dq_accum, int* dq_turn) {
+                               float* lse_log2, float* dsum, float* dq_accum, int* dq_turn,
+                               DqPostQueue post) {
   constexpr int kWords = kHeadDim / 64;  // 32-bit words per lane per row and tensor
   // The main kernel (the dependent, hopper/pdl.h) may be scheduled once every CTA here has
   // started; it waits for this grid's end before it reads what this one writes.
   if (threadIdx.x == 0) fh::launch_dependents();
+  if constexpr (kPost) set_post_queue(post, p.nheads_k);
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
   const int warp = static_cast<int>(threadIdx.x) / 32;
@@ -152,15 +173,17 @@ constexpr int pre_rows_per_cta() {
   return pre_by_lanes<kHeadDim>() ? kPreThreads / pre_lanes<kHeadDim>() : kRowsPerCta;
 }
 
-template <int kHeadDim, Dtype E>
+template <int kHeadDim, Dtype E, bool kPost>
 __global__ void __launch_bounds__(kPreThreads)
     bwd_sm90_preprocess_lanes_kernel(const flashback_bwd_params p, int rows_padded, DqTiles tiles,
-                                     float* lse_log2, float* dsum, float* dq_accum, int* dq_turn) {
+                                     float* lse_log2, float* dsum, float* dq_accum, int* dq_turn,
+                                     DqPostQueue post) {
   constexpr int kLanes = pre_lanes<kHeadDim>();
   static_assert(32 % kLanes == 0, "a warp holds whole rows");
   static_assert(kLanes >= kDqTurnsPerTile, "a row's lanes zero its tile's turn counters");
   constexpr int kRows = kPreThreads / kLanes;  // rows per CTA: pre_rows_per_cta, the grid's
   if (threadIdx.x == 0) fh::launch_dependents();
+  if constexpr (kPost) set_post_queue(post, p.nheads_k);
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
   const int sub = static_cast<int>(threadIdx.x) % kLanes;  // this lane's 16 bytes of the row
@@ -218,26 +241,26 @@ __global__ void __launch_bounds__(kPreThreads)
 // in that order (coalesced), transposes it through shared memory as scaled bf16 and writes
 // whole 2d-byte rows.
 constexpr int kPostThreads = 256;
+template <int kHeadDim>
+constexpr int post_row_elems() {
+  return kHeadDim + 8;  // 16 bytes of padding per row
+}
 
-template <int kHeadDim, Dtype E>
-__global__ void __launch_bounds__(kPostThreads)
-    bwd_sm90_postprocess_kernel(const flashback_bwd_params p, DqTiles tiles, const float* dq_accum) {
-  constexpr int kPostRowElems = kHeadDim + 8;  // 16 bytes of padding per row
+// One tile (its 64 rows of `head` in sequence `seq`): dQ = scale * dQaccum through tile_s.
+// kCg: the tile's loads bypass L1 (ld.global.cg), for the queue's form, which reads tiles other
+// CTAs finished adding into while this grid runs (ordered by the queue's acquire, bwd_sm90.h).
+template <int kHeadDim, Dtype E, bool kCg>
+__device__ __forceinline__ void convert_dq_tile(const flashback_bwd_params& p, const DqTiles& tiles,
+                                                const float* dq_accum, const SeqRows seq, int head,
+                                                int m_block, uint16_t* tile_s) {
+  constexpr int kPostRowElems = post_row_elems<kHeadDim>();
   constexpr int kTileFloats = static_cast<int>(dq_tile_floats(kHeadDim));
-  __shared__ __align__(16) uint16_t tile_s[kDqTileRows * kPostRowElems];
-  const int m_block = blockIdx.x;
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
-  const SeqRows seq = seq_rows(p, batch);
-  if (m_block * kDqTileRows >= seq.seqlen_q) return;  // varlen: past a shorter sequence's end
-  // Launched as the main kernel's dependent (PDL): dQaccum is complete only after this wait.
-  fh::grid_dependency_wait();
   const int64_t tile = dq_tile(tiles, seq, head, m_block);
   const float4* src = reinterpret_cast<const float4*>(dq_accum + tile * kTileFloats);
   const float s = p.softmax_scale;
 #pragma unroll 4
   for (int i = threadIdx.x; i < kTileFloats / 4; i += kPostThreads) {
-    const float4 v = src[i];
+    const float4 v = kCg ? __ldcg(src + i) : src[i];
     const int t = i % 128;
     const int g = (i / 128) % 8;
     const int u = i / 1024;
@@ -260,6 +283,68 @@ __global__ void __launch_bounds__(kPostThreads)
           *reinterpret_cast<const uint4*>(tile_s + row * kPostRowElems + chunk * 8);
     }
   }
+}
+
+template <int kHeadDim, Dtype E>
+__global__ void __launch_bounds__(kPostThreads)
+    bwd_sm90_postprocess_kernel(const flashback_bwd_params p, DqTiles tiles, const float* dq_accum) {
+  __shared__ __align__(16) uint16_t tile_s[kDqTileRows * post_row_elems<kHeadDim>()];
+  const int m_block = blockIdx.x;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const SeqRows seq = seq_rows(p, batch);
+  if (m_block * kDqTileRows >= seq.seqlen_q) return;  // varlen: past a shorter sequence's end
+  // Launched as the main kernel's dependent (PDL): dQaccum is complete only after this wait.
+  fh::grid_dependency_wait();
+  convert_dq_tile<kHeadDim, E, false>(p, tiles, dq_accum, seq, head, m_block, tile_s);
+}
+
+// The queue's form (dq_post_queue): as many CTAs as fit at once, each taking the next tile of
+// the queue (claim) until all pairs' tiles are done. Tile k belongs to the pair in queue slot
+// k / (group x m_blocks); thread 0 waits until that slot is filled (acquire: the pair's adds are
+// then visible, DqPostQueue), sleeping between polls so that the main kernel's last CTAs keep
+// the memory system. Its CTAs start only once every main-kernel CTA has (PDL), so they take the
+// SMs that CTAs leave and never hold one a main-kernel CTA waits for. The grid's end waits for
+// the main kernel's (its dK / dV stores may still be in flight when a pair is queued), so that
+// work after this kernel on the stream sees every gradient.
+template <int kHeadDim, Dtype E>
+__global__ void __launch_bounds__(kPostThreads)
+    bwd_sm90_postprocess_queue_kernel(const flashback_bwd_params p, DqTiles tiles,
+                                      const float* dq_accum, DqPostQueue post) {
+#if defined(FLASHBACK_MBAR_TIMEOUT_CYCLES)
+  using hopper::mbar_timeout_trap;  // named by the macro
+#endif
+  __shared__ __align__(16) uint16_t tile_s[kDqTileRows * post_row_elems<kHeadDim>()];
+  __shared__ int claimed[2];  // tile, pair
+  const int group = p.nheads / p.nheads_k;
+  const int per_pair = group * tiles.m_blocks;
+  const int total = post.pairs * per_pair;
+  for (;;) {
+    if (threadIdx.x == 0) {
+      const int k = atomicAdd(post.claim(), 1);
+      int pair = -1;
+      if (k < total) {
+        const int* slot = post.queue(k / per_pair);
+        FLASHBACK_MBAR_SPIN((pair = fh::ld_acquire_gpu(slot)) >= 0 || (__nanosleep(256), false));
+      }
+      claimed[0] = k;
+      claimed[1] = pair;
+    }
+    __syncthreads();
+    const int k = claimed[0];
+    const int pair = claimed[1];
+    if (k >= total) break;
+    const int r = k % per_pair;
+    const int batch = pair / p.nheads_k;
+    const int head = pair % p.nheads_k * group + r / tiles.m_blocks;
+    const int m_block = r % tiles.m_blocks;
+    const SeqRows seq = seq_rows(p, batch);
+    if (m_block * kDqTileRows < seq.seqlen_q) {  // varlen: past a shorter sequence's end
+      convert_dq_tile<kHeadDim, E, true>(p, tiles, dq_accum, seq, head, m_block, tile_s);
+    }
+    __syncthreads();  // tile_s and claimed are rewritten by the next tile
+  }
+  fh::grid_dependency_wait();
 }
 
 template <class... KernelArgs, class... Args>
@@ -293,16 +378,18 @@ Fn pick_kernel(const flashback_bwd_params& p) {
       return nullptr;
   }
 }
-template <int D, Dtype E, bool kByLanes = pre_by_lanes<D>()>
+template <int D, Dtype E, bool kPost, bool kByLanes = pre_by_lanes<D>()>
 struct PickPreImpl {
-  static constexpr auto kernel = bwd_sm90_preprocess_kernel<D, E>;
+  static constexpr auto kernel = bwd_sm90_preprocess_kernel<D, E, kPost>;
+};
+template <int D, Dtype E, bool kPost>
+struct PickPreImpl<D, E, kPost, true> {
+  static constexpr auto kernel = bwd_sm90_preprocess_lanes_kernel<D, E, kPost>;
 };
 template <int D, Dtype E>
-struct PickPreImpl<D, E, true> {
-  static constexpr auto kernel = bwd_sm90_preprocess_lanes_kernel<D, E>;
-};
+struct PickPre : PickPreImpl<D, E, false> {};
 template <int D, Dtype E>
-struct PickPre : PickPreImpl<D, E> {};
+struct PickPrePost : PickPreImpl<D, E, true> {};
 // Rows per preprocess CTA of the call's head dim (its grid).
 int pre_rows_for(int headdim) {
   switch (headdim) {
@@ -319,21 +406,28 @@ template <int D, Dtype E>
 struct PickPost {
   static constexpr auto kernel = bwd_sm90_postprocess_kernel<D, E>;
 };
-using PreKernel = void (*)(const flashback_bwd_params, int, DqTiles, float*, float*, float*, int*);
+template <int D, Dtype E>
+struct PickPostQueue {
+  static constexpr auto kernel = bwd_sm90_postprocess_queue_kernel<D, E>;
+};
+using PreKernel = void (*)(const flashback_bwd_params, int, DqTiles, float*, float*, float*, int*,
+                           DqPostQueue);
 using PostKernel = void (*)(const flashback_bwd_params, DqTiles, const float*);
+using PostQueueKernel = void (*)(const flashback_bwd_params, DqTiles, const float*, DqPostQueue);
 
 }  // namespace
 
 cudaError_t launch_bwd_sm90_preprocess(const flashback_bwd_params& p, int m_blocks, int step_tiles,
                                        float* lse_log2, float* dsum, float* dq_accum, int* dq_turn,
-                                       cudaStream_t stream) {
-  const PreKernel kernel = pick_kernel<PickPre, PreKernel>(p);
+                                       DqPostQueue post, cudaStream_t stream) {
+  const PreKernel kernel = post.base != nullptr ? pick_kernel<PickPrePost, PreKernel>(p)
+                                                : pick_kernel<PickPre, PreKernel>(p);
   if (kernel == nullptr) return cudaErrorNotSupported;
   const int rows_padded = m_blocks * kDqTileRows;
   const int rows_per_cta = pre_rows_for(p.headdim);
   const dim3 grid((rows_padded + rows_per_cta - 1) / rows_per_cta, p.nheads, p.batch);
   return launch(kernel, grid, kPreThreads, stream, p, rows_padded,
-                dq_tiles_of(p, m_blocks, step_tiles), lse_log2, dsum, dq_accum, dq_turn);
+                dq_tiles_of(p, m_blocks, step_tiles), lse_log2, dsum, dq_accum, dq_turn, post);
 }
 
 cudaError_t launch_bwd_sm90_postprocess(const flashback_bwd_params& p, int m_blocks, int step_tiles,
@@ -343,6 +437,24 @@ cudaError_t launch_bwd_sm90_postprocess(const flashback_bwd_params& p, int m_blo
   const dim3 grid(m_blocks, p.nheads, p.batch);
   return fh::launch_kernel(kernel, grid, dim3(kPostThreads), 0, stream, dim3(1, 1, 1), pdl, p,
                            dq_tiles_of(p, m_blocks, step_tiles), dq_accum);
+}
+
+cudaError_t launch_bwd_sm90_postprocess_queue(const flashback_bwd_params& p, int m_blocks,
+                                              int step_tiles, const float* dq_accum,
+                                              DqPostQueue post, bool pdl, cudaStream_t stream) {
+  const PostQueueKernel kernel = pick_kernel<PickPostQueue, PostQueueKernel>(p);
+  if (kernel == nullptr) return cudaErrorNotSupported;
+  int device = 0, sms = 0, per_sm = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess) {
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kPostThreads, 0);
+  }
+  if (err != cudaSuccess) return err;
+  const int64_t tiles = int64_t{post.pairs} * (p.nheads / p.nheads_k) * m_blocks;
+  const int ctas = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(tiles, int64_t{sms} * per_sm)));
+  return fh::launch_kernel(kernel, dim3(ctas), dim3(kPostThreads), 0, stream, dim3(1, 1, 1), pdl, p,
+                           dq_tiles_of(p, m_blocks, step_tiles), dq_accum, post);
 }
 
 }  // namespace sm90

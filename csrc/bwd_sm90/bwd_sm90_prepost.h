@@ -57,16 +57,42 @@ inline int64_t dq_tiles_total(const flashback_bwd_params& p, int m_blocks, int s
                                    : int64_t{p.batch} * p.nheads * m_blocks;
 }
 
+// The dQ conversion queue (BwdSm90Config::dq_post_queue), `pairs` = batch x kv heads ints of
+// each kind, in the workspace after the LSE / D rows:
+//   done[pair]   counts the main kernel's warps that have finished their dQ adds for the (batch,
+//                kv head) pair (each CTA of the pair's kv blocks counts a fixed number of times);
+//   queue[slot]  the pairs in the order their counts completed (-1: not yet), appended by the
+//                warp that counts last;
+//   tail, claim  the queue's next free slot, and the postprocess's next tile to convert.
+// The preprocess sets them (done 0, queue -1); the postprocess converts tile k of the k-th
+// completed pair's q heads as soon as that pair is queued, while the main kernel still runs.
+struct DqPostQueue {
+  int* base;
+  int pairs;
+  __host__ __device__ int* done(int pair) const { return base + pair; }
+  __host__ __device__ int* queue(int slot) const { return base + pairs + slot; }
+  __host__ __device__ int* tail() const { return base + 2 * pairs; }
+  __host__ __device__ int* claim() const { return base + 2 * pairs + 1; }
+  static constexpr size_t bytes(int pairs) { return (2 * static_cast<size_t>(pairs) + 2) * sizeof(int); }
+};
+
 // m_blocks, step_tiles: as dq_tiles_of. The preprocess also zeroes the dQaccum tiles (and, with
 // dq_turn non-null, the deterministic mode's turn counters) of every sequence's steps, which
 // are all the main kernel adds into.
+// post.base non-null: the dQ conversion queue is set too.
 cudaError_t launch_bwd_sm90_preprocess(const flashback_bwd_params& p, int m_blocks, int step_tiles,
                                        float* lse_log2, float* dsum, float* dq_accum, int* dq_turn,
-                                       cudaStream_t stream);
+                                       DqPostQueue post, cudaStream_t stream);
 // pdl: launched as the main kernel's dependent (hopper/pdl.h); it waits for the main kernel
 // before it reads dQaccum either way.
 cudaError_t launch_bwd_sm90_postprocess(const flashback_bwd_params& p, int m_blocks, int step_tiles,
                                         const float* dq_accum, bool pdl, cudaStream_t stream);
+// dq_post_queue: the postprocess as a queue's consumer (DqPostQueue), launched as the main
+// kernel's dependent (pdl) so that its CTAs take the SMs the main kernel's last CTAs leave;
+// each converts the tiles of pairs whose adds are done, in the order they finished.
+cudaError_t launch_bwd_sm90_postprocess_queue(const flashback_bwd_params& p, int m_blocks,
+                                              int step_tiles, const float* dq_accum,
+                                              DqPostQueue post, bool pdl, cudaStream_t stream);
 
 }  // namespace sm90
 }  // namespace flashback

@@ -65,6 +65,14 @@ FB_DEVICE int ld_acquire_gpu(const int* p) {
 FB_DEVICE void red_release_gpu_add(int* p, int v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+// The same add that also acquires and returns the old value: the last of n CTAs to count
+// (old + v == n) has acquired what every earlier one released before its count, and can
+// publish that onward with one more release (the backward's dQ conversion queue).
+FB_DEVICE int atom_acq_rel_gpu_add(int* p, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
 
 // Makes mbarrier.init visible to the async proxy (TMA complete_tx) and to other CTAs of the
 // cluster. Follow with __syncthreads() or a cluster barrier before anyone uses the barrier.

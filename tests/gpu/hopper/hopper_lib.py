@@ -23,6 +23,7 @@ _SIGNATURES = {
     "fbh_tma_reduce_add": [c_void_p, c_void_p] + [c_int] * 8,
     "fbh_bulk_reduce_add_f32": [c_void_p, c_void_p, c_int, c_int],
     "fbh_ordered_bulk_reduce_add_f32": [c_void_p, c_void_p, c_void_p, c_int, c_int],
+    "fbh_last_arrival_sum": [c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_int, c_int],
     "fbh_bulk_load": [c_void_p, c_void_p, c_int],
     "fbh_tma_multicast": [c_void_p, c_void_p, c_int, c_int, c_int, c_int],
     "fbh_tma_multicast_4d": [c_void_p, c_void_p, c_int, c_int, c_int, c_int, c_longlong],

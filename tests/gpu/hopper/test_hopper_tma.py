@@ -140,6 +140,25 @@ def test_ordered_bulk_reduce_is_the_sequential_sum(hlib, n, ncta):
     assert torch.equal(dst, expect), f"{int((dst != expect).sum())} elements differ from the ordered sum"
 
 
+@pytest.mark.parametrize("n,ncta", [(1000, 3), (4096, 600)])
+def test_last_arrival_sees_every_row(hlib, n, ncta):
+    """A count by atom.acq_rel (the dQ conversion queue's): exactly one CTA counts last, and it
+    reads every other CTA's stores (its sum of the rows is the sequential one, bitwise)."""
+    src = torch.randn(ncta, n, device="cuda")
+    rows = torch.full_like(src, float("nan"))
+    out = torch.full((n,), float("nan"), device="cuda")
+    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+    lasts = torch.zeros(1, dtype=torch.int32, device="cuda")
+    rc = hlib.fbh_last_arrival_sum(ptr(src), ptr(rows), ptr(out), ptr(counter), ptr(lasts), n, ncta)
+    check(hlib, rc, "fbh_last_arrival_sum")
+    expect = torch.zeros(n, device="cuda")
+    for b in range(ncta):
+        expect = expect + src[b]
+    assert int(counter.item()) == ncta
+    assert int(lasts.item()) == 1
+    assert torch.equal(out, expect), f"{int((out != expect).sum())} sums differ"
+
+
 @pytest.mark.parametrize("n", [64, 1000, 16])
 def test_bulk_load(hlib, n):
     src = torch.randn(n, device="cuda")

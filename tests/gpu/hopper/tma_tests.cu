@@ -148,6 +148,28 @@ __global__ void ordered_bulk_reduce_kernel(const float* src, float* dst, int* tu
   }
 }
 
+// The dQ conversion queue's count (hopper::atom_acq_rel_gpu_add): every CTA writes its row of
+// `rows` with plain stores, then one thread counts with acquire-release; the one CTA that
+// counts last (old == ncta - 1) reads every CTA's row and writes their sum (CTA order) to out.
+// Without the acquire the last one could read rows not yet visible to it.
+__global__ void last_arrival_sum_kernel(const float* src, float* rows, float* out, int* counter,
+                                        int* lasts, int n, int ncta) {
+  __shared__ int last;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) rows[blockIdx.x * n + i] = src[blockIdx.x * n + i];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = fh::atom_acq_rel_gpu_add(counter, 1) == ncta - 1;
+    if (last) atomicAdd(lasts, 1);
+  }
+  __syncthreads();
+  if (!last) return;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    float sum = 0.f;
+    for (int b = 0; b < ncta; ++b) sum += __ldcg(rows + b * n + i);
+    out[i] = sum;
+  }
+}
+
 // Cluster of `cs` CTAs; cluster q shares tile q (rows [q*rows, q*rows+rows) of `map`). Rank r
 // fetches slice r (rows/cs rows) and multicasts it to every CTA of the cluster; each CTA then
 // dumps its whole tile to out[blockIdx.x].
@@ -327,6 +349,16 @@ FBH_EXPORT int fbh_ordered_bulk_reduce_add_f32(const float* src, float* dst, int
   const size_t smem = n * 4 + 128;
   FBH_TRY(fbh_test::allow_smem(reinterpret_cast<const void*>(ordered_bulk_reduce_kernel), smem));
   ordered_bulk_reduce_kernel<<<ncta, 256, smem>>>(src, dst, turn, n);
+  return (int)cudaGetLastError();
+}
+
+// src: fp32 [ncta][n]; rows: fp32 scratch of the same size; out: fp32 [n] = the sum of the rows
+// in CTA order, written by the CTA that counted last; counter, lasts: zeroed ints (lasts: how
+// many CTAs saw themselves last). Any ncta: no CTA waits for another.
+FBH_EXPORT int fbh_last_arrival_sum(const float* src, float* rows, float* out, int* counter,
+                                    int* lasts, int n, int ncta) {
+  if (n < 1 || ncta < 1) return (int)cudaErrorInvalidValue;
+  last_arrival_sum_kernel<<<ncta, 256>>>(src, rows, out, counter, lasts, n, ncta);
   return (int)cudaGetLastError();
 }
 
