@@ -307,6 +307,11 @@ __global__ void __launch_bounds__(kPostThreads)
 // SMs that CTAs leave and never hold one a main-kernel CTA waits for. The grid's end waits for
 // the main kernel's (its dK / dV stores may still be in flight when a pair is queued), so that
 // work after this kernel on the stream sees every gradient.
+// The queue and claim are read without a wait for the preprocess that sets them: this grid is
+// launched only once every main-kernel CTA has triggered it, and each triggers after its own
+// griddepcontrol.wait, which returns once the preprocess has completed and its writes are
+// visible (hopper/pdl.h). The slot's wait may legitimately last the main kernel's whole tail;
+// the hang guard's limit (sm90_hang_guard.h, ~8 minutes) is far above that.
 template <int kHeadDim, Dtype E>
 __global__ void __launch_bounds__(kPostThreads)
     bwd_sm90_postprocess_queue_kernel(const flashback_bwd_params p, DqTiles tiles,
@@ -444,15 +449,11 @@ cudaError_t launch_bwd_sm90_postprocess_queue(const flashback_bwd_params& p, int
                                               DqPostQueue post, bool pdl, cudaStream_t stream) {
   const PostQueueKernel kernel = pick_kernel<PickPostQueue, PostQueueKernel>(p);
   if (kernel == nullptr) return cudaErrorNotSupported;
-  int device = 0, sms = 0, per_sm = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (err == cudaSuccess) {
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kPostThreads, 0);
-  }
+  int resident = 0;
+  const cudaError_t err = resident_ctas(kernel, kPostThreads, 0, &resident);
   if (err != cudaSuccess) return err;
   const int64_t tiles = int64_t{post.pairs} * (p.nheads / p.nheads_k) * m_blocks;
-  const int ctas = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(tiles, int64_t{sms} * per_sm)));
+  const int ctas = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(tiles, resident)));
   return fh::launch_kernel(kernel, dim3(ctas), dim3(kPostThreads), 0, stream, dim3(1, 1, 1), pdl, p,
                            dq_tiles_of(p, m_blocks, step_tiles), dq_accum, post);
 }
