@@ -16,12 +16,16 @@ fraction of F under its neighbours' steps (the next unit's K / V load under the 
 the dK / dV stores under the next unit's first); each slot still pays F once.
 
 Printed per length: the makespan of one CTA per cluster over the ideal (total steps / slots),
-the share of it F accounts for, and the persistent form's gain at the given hidden fraction.
+the share of it F accounts for, and the persistent form's gain at the given hidden fraction;
+then the dQ conversion queue's gain (post_overlap: the postprocess on the SMs the grid's end
+leaves idle instead of after it).
 The per-CTA timeline (scripts/bwd_timeline.py on the timeline config) measures F.
 
     python3 scripts/bwd_balance_model.py [--headdim 256] [--fixed 0,0.5,1,2] [--hidden 0.7] [--sms 132]
 """
 import argparse
+import bisect
+import heapq
 import math
 
 from fwd_balance_model import greedy  # each cost (+ fixed) to the slot that frees first
@@ -44,9 +48,10 @@ def grouped_tile_tail(cta, group, blocks, pairs, tail):
     return rest // group_pairs, g * group + rest % group_pairs
 
 
-def walks(batch, seqlen, heads, causal, tail_groups=1, headdim=256):
+def walks(batch, seqlen, heads, causal, tail_groups=1, headdim=256, with_pairs=False):
     """Steps per unit (the pair's cluster, or one CTA) in launch order (grouped_tile; causal
-    with tail_groups > 1, grouped_tile_tail: the last tail_groups groups as one)."""
+    with tail_groups > 1, grouped_tile_tail: the last tail_groups groups as one); with_pairs:
+    (steps, (batch, kv head) pair) per unit."""
     block_m, block_n, per_unit = CONFIGS[headdim]
     m_blocks = math.ceil(seqlen / block_m)
     units = math.ceil(math.ceil(seqlen / block_n) / per_unit)
@@ -55,10 +60,47 @@ def walks(batch, seqlen, heads, causal, tail_groups=1, headdim=256):
     group = max(1, min(pairs, rows // seqlen)) if causal else 1
     out = []
     for cta in range(units * pairs):
-        unit, _ = grouped_tile_tail(cta, group, units, pairs, tail_groups if causal else 1)
+        unit, pair = grouped_tile_tail(cta, group, units, pairs, tail_groups if causal else 1)
         first = (per_unit * unit * block_n) // block_m if causal else 0
-        out.append(max(0, m_blocks - first))
+        steps = max(0, m_blocks - first)
+        out.append((steps, pair) if with_pairs else steps)
     return out
+
+
+def post_overlap(units, slots, post_frac, dt_frac=1e-4):
+    """The dQ conversion queue (BwdSm90Config::dq_post_queue) against the postprocess after the
+    main kernel. units: (steps, pair) in launch order, greedy onto `slots`; post_frac: the
+    postprocess's time at the full GPU over the main kernel's (as measured). The queue's
+    conversion starts once the last unit has started (PDL: every CTA started), on each slot
+    as it runs out of units, for pairs whose units have all ended, in the order they ended,
+    at the full GPU's rate per slot. Returns (makespan, the call's end with the postprocess
+    after it, with the queue), in steps."""
+    heap = [(0.0, s) for s in range(slots)]
+    pair_end, slot_free, last_start = {}, [0.0] * slots, 0.0
+    for steps, pair in units:
+        t, s = heapq.heappop(heap)
+        last_start = max(last_start, t)
+        end = t + steps
+        slot_free[s] = end
+        pair_end[pair] = max(pair_end.get(pair, 0.0), end)
+        heapq.heappush(heap, (end, s))
+    span = max(slot_free)
+    work = post_frac * span * slots  # slot-steps
+    per_pair = work / len(pair_end)
+    ready = sorted(pair_end.values())
+    dt = dt_frac * span
+    t, done, i, avail = last_start, 0.0, 0, 0.0
+    free_at = sorted(max(f, last_start) for f in slot_free)
+    while done < work - 1e-9:
+        while i < len(ready) and ready[i] <= t:
+            avail += per_pair
+            i += 1
+        workers = bisect.bisect_right(free_at, t)
+        take = min(avail, workers * dt)
+        avail -= take
+        done += take
+        t += dt
+    return span, span * (1 + post_frac), max(span, t)
 
 
 def persistent_makespan(steps, slots, fixed, hidden):
@@ -86,6 +128,10 @@ def main():
     p.add_argument("--sms", type=int, default=132)
     p.add_argument("--headdim", type=int, default=256, choices=sorted(CONFIGS))
     p.add_argument("--heads", type=int, default=None, help="default 2048 / head dim, as the benchmark")
+    # the postprocess over the main kernel at d = 256, 4096, from scripts/call_breakdown.py
+    # (H100: 52.7 / 1403.3 us causal, 52.9 / 2916.5 us non-causal; docs/perf-log.md)
+    p.add_argument("--post-causal", type=float, default=52.7 / 1403.3)
+    p.add_argument("--post-full", type=float, default=52.9 / 2916.5)
     a = p.parse_args()
     a.heads = a.heads or 2048 // a.headdim
     slots = a.sms // CONFIGS[a.headdim][2]
@@ -101,6 +147,16 @@ def main():
                              f"pers +{100 * (r['tiles'] / r['persistent'] - 1):4.1f}%")
             r = model(batch, seqlen, a.heads, causal, 0.0, a.hidden, a.sms, 1, a.headdim)
             print(f"{'causal' if causal else 'non-causal':10s} {seqlen:5d} (walk {r['mean_walk']:5.1f} steps)  " + "  ".join(cells))
+    print("the dQ conversion queue (dq_post_queue): the call's main kernel + postprocess, after / under "
+          f"the tail (postprocess at 4k: {a.post_causal:.4f} / {a.post_full:.4f} of the main kernel "
+          "causal / non-causal, scaled by 4096 / seqlen)")
+    for causal in (True, False):
+        for seqlen in (1024, 2048, 4096, 8192, 16384):
+            frac = (a.post_causal if causal else a.post_full) * 4096 / seqlen
+            units = walks(TOKENS // seqlen, seqlen, a.heads, causal, 1, a.headdim, with_pairs=True)
+            span, after, under = post_overlap(units, slots, frac)
+            print(f"  {'causal' if causal else 'non-causal':10s} {seqlen:5d}  after {after / span:.4f}  "
+                  f"under {under / span:.4f}  gain +{100 * (after / under - 1):.2f}%")
     print("causal, the last L2 groups merged (l2_tail_groups): makespan over the ideal at F = 0 / 1 step")
     for seqlen in (1024, 2048, 4096, 8192, 16384):
         cells = []

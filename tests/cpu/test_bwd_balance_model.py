@@ -95,3 +95,22 @@ def test_one_cta_grids_of_the_other_head_dims():
     assert w[:2] == [128, 128] and w[2:4] == [128 - 96 // 64] * 2
     r = m.model(2, 8192, 10, True, 0.0, 0.7, 132, 1, 192)
     assert r["ideal"] == sum(w) / 132
+
+
+def test_post_overlap_by_hand():
+    # Two slots: pair 0's unit runs 0-4, pair 1's 0-1. The postprocess is a quarter of the
+    # 4-step kernel at the full GPU: 2 slot-steps, 1 per pair. After the kernel: 4 + 1 = 5.
+    # Under it: slot 1 converts pair 1 from 1 to 2; pair 0 ends at 4, both slots take it: 4.5.
+    span, after, under = m.post_overlap([(4, 0), (1, 1)], 2, 0.25)
+    assert span == 4 and after == 5
+    assert abs(under - 4.5) < 1e-2
+
+
+def test_post_overlap_never_later_than_after():
+    for causal in (True, False):
+        units = m.walks(4, 4096, 8, causal, with_pairs=True)
+        assert [s for s, _ in units] == m.walks(4, 4096, 8, causal)
+        assert sorted({p for _, p in units}) == list(range(32))
+        span, after, under = m.post_overlap(units, 66, 0.03)
+        assert span <= under <= after + 1e-6
+        assert m.post_overlap(units, 66, 0.0)[2] == span
