@@ -300,7 +300,7 @@ __global__ void __launch_bounds__(kPostThreads)
 }
 
 // The queue's form (dq_post_queue): as many CTAs as fit at once, each taking the next tile of
-// the queue (claim) until all pairs' tiles are done. Tile k belongs to the pair in queue slot
+// the queue (claim) until all pairs' tiles are done (a claim past them is left unused). Tile k belongs to the pair in queue slot
 // k / (group x m_blocks); thread 0 waits until that slot is filled (acquire: the pair's adds are
 // then visible, DqPostQueue), sleeping between polls so that the main kernel's last CTAs keep
 // the memory system. Its CTAs start only once every main-kernel CTA has (PDL), so they take the
@@ -324,13 +324,17 @@ __global__ void __launch_bounds__(kPostThreads)
   const int group = p.nheads / p.nheads_k;
   const int per_pair = group * tiles.m_blocks;
   const int total = post.pairs * per_pair;
+  // Thread 0 claims a tile ahead: the claim's round trip to L2 runs under the tile before it.
+  int next = 0;
+  if (threadIdx.x == 0) next = atomicAdd(post.claim(), 1);
   for (;;) {
     if (threadIdx.x == 0) {
-      const int k = atomicAdd(post.claim(), 1);
+      const int k = next;
       int pair = -1;
       if (k < total) {
         const int* slot = post.queue(k / per_pair);
         FLASHBACK_MBAR_SPIN((pair = fh::ld_acquire_gpu(slot)) >= 0 || (__nanosleep(256), false));
+        next = atomicAdd(post.claim(), 1);
       }
       claimed[0] = k;
       claimed[1] = pair;
