@@ -406,8 +406,8 @@ constexpr BwdSm90Config kBwdSm90Hdim192Tail3 = {192, 64, 96, 2, 1, 24, 160, true
 // Candidates: the dQ conversion under the main kernel's tail (dq_post_queue; docs/perf-log.md,
 // "The dQ conversion under the main kernel's tail"), in each d = 256 config (the pair and the
 // single CTA count by warp 1 in the default mode, by the turn warp in the deterministic one)
-// and at d = 128 / 192 (the dQ warps count; deterministic: d = 128's dQ warps, d = 192's turn
-// warps).
+// and at d = 64 / 128 / 192 (the dQ warps count; deterministic: d = 64's and 128's dQ warps,
+// d = 192's turn warps).
 constexpr BwdSm90Config kBwdSm90Hdim256PostQ = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
                                                false, false, false, true, false, true, false, true, false, true, 1, true};
 constexpr BwdSm90Config kBwdSm90Hdim256DetPostQ = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
@@ -416,6 +416,9 @@ constexpr BwdSm90Config kBwdSm90Hdim256DetPostQ = {256, 64, 80, 1, 1, 24, 240, f
 constexpr BwdSm90Config kBwdSm90Hdim256SinglePostQ = {256, 64, 80, 2, 1, 24, 240, false, 2, false, false, true,
                                                      false, false, false, false, false, false, false, true,
                                                      false, false, false, false, false, false, 1, true};
+constexpr BwdSm90Config kBwdSm90Hdim64PostQ = {64, 128, 128, 2, 2, 24, 240, true, 2, true, false, false,
+                                              false, false, false, false, false, true, true, false, true,
+                                              false, false, false, false, false, 1, true};
 constexpr BwdSm90Config kBwdSm90Hdim128PostQ = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, true, false, false,
                                                false, false, false, false, false, true, true,
                                                false, false, false, false, false, 1, true};

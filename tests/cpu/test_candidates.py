@@ -99,3 +99,29 @@ def test_value_candidates_substitute(tmp_path):
     r = subprocess.run([sys.executable, str(tmp_path / "sub.py"), str(tmp_path), "kWalk", "kWalkNone"],
                        capture_output=True, text=True)
     assert r.returncode != 0
+
+
+def initializer(kind, name):
+    """The brace list of config `name` in its header, as stripped tokens."""
+    text = open(os.path.join(ROOT, HEADERS[kind])).read()
+    m = re.search(r"constexpr %sSm90Config %s = \{([^}]*)\};" % (kind, name), text)
+    assert m, name
+    return [t.strip() for t in m.group(1).split(",")]
+
+
+def test_post_queue_candidates_are_their_rows_plus_the_queue():
+    """Each dq_post_queue candidate is its row's config with the fields it leaves out at their
+    defaults (false; l2_tail_groups 1) and dq_post_queue on: what an A/B against the row
+    measures is the queue alone."""
+    bases = {"kBwdSm90Hdim256PostQ": "kBwdSm90Hdim256", "kBwdSm90Hdim256DetPostQ": "kBwdSm90Hdim256Det",
+             "kBwdSm90Hdim256SinglePostQ": "kBwdSm90Hdim256Single", "kBwdSm90Hdim64PostQ": "kBwdSm90Hdim64",
+             "kBwdSm90Hdim128PostQ": "kBwdSm90Hdim128", "kBwdSm90Hdim192PostQ": "kBwdSm90Hdim192"}
+    found = [c for c in candidates() if c.endswith("PostQ")]
+    assert sorted(found) == sorted(bases)
+    fields = 28  # BwdSm90Config's fields through dq_post_queue (bwd_sm90.h)
+    for cand, base in bases.items():
+        c, b = initializer("Bwd", cand), initializer("Bwd", base)
+        assert len(c) == fields, cand
+        assert c[:len(b)] == b, cand
+        assert all(t == "false" for t in c[len(b):fields - 2]), cand
+        assert c[fields - 2:] == ["1", "true"], cand
