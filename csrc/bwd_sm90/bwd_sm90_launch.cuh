@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     } else if ((!kDet || T::kDetDqWarp) && T::kDqViaSmem && threadIdx.x / 32 >= 1 &&
                threadIdx.x / 32 <= T::kConsumerWgs) {
       bwd_sm90_dq_warp<T, kDet>(p, w, smem, threadIdx.x / 32 - 1);
-    } else if (T::kDqPostQueue && !kDet && !T::kDqViaSmem && threadIdx.x / 32 == 1) {
+    } else if (dq_post_by_count_warp<T, kDet>() && threadIdx.x / 32 == 1) {
       fh::named_bar_sync(T::kBarPostCount, T::kPostCountThreads);  // dq_post_arrive
       if (threadIdx.x == 32) dq_post_count(p, w, 1);
     }

@@ -702,6 +702,11 @@ __device__ __forceinline__ void pair_ghost_step(const BwdSm90Params& p, uint8_t*
 // else in the deterministic mode its turn warps (one per add phase; each after its last turn),
 // else warp 1 of the producer warpgroup once every consumer thread has issued its last add
 // (kBarPostCount). A CTA with no keys of its sequence counts them all at once.
+// Whether warp 1 of the producer warpgroup counts (default mode, the adds from registers).
+template <class T, bool kDet>
+constexpr bool dq_post_by_count_warp() {
+  return T::kDqPostQueue && !kDet && !T::kDqViaSmem;
+}
 template <class T, bool kDet>
 constexpr int dq_post_counts_per_cta() {
   if constexpr ((!kDet || T::kDetDqWarp) && T::kDqViaSmem) {
@@ -727,7 +732,7 @@ __device__ __forceinline__ void dq_post_count(const BwdSm90Params& p, const BwdS
 // walk's last add, before the epilogue (which does not wait for the count).
 template <class T, bool kDet>
 __device__ __forceinline__ void dq_post_arrive() {
-  if constexpr (T::kDqPostQueue && !kDet && !T::kDqViaSmem) {
+  if constexpr (dq_post_by_count_warp<T, kDet>()) {
     fh::named_bar_arrive(T::kBarPostCount, T::kPostCountThreads);
   }
 }
