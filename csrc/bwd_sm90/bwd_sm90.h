@@ -416,6 +416,9 @@ constexpr BwdSm90Config kBwdSm90Hdim256DetPostQ = {256, 64, 80, 1, 1, 24, 240, f
 constexpr BwdSm90Config kBwdSm90Hdim256SinglePostQ = {256, 64, 80, 2, 1, 24, 240, false, 2, false, false, true,
                                                      false, false, false, false, false, false, false, true,
                                                      false, false, false, false, false, false, 1, true};
+// Both tail measures at once: the last two causal L2 groups merged and the queue.
+constexpr BwdSm90Config kBwdSm90Hdim256Tail2PostQ = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
+                                                    false, false, false, true, false, true, false, true, false, true, 2, true};
 constexpr BwdSm90Config kBwdSm90Hdim64PostQ = {64, 128, 128, 2, 2, 24, 240, true, 2, true, false, false,
                                               false, false, false, false, false, true, true, false, true,
                                               false, false, false, false, false, 1, true};
