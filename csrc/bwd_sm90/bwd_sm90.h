@@ -208,6 +208,9 @@ struct BwdSm90Config {
   // the grid's fill (scripts/bwd_balance_model.py, d = 256 pair) puts the makespan over the
   // ideal at 1.019-1.022 at 4k-16k with one group, 1.010 with the last two merged, 1.002-1.005
   // with three; the price is L2 room in the grid's last phase (that many groups' rows at once).
+  // Measured with dq_post_queue on the d = 256 pair (H100, bf16, GPU time, A Q T2Q x 2):
+  // causal +1.8 / +3.9 / +1.9% at 4k / 8k / 16k against production, the queue alone +1.1 /
+  // +4.5 / -0.1%: two groups on at d = 256 (docs/perf-log.md, "Measured 2026-12-07").
   int l2_tail_groups = 1;
   // The postprocess (dQ = scale * dQaccum) as a queue's consumer that runs under the main
   // kernel's tail instead of after it: each CTA counts, once its dQ adds are done, on its
@@ -219,7 +222,12 @@ struct BwdSm90Config {
   // L2 group and the non-causal grid's half-full last wave leave SMs idle (the fill model:
   // 1.9-2.2% and 3.1-4.1% of the d = 256 kernel). The cost in the main kernel: one acquire-release
   // add per counting warp and CTA, off the consumers' path (docs/perf-log.md, "The dQ
-  // conversion under the main kernel's tail").
+  // conversion under the main kernel's tail"). Measured (H100, bf16, GPU time, A Q A Q): at
+  // d = 256 causal +0.7..+1.1 / +2.3..+4.5 / -1.0..-0.1% at 4k / 8k / 16k in two runs,
+  // non-causal +0.9..+1.1 / +0.3..+0.5 / -0.1..+0.4%, 512-2048 +0.2..+2.8%, deterministic
+  // -1.4..+1.7%: on in every d = 256 config. At d = 64 / 128 / 192, where the dQ warps count,
+  // -1.4..+2.7% on the main sweep and -2.4 / -2.0% at d = 128 512: off (docs/perf-log.md,
+  // "Measured 2026-12-07").
   bool dq_post_queue = false;
 };
 
@@ -298,7 +306,7 @@ constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 96, 2, 1, 24, 160, true, 3, 
 // +3.0% at d = 128, +2.0% at d = 192 causal): off there (docs/perf-log.md, "Measured
 // 2026-12-06, eleventh run").
 constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
-                                          false, false, false, true, false, true, false, true, false, true};
+                                          false, false, false, true, false, true, false, true, false, true, 2, true};
 // The deterministic mode's config per head dim (the configs of a head dim share block_m, and
 // none has a smaller block_n than the default's: the workspace and can_implement read the
 // default's; they share det_from_the_end, whose walk order is also dK's and dV's order of
@@ -319,7 +327,7 @@ static constexpr const BwdSm90Config& kBwdSm90Hdim192Det = kBwdSm90Hdim192;
 // mode +2.4 / +3.1 / +0.8% causal, +1.7 / +0.7 / +1.2% non-causal at 4k / 8k / 16k, H200).
 constexpr BwdSm90Config kBwdSm90Hdim256Det = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
                                              true, true, false, false, false, true, false, true, false, true, true,
-                                             true};
+                                             true, 1, true};
 // The single-CTA config of a head dim whose configs are pairs: it runs both modes where the
 // pair does not pay (short walks: fewer than kBwdSm90PairMinRows query rows per CTA, measured
 // 2.0-5.6% faster than the pair at seqlen 512) or cannot run (no 2-CTA cluster fits, or
@@ -333,7 +341,8 @@ static constexpr const BwdSm90Config& kBwdSm90Hdim192Single = kBwdSm90Hdim192;
 // +0.5..+1.8% deterministic; stats_by_consumers there -0.6..-2.4% (docs/perf-log.md, "The
 // single-CTA d = 256 backward measured").
 constexpr BwdSm90Config kBwdSm90Hdim256Single = {256, 64, 80, 2, 1, 24, 240, false, 2, false, false, true,
-                                                false, false, false, false, false, false, false, true};
+                                                false, false, false, false, false, false, false, true,
+                                                false, false, false, false, false, false, 1, true};
 
 // The causal backward's L2 groups: as many (batch, kv head) pairs at a time as keep the Q, dO
 // and dQaccum rows (x the GQA group) of this many queries at d = 256 in L2 (256 / d times as
@@ -387,13 +396,11 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 // scripts/build_candidates.sh kBwdSm90Hdim256=kBwdSm90Hdim256Timeline for scripts/bwd_timeline.py.
 constexpr BwdSm90Config kBwdSm90Hdim256Timeline = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
                                                   true, true, false, false, false, true, false, true, true, true,
-                                                  false, true};
-// Candidates: the d = 256 default pair with the last two / three causal L2 groups merged
+                                                  false, true, 2, true};
+// Candidate: the d = 256 default with the last three causal L2 groups merged instead of two
 // (l2_tail_groups; docs/perf-log.md, "The causal grid's last L2 group").
-constexpr BwdSm90Config kBwdSm90Hdim256Tail2 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
-                                               false, false, false, true, false, true, false, true, false, true, 2};
 constexpr BwdSm90Config kBwdSm90Hdim256Tail3 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
-                                               false, false, false, true, false, true, false, true, false, true, 3};
+                                               false, false, false, true, false, true, false, true, false, true, 3, true};
 // The same at d = 192 (one CTA per 96-key block, 132 slots, 10 groups at 8k / 16k), where the
 // model puts one group at 1.015 / 1.032 / 1.032 of the ideal at 4k / 8k / 16k, two merged at
 // 1.010 / 1.013 / 1.013, three at 1.005 / 1.015 / 1.016 (d = 64 / 128: within 0.4% either way).
@@ -404,21 +411,10 @@ constexpr BwdSm90Config kBwdSm90Hdim192Tail3 = {192, 64, 96, 2, 1, 24, 160, true
                                                false, true, false, false, true, false, false, true,
                                                false, false, false, false, false, false, 3};
 // Candidates: the dQ conversion under the main kernel's tail (dq_post_queue; docs/perf-log.md,
-// "The dQ conversion under the main kernel's tail"), in each d = 256 config (the pair and the
-// single CTA count by warp 1 in the default mode, by the turn warp in the deterministic one)
-// and at d = 64 / 128 / 192 (the dQ warps count; deterministic: d = 64's and 128's dQ warps,
-// d = 192's turn warps).
-constexpr BwdSm90Config kBwdSm90Hdim256PostQ = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
-                                               false, false, false, true, false, true, false, true, false, true, 1, true};
-constexpr BwdSm90Config kBwdSm90Hdim256DetPostQ = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
-                                                  true, true, false, false, false, true, false, true, false, true, true,
-                                                  true, 1, true};
-constexpr BwdSm90Config kBwdSm90Hdim256SinglePostQ = {256, 64, 80, 2, 1, 24, 240, false, 2, false, false, true,
-                                                     false, false, false, false, false, false, false, true,
-                                                     false, false, false, false, false, false, 1, true};
-// Both tail measures at once: the last two causal L2 groups merged and the queue.
-constexpr BwdSm90Config kBwdSm90Hdim256Tail2PostQ = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
-                                                    false, false, false, true, false, true, false, true, false, true, 2, true};
+// "The dQ conversion under the main kernel's tail") at d = 64 / 128 / 192, where the dQ warps
+// count (deterministic: d = 64's and 128's dQ warps, d = 192's turn warps). Measured (H100,
+// bf16, A Q A Q): -1.4..+2.7% on the main sweep, d = 128 at 512 -2.4 / -2.0% (docs/perf-log.md,
+// "Measured 2026-12-07"): not adopted.
 constexpr BwdSm90Config kBwdSm90Hdim64PostQ = {64, 128, 128, 2, 2, 24, 240, true, 2, true, false, false,
                                               false, false, false, false, false, true, true, false, true,
                                               false, false, false, false, false, 1, true};
