@@ -126,3 +126,13 @@ def test_two_tail_groups_never_end_the_queue_later():
         one = m.post_overlap(m.walks(16384 // seqlen, seqlen, 8, True, 1, with_pairs=True), slots, frac)
         two = m.post_overlap(m.walks(16384 // seqlen, seqlen, 8, True, 2, with_pairs=True), slots, frac)
         assert two[2] <= one[2] * 1.001, seqlen
+
+
+def test_split_last_wave_by_hand():
+    # Three 6-step units on two slots: the third runs alone, 12 steps. Split in two: 6 + 3 = 9;
+    # in three parts of 2 (two slots): 6 + 2 + 2 = 10; with a 1-step overhead per part, 6 + 4 = 10.
+    assert m.split_last_wave([6, 6, 6], 2, 1, 0) == 12
+    assert m.split_last_wave([6, 6, 6], 2, 2, 0) == 9
+    assert m.split_last_wave([6, 6, 6], 2, 3, 0) == 10
+    assert m.split_last_wave([6, 6, 6], 2, 2, 1) == 10
+    assert m.split_last_wave([6, 6, 6, 6], 2, 3, 0) == 12  # no partial wave: nothing to split
