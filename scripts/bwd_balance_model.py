@@ -36,6 +36,9 @@ BLOCK_M, BLOCK_N = 64, 80  # the d = 256 pair's tile (csrc/bwd_sm90/bwd_sm90.h)
 # csrc/bwd_sm90/bwd_sm90.h (d = 256: the pair, from 1024 query rows per CTA)
 CONFIGS = {64: (128, 128, 1), 128: (64, 128, 1), 192: (64, 96, 1), 256: (BLOCK_M, BLOCK_N, 2)}
 L2_ROWS, L2_SHORT_ROWS, L2_SHORT_SEQLEN = 16384, 8192, 1024  # kBwdSm90L2 at d = 256 (x 256 / d)
+# The postprocess over the main kernel at d = 256, 4096, causal / non-causal, from
+# scripts/call_breakdown.py (H100: 52.7 / 1403.3 us, 52.9 / 2916.5 us; docs/perf-log.md).
+POST_AT_4K = {True: 52.7 / 1403.3, False: 52.9 / 2916.5}
 
 
 def grouped_tile_tail(cta, group, blocks, pairs, tail):
@@ -141,10 +144,8 @@ def main():
     p.add_argument("--sms", type=int, default=132)
     p.add_argument("--headdim", type=int, default=256, choices=sorted(CONFIGS))
     p.add_argument("--heads", type=int, default=None, help="default 2048 / head dim, as the benchmark")
-    # the postprocess over the main kernel at d = 256, 4096, from scripts/call_breakdown.py
-    # (H100: 52.7 / 1403.3 us causal, 52.9 / 2916.5 us non-causal; docs/perf-log.md)
-    p.add_argument("--post-causal", type=float, default=52.7 / 1403.3)
-    p.add_argument("--post-full", type=float, default=52.9 / 2916.5)
+    p.add_argument("--post-causal", type=float, default=POST_AT_4K[True])
+    p.add_argument("--post-full", type=float, default=POST_AT_4K[False])
     a = p.parse_args()
     a.heads = a.heads or 2048 // a.headdim
     slots = a.sms // CONFIGS[a.headdim][2]

@@ -702,6 +702,7 @@ __device__ __forceinline__ void pair_ghost_step(const BwdSm90Params& p, uint8_t*
 // else in the deterministic mode its turn warps (one per add phase; each after its last turn),
 // else warp 1 of the producer warpgroup once every consumer thread has issued its last add
 // (kBarPostCount). A CTA with no keys of its sequence counts them all at once.
+
 // Whether warp 1 of the producer warpgroup counts (default mode, the adds from registers).
 template <class T, bool kDet>
 constexpr bool dq_post_by_count_warp() {

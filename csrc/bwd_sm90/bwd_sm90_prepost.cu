@@ -303,10 +303,11 @@ __global__ void __launch_bounds__(kPostThreads)
 // the queue (claim) until all pairs' tiles are done (a claim past them is left unused). Tile k
 // belongs to the pair in queue slot k / (group x m_blocks); thread 0 waits until that slot is
 // filled (acquire: the pair's adds are then visible, DqPostQueue), sleeping between polls so
-// that the main kernel's last CTAs keep the memory system. Its CTAs start only once every main-kernel CTA has (PDL), so they take the
-// SMs that CTAs leave and never hold one a main-kernel CTA waits for. The grid's end waits for
-// the main kernel's (its dK / dV stores may still be in flight when a pair is queued), so that
-// work after this kernel on the stream sees every gradient.
+// that the main kernel's last CTAs keep the memory system. Its CTAs start only once every
+// main-kernel CTA has (PDL), so they take the SMs that CTAs leave and never hold one a
+// main-kernel CTA waits for. The grid's end waits for the main kernel's (its dK / dV stores may
+// still be in flight when a pair is queued), so that work after this kernel on the stream sees
+// every gradient.
 // The queue and claim are read without a wait for the preprocess that sets them: this grid is
 // launched only once every main-kernel CTA has triggered it, and each triggers after its own
 // griddepcontrol.wait, which returns once the preprocess has completed and its writes are

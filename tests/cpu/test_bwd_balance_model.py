@@ -122,7 +122,7 @@ def test_two_tail_groups_never_end_the_queue_later():
     behind l2_tail_groups = 2, which no run measured at 1024 / 2048)."""
     slots = 132 // m.CONFIGS[256][2]
     for seqlen in (1024, 2048, 4096, 8192, 16384):
-        frac = 0.0376 * 4096 / seqlen
+        frac = m.POST_AT_4K[True] * 4096 / seqlen
         one = m.post_overlap(m.walks(16384 // seqlen, seqlen, 8, True, 1, with_pairs=True), slots, frac)
         two = m.post_overlap(m.walks(16384 // seqlen, seqlen, 8, True, 2, with_pairs=True), slots, frac)
         assert two[2] <= one[2] * 1.001, seqlen
