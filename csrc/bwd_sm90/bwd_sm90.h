@@ -397,14 +397,11 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 constexpr BwdSm90Config kBwdSm90Hdim256Timeline = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
                                                   true, true, false, false, false, true, false, true, true, true,
                                                   false, true, 2, true};
-// Candidates: the d = 256 default with the last three causal L2 groups merged instead of two,
-// and with none merged (Tail1: what the two groups bring at 1024 / 2048, not yet measured
-// there) (l2_tail_groups; docs/perf-log.md, "The causal grid's last L2 group").
-constexpr BwdSm90Config kBwdSm90Hdim256Tail3 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
-                                               false, false, false, true, false, true, false, true, false, true, 3, true};
-constexpr BwdSm90Config kBwdSm90Hdim256Tail1 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
-                                               false, false, false, true, false, true, false, true, false, true, 1, true};
-// The same at d = 192 (one CTA per 96-key block, 132 slots, 10 groups at 8k / 16k), where the
+// The d = 256 default with the last three causal L2 groups merged instead of two measured
+// -0.8 / -1.4 / +0.4% at 4k / 8k / 16k, with none merged -0.2 / +0.5 / +0.2% at 512 / 1024 /
+// 2048 (H100, bf16, A/B; docs/perf-log.md, "Measured 2026-12-07, second run"): two kept.
+// The d = 192 candidates below merge two or three groups
+// (one CTA per 96-key block, 132 slots, 10 groups at 8k / 16k), where the
 // model puts one group at 1.015 / 1.032 / 1.032 of the ideal at 4k / 8k / 16k, two merged at
 // 1.010 / 1.013 / 1.013, three at 1.005 / 1.015 / 1.016 (d = 64 / 128: within 0.4% either way).
 constexpr BwdSm90Config kBwdSm90Hdim192Tail2 = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
