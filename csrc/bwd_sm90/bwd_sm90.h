@@ -229,6 +229,15 @@ struct BwdSm90Config {
   // -1.4..+2.7% on the main sweep and -2.4 / -2.0% at d = 128 512: off (docs/perf-log.md,
   // "Measured 2026-12-07").
   bool dq_post_queue = false;
+  // Default mode, non-causal, dense, the pair with dq_post_queue: the grid's partial last wave
+  // (r units of r < the resident clusters, every unit's walk as long) split by query range into
+  // k parts (bwd_sm90_split_plan), so that r k shorter walks fill the slots that r long ones
+  // would leave idle for a whole walk (the fill model: 1.031 -> 1.006 of the ideal makespan at
+  // 4k / 8k with k = 3, 1.041 -> 1.001 at 16k with k = 2). Part q < k - 1 leaves its dV^T / dK^T
+  // partial in fp32 in a workspace slot and counts; part k - 1 waits for the others' counts and
+  // sums the partials in part order before its epilogue, so dK and dV stay bitwise equal run to
+  // run (docs/design.md section 5, "The split last wave").
+  bool split_last_wave = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -410,6 +419,13 @@ constexpr BwdSm90Config kBwdSm90Hdim192Tail2 = {192, 64, 96, 2, 1, 24, 160, true
 constexpr BwdSm90Config kBwdSm90Hdim192Tail3 = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
                                                false, true, false, false, true, false, false, true,
                                                false, false, false, false, false, false, 3};
+// Candidate: the d = 256 default with the non-causal grid's partial last wave split by query
+// range (split_last_wave; docs/perf-log.md, "The split last wave"). Prediction (fill model,
+// measured gains of the queue at 0.5-0.7 of its bound): non-causal +0.5..+1% at 4k, +1..+1.5% at
+// 8k, +1.5..+2.5% at 16k; causal and 512-2048 unchanged (not split there).
+constexpr BwdSm90Config kBwdSm90Hdim256Split = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
+                                               false, false, false, true, false, true, false, true, false, true, 2, true,
+                                               true};
 // Candidates: the dQ conversion under the main kernel's tail (dq_post_queue; docs/perf-log.md,
 // "The dQ conversion under the main kernel's tail") at d = 64 / 128 / 192, where the dQ warps
 // count (deterministic: d = 64's and 128's dQ warps, d = 192's turn warps). Measured (H100,
@@ -493,7 +509,30 @@ struct BwdSm90Params {
   // (its CTAs x the counts per CTA, dq_post_counts_per_cta).
   DqPostQueue dq_post;
   int dq_post_total;
+  // split_last_wave configs only (bwd_sm90_split_plan): grid units (clusters) from split_first
+  // on are parts, split_parts per split unit (1: no split; then split_first is past the grid).
+  // Per split unit and rank, split_parts - 1 slots of dV^T then dK^T partials (kSplitSlotFloats
+  // fp32 each) and one count of the parts that have left theirs (split_done, zeroed by the
+  // preprocess with the queue).
+  int split_first, split_parts;
+  float* split_dkv;
+  int* split_done;
 };
+
+// split_last_wave: how the grid's partial last wave is cut (bwd_sm90_launch.cu). units: the
+// grid's units (clusters), slots: clusters resident at once, walk: steps per unit. k = 1: none.
+struct BwdSm90SplitPlan {
+  int first;  // the first split unit
+  int parts;  // k
+};
+// A walk shorter than this many steps is not split (the fill model: at 1024 / 2048 keys the
+// split gains nothing over the queue, docs/perf-log.md, "Next idea for the non-causal points").
+constexpr int kBwdSm90SplitMinSteps = 64;
+// At most this many split units (a partial wave holds fewer units than the resident clusters:
+// 72 is a whole 144-SM die's) and parts: bounds the workspace by the shapes, not the device.
+constexpr int kBwdSm90SplitMaxUnits = 72;
+constexpr int kBwdSm90SplitMaxParts = 3;
+BwdSm90SplitPlan bwd_sm90_split_plan(int units, int slots, int walk);
 
 // The points of a pair step a timeline config stamps (slot index per warpgroup and step).
 // By role: warpgroup 0 computes S and P, warpgroup 1 dP and dS.

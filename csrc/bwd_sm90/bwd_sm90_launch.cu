@@ -119,8 +119,44 @@ WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p) {
   w.lse = w.dq_turn + (p.deterministic ? align_up(tiles * kDqTurnsPerTile * sizeof(int)) : 0);
   w.dsum = w.lse + align_up(rows * sizeof(float));
   w.dq_post = w.dsum + align_up(rows * sizeof(float));
-  w.total = w.dq_post + align_up(DqPostQueue::bytes(p.batch * p.nheads_k));
+  w.split_done = w.dq_post + align_up(DqPostQueue::bytes(p.batch * p.nheads_k));
+  // split_last_wave: room for the most split units the call could have (bwd_sm90_split_plan;
+  // a partial wave has fewer units than the grid, and at most kBwdSm90SplitMaxUnits), where
+  // the call's config could split: default mode, non-causal, dense, a long enough walk.
+  w.split_units = 0;
+  if (row != nullptr && row->cfg->split_last_wave && !p.deterministic && !p.causal &&
+      p.cu_seqlens_q == nullptr &&
+      int64_t{(p.seqlen_q + block_m - 1) / block_m} * (p.nheads / std::max(1, p.nheads_k)) >=
+          kBwdSm90SplitMinSteps) {
+    const int64_t units = grid_ctas(*row->cfg, p) / 2;
+    w.split_units = static_cast<int>(std::min<int64_t>(units, kBwdSm90SplitMaxUnits));
+  }
+  w.split_dkv = w.split_done + align_up(2 * static_cast<size_t>(w.split_units) * sizeof(int));
+  const size_t slot_bytes = row != nullptr ? size_t{2} * row->cfg->head_dim * row->cfg->block_n * sizeof(float) : 0;
+  w.total = w.split_dkv +
+            align_up(2 * static_cast<size_t>(w.split_units) * (kBwdSm90SplitMaxParts - 1) * slot_bytes);
   return w;
+}
+
+BwdSm90SplitPlan bwd_sm90_split_plan(int units, int slots, int walk) {
+  const BwdSm90SplitPlan none{0x7fffffff, 1};
+  if (slots < 1 || walk < kBwdSm90SplitMinSteps) return none;
+  const int r = units % slots;  // the partial last wave's units
+  if (r == 0 || r > kBwdSm90SplitMaxUnits) return none;
+  // The last wave's length in steps: one walk unsplit; with k parts ceil(r k / slots) waves of
+  // a part's walk plus a step for what a part costs besides (its partial out or the sum in),
+  // the fill model's overhead (scripts/bwd_balance_model.py, split_last_wave).
+  int64_t best = walk;
+  int best_k = 1;
+  for (int k = 2; k <= kBwdSm90SplitMaxParts; ++k) {
+    const int64_t waves = (int64_t{r} * k + slots - 1) / slots;
+    const int64_t len = waves * ((walk + k - 1) / k + 1);
+    if (len < best) {
+      best = len;
+      best_k = k;
+    }
+  }
+  return best_k > 1 ? BwdSm90SplitPlan{units - r, best_k} : none;
 }
 
 bool bwd_sm90_can_implement(const flashback_bwd_params& p, const char** why) {

@@ -44,6 +44,10 @@ namespace sm90 {
 struct WorkspaceParts {
   size_t dq_accum, dq_turn, lse, dsum, total;  // dq_accum and dq_turn: zeroed by the preprocess
   size_t dq_post;  // the dQ conversion queue (DqPostQueue; dq_post_queue configs), set by it too
+  // split_last_wave: the parts' counts (zeroed by the preprocess) and their dV^T / dK^T slots;
+  // split_units the split units they have room for (0: none).
+  size_t split_done, split_dkv;
+  int split_units;
 };
 WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p);
 // FLASHBACK_DET_COOPERATIVE, read once per process.
@@ -114,7 +118,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     if (threadIdx.x == 0) fh::launch_dependents();
   }
   const BwdSm90Work w =
-      bwd_sm90_work<T::kBlockM, T::kBlockN, kDet, T::kPair, T::kDetFromEnd, T::kL2TailGroups>(p);
+      bwd_sm90_work<T::kBlockM, T::kBlockN, kDet, T::kPair, T::kDetFromEnd, T::kL2TailGroups,
+                    T::kSplitLastWave>(p);
   if (!w.active) {  // varlen: past the end of a shorter sequence's keys (the whole CTA)
     if constexpr (T::kDqPostQueue) {
       if (threadIdx.x == 32) {  // no adds: all of the CTA's counts at once
@@ -231,6 +236,19 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   const bool pdl = bwd_sm90_pdl();
   DqPostQueue post{nullptr, p.batch * p.nheads_k};
   if constexpr (T::kDqPostQueue) post.base = reinterpret_cast<int*>(ws + parts.dq_post);
+  // split_last_wave (default mode, non-causal, dense, where the workspace has room): the
+  // grid's partial last wave cut into parts (bwd_sm90_split_plan), which add clusters.
+  BwdSm90SplitPlan split{0x7fffffff, 1};
+  if constexpr (T::kSplitLastWave && !kDet) {
+    const int n_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+    const int units = (n_blocks + 1) / 2 * p.batch * p.nheads_k;
+    const BwdSm90SplitPlan plan = bwd_sm90_split_plan(units, resident_pairs, m_blocks * (p.nheads / p.nheads_k));
+    if (plan.parts > 1 && !p.causal && parts.split_units >= units - plan.first) {
+      split = plan;
+      post.split_done = reinterpret_cast<int*>(ws + parts.split_done);
+      post.split_count = 2 * (units - plan.first);
+    }
+  }
   // (0) D = rowsum(dO * O), LSE * log2(e); dQaccum (and the deterministic mode's turn
   // counters, the dQ conversion queue) set by the same kernel, no memset before it.
   err = launch_bwd_sm90_preprocess(p, tiles_m, T::kStepTiles, lse_log2, dsum, dq_accum,
@@ -285,10 +303,14 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   kp.timeline_steps = 0;
   if constexpr (T::kTimeline) bwd_sm90_timeline(&kp.timeline, &kp.timeline_ctas, &kp.timeline_steps);
   kp.dq_post = post;
+  kp.split_first = split.first;
+  kp.split_parts = split.parts;
+  kp.split_dkv = split.parts > 1 ? reinterpret_cast<float*>(ws + parts.split_dkv) : nullptr;
+  kp.split_done = post.split_done;
   // Every CTA of a (batch, kv head) counts, those past a shorter sequence's keys too: the
   // grid's K/V blocks per pair (pair_dq: rounded up to whole clusters).
   kp.dq_post_total = (T::kPair ? 2 * ((kp.n_blocks + 1) / 2) : kp.n_blocks) *
-                     dq_post_counts_per_cta<T, kDet>();
+                     dq_post_counts_per_cta<T, kDet>() * kp.split_parts;  // BwdSm90Work::post_weight
 
   // (1)-(7)
   const int ctas = kp.n_blocks * p.nheads_k * p.batch;
@@ -297,7 +319,9 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   if constexpr (T::kPair) {
     // pair_dq: clusters of two CTAs on K/V blocks 2 j, 2 j + 1 (an odd count gets a partner
     // past the keys, bwd_sm90_scheduler.cuh).
-    const int pair_ctas = 2 * ((kp.n_blocks + 1) / 2) * p.nheads_k * p.batch;
+    // split_last_wave: each split unit's parts take k clusters instead of one.
+    const int units = (kp.n_blocks + 1) / 2 * p.nheads_k * p.batch;
+    const int pair_ctas = 2 * (units + (split.parts > 1 ? (units - split.first) * (split.parts - 1) : 0));
     // Deterministic, non-causal: chunks of the clusters that fit on the GPU at once (the
     // scheduler's units).
     if (kDet && !p.causal) kp.det_chunk = resident_pairs;

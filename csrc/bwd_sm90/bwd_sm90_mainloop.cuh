@@ -180,6 +180,11 @@ struct BwdSm90Traits {
   static constexpr int kL2TailGroups = kCfg.l2_tail_groups;
   static_assert(kL2TailGroups >= 1, "l2_tail_groups: 1 keeps every group");
   static constexpr bool kDqPostQueue = kCfg.dq_post_queue;
+  static constexpr bool kSplitLastWave = kCfg.split_last_wave;
+  static_assert(!kSplitLastWave || (kCfg.pair_dq && kCfg.dq_post_queue && !kCfg.timeline),
+                "split_last_wave: the pair (both warpgroups hold dV^T / dK^T) with the queue");
+  // split_last_wave: a CTA's dV^T and dK^T partial, fp32 (kSplitSlotFloats per slot).
+  static constexpr int kSplitSlotFloats = 2 * kHeadDim * kBlockN;
   static_assert(!kDkBeforePeer || kCfg.pair_dq, "dk_before_peer: the pair's step");
   static_assert(!kTimeline || (kCfg.pair_dq && kCfg.sdp_by_role), "timeline: the pair's steps by role");
   static_assert(!kPairGhost || kPair, "pair_ghost: the pair's upper CTA");
@@ -724,6 +729,7 @@ constexpr int dq_post_counts_per_cta() {
 // one's, so its release of the queue slot publishes all the pair's adds to the postprocess.
 __device__ __forceinline__ void dq_post_count(const BwdSm90Params& p, const BwdSm90Work& w, int n) {
   const int pair = w.batch * p.nheads_k + w.kv_head;
+  n *= w.post_weight;  // split_last_wave: a unit's parts count a whole unit's total together
   if (fh::atom_acq_rel_gpu_add(p.dq_post.done(pair), n) + n == p.dq_post_total) {
     const int slot = atomicAdd(p.dq_post.tail(), 1);
     fh::red_release_gpu_add(p.dq_post.queue(slot), pair + 1);  // -1 -> pair
@@ -840,6 +846,70 @@ __device__ __forceinline__ void bwd_sm90_dq_warp(const BwdSm90Params& p, const B
       dq_post_count(p, w, 1);
     }
   }
+}
+
+// split_last_wave (BwdSm90Config): the parts of one split unit meet here, per CTA rank, after
+// their walks, with every consumer thread (ct = 0 .. 255) holding its dV^T / dK^T fragments.
+// Part q < k - 1 stores its fragments into slot q (float4 chunk c of thread ct at c x 256 + ct:
+// each warp's stores one 512-byte line), fences, and its thread 0 counts on split_done once
+// all threads have passed kBarEpilogue. Part k - 1 waits (thread 0) until the k - 1 others have
+// counted, and replaces its fragments by ((p_0 + p_1) + ...) + p_{k-1}: the same order every
+// run whichever part finishes first. Returns whether this CTA writes dK / dV (part k - 1).
+// L2 loads (ld.global.cg): the slots were written by other SMs in this kernel.
+template <class T, int kAcc>
+__device__ __forceinline__ bool bwd_sm90_split_combine(const BwdSm90Params& p, const BwdSm90Work& w,
+                                                       float (&acc_dv)[kAcc][T::kBlockN / 2],
+                                                       float (&acc_dk)[kAcc][T::kBlockN / 2]) {
+  constexpr int kThreads = T::kConsumerThreads;
+  constexpr int kPerAcc = T::kBlockN / 2;  // floats per fragment array
+  constexpr int kChunks = 2 * kAcc * kPerAcc / 4;
+  static_assert(kPerAcc % 4 == 0 && kChunks * 4 * kThreads == T::kSplitSlotFloats,
+                "a slot holds every consumer thread's dV^T and dK^T fragments");
+  const int ct = static_cast<int>(threadIdx.x) - 128;
+  const int unit_cta = 2 * w.split_unit + static_cast<int>(blockIdx.x & 1);
+  const int k = p.split_parts;
+  int* done = p.split_done + unit_cta;
+  float4* slots = reinterpret_cast<float4*>(p.split_dkv) +
+                  static_cast<int64_t>(unit_cta) * (k - 1) * (T::kSplitSlotFloats / 4);
+  auto frag = [&](int c, int e) -> float& {  // float e of chunk c: dV^T's arrays, then dK^T's
+    const int f = 4 * c + e;
+    const int a = f / kPerAcc;
+    return a < kAcc ? acc_dv[a][f % kPerAcc] : acc_dk[a - kAcc][f % kPerAcc];
+  };
+  if (w.part < k - 1) {
+    float4* mine = slots + static_cast<int64_t>(w.part) * (T::kSplitSlotFloats / 4);
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      __stcg(mine + c * kThreads + ct, make_float4(frag(c, 0), frag(c, 1), frag(c, 2), frag(c, 3)));
+    }
+    __threadfence();
+    fh::named_bar_sync(T::kBarEpilogue, kThreads);
+    if (ct == 0) fh::red_release_gpu_add(done, 1);
+    return false;
+  }
+  if (ct == 0) {
+#if defined(FLASHBACK_MBAR_TIMEOUT_CYCLES)
+    using hopper::mbar_timeout_trap;  // named by the macro
+#endif
+    FLASHBACK_MBAR_SPIN(fh::ld_acquire_gpu(done) == k - 1);
+  }
+  fh::named_bar_sync(T::kBarEpilogue, kThreads);
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    float4 sum = __ldcg(slots + c * kThreads + ct);
+    for (int q = 1; q < k - 1; ++q) {
+      const float4 v = __ldcg(slots + static_cast<int64_t>(q) * (T::kSplitSlotFloats / 4) + c * kThreads + ct);
+      sum.x += v.x;
+      sum.y += v.y;
+      sum.z += v.z;
+      sum.w += v.w;
+    }
+    frag(c, 0) = sum.x + frag(c, 0);
+    frag(c, 1) = sum.y + frag(c, 1);
+    frag(c, 2) = sum.z + frag(c, 2);
+    frag(c, 3) = sum.w + frag(c, 3);
+  }
+  return true;
 }
 
 // The staged dV and dK rows of the CTA's keys (rows past seqlen_k skipped) to global memory, by
@@ -1330,6 +1400,12 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   // Epilogue: all warpgroups are done reading K, V, Q (their last wgmmas were waited for) once
   // all pass this barrier; then the staging tiles may overwrite them.
   fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
+  if constexpr (T::kSplitLastWave && !kDet) {
+    if (w.split_unit >= 0 && !bwd_sm90_split_combine<T>(p, w, acc_dv, acc_dk)) {
+      fh::cluster_sync();  // as below: the partner may still copy into this CTA
+      return;
+    }
+  }
   uint8_t* stage_dv = smem;
   uint8_t* stage_dk = smem + T::kStageBytes;
   if (has_cols) {

@@ -78,6 +78,7 @@ __device__ __forceinline__ void set_post_queue(const DqPostQueue& post, int nhea
   const int pair = static_cast<int>(blockIdx.z) * nheads_k + head;
   *post.done(pair) = 0;
   *post.queue(pair) = -1;
+  for (int i = pair; i < post.split_count; i += post.pairs) post.split_done[i] = 0;
   if (pair == 0) {
     *post.tail() = 0;
     *post.claim() = 0;

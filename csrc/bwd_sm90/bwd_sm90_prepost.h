@@ -69,6 +69,9 @@ inline int64_t dq_tiles_total(const flashback_bwd_params& p, int m_blocks, int s
 struct DqPostQueue {
   int* base;
   int pairs;
+  // split_last_wave: the parts' counts (BwdSm90Params::split_done), zeroed with the queue.
+  int* split_done = nullptr;
+  int split_count = 0;
   __host__ __device__ int* done(int pair) const { return base + pair; }
   __host__ __device__ int* queue(int slot) const { return base + pairs + slot; }
   __host__ __device__ int* tail() const { return base + 2 * pairs; }
