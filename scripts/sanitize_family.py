@@ -53,7 +53,7 @@ def main():
                     for det in (False, True):
                         grads = flashback.attention_backward(dop, qp, kp, vp, outp, lsep, causal=causal,
                                                              deterministic=det)
-                        assert flashback.last_backward_kernel() == "pair", flashback.last_backward_kernel()
+                        assert flashback.last_backward_kernel().startswith("pair"), flashback.last_backward_kernel()
                         assert not any(torch.isnan(t).any() for t in grads), (d, name, causal, det, "pair")
             # 3 Q blocks of 128 (2 of 192 at d = 64) x 96 heads: more tiles than SMs.
             q, k, v = (torch.randn(1, 300, 96, d, generator=g, device="cuda").to(dtype) for _ in range(3))

@@ -328,6 +328,7 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
     err = fh::launch_kernel(kernel, dim3(pair_ctas), dim3(T::kThreads), T::kSmemBytes, stream,
                             dim3(2, 1, 1), pdl, map_q, map_k, map_v, map_do, map_stats, kp);
     if (err != cudaSuccess) return err;
+    bwd_sm90_note_kernel(split.parts > 1 ? "pair, last wave split" : "pair");
     return postprocess(pdl);
   }
   if constexpr (kDet) {
@@ -382,7 +383,7 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
 template <const BwdSm90Config& kCfg, Dtype kDtype, bool kDet>
 cudaError_t run_bwd_sm90_noted(const flashback_bwd_params& p, cudaStream_t stream) {
   const cudaError_t err = run_bwd_sm90_config<BwdSm90Traits<kCfg, kDtype>, kDet>(p, stream);
-  if (err == cudaSuccess) bwd_sm90_note_kernel(kCfg.pair_dq ? "pair" : "single");
+  if (err == cudaSuccess && !kCfg.pair_dq) bwd_sm90_note_kernel("single");  // the pair notes its own form
   return err;
 }
 

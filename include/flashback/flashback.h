@@ -139,8 +139,9 @@ FLASHBACK_API const char *flashback_last_backward_path(void);
 
 /* Which form of the Hopper backward the last flashback_attention_backward call of this process
  * ran: "pair" (CTAs in 2-CTA clusters on neighbouring K/V blocks, head dim 256 from 1024 query
- * rows per CTA) or "single" (one CTA per K/V block); "" before any, or when the reference
- * kernels ran. A static string. */
+ * rows per CTA), "pair, last wave split" (the same, with the grid's partial last wave split by
+ * query range, where the config does that) or "single" (one CTA per K/V block); "" before any,
+ * or when the reference kernels ran. A static string. */
 FLASHBACK_API const char *flashback_last_backward_kernel(void);
 
 /* A measuring aid for kernel work: the device buffer (ctas x steps x 2 x 16 uint64, zeroed by

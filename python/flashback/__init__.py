@@ -70,8 +70,9 @@ def last_backward_path() -> str:
 def last_backward_kernel() -> str:
     """Which form of the Hopper backward the last backward of this process ran: "pair" (CTAs in
     2-CTA clusters that swap dS, head dim 256 from 1024 query rows per CTA, i.e. seqlen_q x
-    nheads / nheads_k) or "single" (one CTA per K/V block); "" before any backward or when the
-    reference kernels ran."""
+    nheads / nheads_k), "pair, last wave split" (the same with the grid's partial last wave split
+    by query range, where the build's config does that) or "single" (one CTA per K/V block); ""
+    before any backward or when the reference kernels ran."""
     from . import _lib
 
     return _lib.load().flashback_last_backward_kernel().decode("utf-8", "replace")

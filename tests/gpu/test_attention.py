@@ -475,6 +475,38 @@ def test_bwd_routes_by_query_rows_per_cta(deterministic):
         assert flashback.last_backward_kernel() == want, (ctx, flashback.last_backward_kernel())
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [
+    Case(1, 4096, 4096, 1, 1, 256, False),   # 26 units on the card's clusters: k = 2
+    Case(1, 4096, 4030, 3, 3, 256, False),   # 78 units, 12 in the last wave: k = 3; 51 K/V blocks,
+                                             # so each head's last cluster has a ghost upper CTA
+    Case(1, 4096, 4096, 6, 3, 256, False),   # GQA 2: every part walks both q heads
+    Case(1, 4096, 4096, 3, 3, 256, False, dtype=torch.float16),
+], ids=str)
+def test_bwd_split_last_wave(case):
+    """split_last_wave (a d = 256 config's switch; bwd_sm90.h): non-causal walks of >= 64 steps
+    whose grid leaves a partial last wave split it by query range; the parts' dV / dK partials
+    meet in a workspace and the last part sums them in part order. Against the reference, dK and
+    dV bitwise equal over three runs, the poisoned workspace included. The shapes split on an H100
+    / H200 (66 clusters) where the build's config splits: FLASHBACK_EXPECT_SPLIT=1 asserts that
+    the backward reported it (for a build that does), else the shapes only check the pair."""
+    x, (out32, lse32, g32), (outlp, _, glp) = _inputs_and_references(case)
+    runs = []
+    for _ in range(3):
+        ctx, out, lse, grads = _call_poisoned(case, x, False)
+        assert flashback.last_backward_path() == "sm90", (ctx, flashback.last_backward_path())
+        kernel = flashback.last_backward_kernel()
+        assert kernel.startswith("pair"), (ctx, kernel)
+        if os.environ.get("FLASHBACK_EXPECT_SPLIT") == "1":
+            assert kernel == "pair, last wave split", (ctx, kernel)
+        runs.append(grads)
+    _check(ctx, "out", out, out32, outlp)
+    for name, ours, r32, rlp in zip(("dq", "dk", "dv"), runs[0], g32, glp):
+        _check(ctx, name, ours, r32, rlp)
+    for r in runs[1:]:
+        assert torch.equal(r[1], runs[0][1]) and torch.equal(r[2], runs[0][2]), f"{ctx}: dk/dv differ between runs"
+
+
 def _attention_and_grads(fn, x, causal, return_lse):
     leaves = [t.clone().requires_grad_() for t in (x.q, x.k, x.v)]
     res = fn(*leaves, causal=causal, deterministic=True, return_lse=return_lse)
