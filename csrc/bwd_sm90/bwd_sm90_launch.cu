@@ -140,7 +140,13 @@ WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p) {
 
 BwdSm90SplitPlan bwd_sm90_split_plan(int units, int slots, int walk) {
   const BwdSm90SplitPlan none{0x7fffffff, 1};
-  if (slots < 1 || walk < kBwdSm90SplitMinSteps) return none;
+  // FLASHBACK_BWD_SPLIT=0 (read once per process): never split, for A/B runs of a config that
+  // splits against its own kernels unsplit.
+  static const bool off = [] {
+    const char* v = std::getenv("FLASHBACK_BWD_SPLIT");
+    return v != nullptr && std::strcmp(v, "0") == 0;
+  }();
+  if (off || slots < 1 || walk < kBwdSm90SplitMinSteps) return none;
   const int r = units % slots;  // the partial last wave's units
   if (r == 0 || r > kBwdSm90SplitMaxUnits) return none;
   // The last wave's length in steps: one walk unsplit; with k parts ceil(r k / slots) waves of
