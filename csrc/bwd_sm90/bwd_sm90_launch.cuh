@@ -61,7 +61,15 @@ bool bwd_sm90_pdl();
 // for FLASHBACK_DET_COOPERATIVE's deterministic non-causal chunks (single CTAs only).
 bool bwd_sm90_pair_pays(const flashback_bwd_params& p);
 
-template <class T, bool kDet>
+// kPart (split_last_wave): the launch of the grid's split last wave (bwd_sm90_split_plan), after
+// the launch of the units before it, whose kernel is the config's own. It is that launch's PDL
+// dependent and starts once all of that launch's CTAs have started: it does not wait for that
+// grid to end (its CTAs take the SMs that launch's last CTAs leave), and needs no wait for the
+// preprocess, which had completed, its writes visible, before any of that launch's CTAs
+// triggered it (each after its own griddepcontrol.wait; hopper/pdl.h). Thread 0 waits for that
+// grid at its exit, so that this grid ends after it: the postprocess's final wait, and what
+// follows on the stream, then cover both launches' dK / dV stores.
+template <class T, bool kDet, bool kPart = false>
 __global__ void __launch_bounds__(T::kThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q,
                     const __grid_constant__ CUtensorMap map_k,
@@ -114,14 +122,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // grid has started; it waits for this grid's end before it reads dQaccum. dq_post_queue:
   // once every CTA has passed its wait for the preprocess (below), which sets the queue the
   // postprocess reads from its start.
-  if constexpr (!T::kDqPostQueue) {
+  if constexpr (!T::kDqPostQueue || kPart) {
     if (threadIdx.x == 0) fh::launch_dependents();
   }
   const BwdSm90Work w =
-      bwd_sm90_work<T::kBlockM, T::kBlockN, kDet, T::kPair, T::kDetFromEnd, T::kL2TailGroups,
-                    T::kSplitLastWave>(p);
+      bwd_sm90_work<T::kBlockM, T::kBlockN, kDet, T::kPair, T::kDetFromEnd, T::kL2TailGroups, kPart>(p);
   if (!w.active) {  // varlen: past the end of a shorter sequence's keys (the whole CTA)
-    if constexpr (T::kDqPostQueue) {
+    if constexpr (T::kDqPostQueue && !kPart) {  // the parts' launch is dense: every CTA active
       if (threadIdx.x == 32) {  // no adds: all of the CTA's counts at once
         fh::grid_dependency_wait();
         dq_post_count(p, w, dq_post_counts_per_cta<T, kDet>());
@@ -136,21 +143,22 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // setmaxnreg below is warp-synchronous, so thread 0 reaches it only after the preprocess ends.
   // Waits below the setmaxnreg calls, so that K goes first, measured neutral (-0.5..+0.6%,
   // docs/perf-log.md, "The split loops, the dQ conversion and the late PDL wait measured").
-  if (threadIdx.x != 0) fh::grid_dependency_wait();
-  if constexpr (T::kDqPostQueue) {
+  if (!kPart && threadIdx.x != 0) fh::grid_dependency_wait();
+  if constexpr (T::kDqPostQueue && !kPart) {
     if (threadIdx.x == 32) fh::launch_dependents();
   }
   if (wg == 0) {
     fh::setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == 0) {
       const BwdSm90Maps maps{&map_q, &map_k, &map_v, &map_do, &map_stats};
-      bwd_sm90_producer<T, kDet>(p, maps, w, smem, kv_bar, pipe_q, pipe_do);
+      bwd_sm90_producer<T, kDet, kPart>(p, maps, w, smem, kv_bar, pipe_q, pipe_do);
+      if constexpr (kPart) fh::grid_dependency_wait();  // this grid ends after the units' launch
     } else if (kDet && !T::kDetDqWarp && threadIdx.x / 32 >= 1 && threadIdx.x / 32 <= T::kDqPhases) {
       bwd_sm90_turn_warp<T>(p, w, threadIdx.x / 32 - 1);
     } else if ((!kDet || T::kDetDqWarp) && T::kDqViaSmem && threadIdx.x / 32 >= 1 &&
                threadIdx.x / 32 <= T::kConsumerWgs) {
       bwd_sm90_dq_warp<T, kDet>(p, w, smem, threadIdx.x / 32 - 1);
-    } else if (dq_post_by_count_warp<T, kDet>() && threadIdx.x / 32 == 1) {
+    } else if (!kPart && dq_post_by_count_warp<T, kDet>() && threadIdx.x / 32 == 1) {
       fh::named_bar_sync(T::kBarPostCount, T::kPostCountThreads);  // dq_post_arrive
       if (threadIdx.x == 32) dq_post_count(p, w, 1);
     }
@@ -158,7 +166,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     fh::setmaxnreg_inc<T::kConsumerRegs>();
     if constexpr (T::kPairGhost) {
       if (w.n_block >= w.n_blocks) {
-        bwd_sm90_consumer_ghost<T, kDet>(p, w, smem, kv_bar, wg - 1);
+        bwd_sm90_consumer_ghost<T, kDet, kPart>(p, w, smem, kv_bar, wg - 1);
         if constexpr (T::kTimeline) timeline_cta_stamp<T>(p, wg - 1, threadIdx.x % 128, true);
         return;
       }
@@ -166,11 +174,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     if constexpr (T::kByKeys) {
       bwd_sm90_consumer_by_keys<T, kDet>(p, w, smem, kv_bar, pipe_q, pipe_do, wg - 1);
     } else if constexpr (T::kSharedConsumer) {
-      bwd_sm90_consumer<T, kDet, T::kOwn0>(p, w, smem, kv_bar, pipe_q, pipe_do, wg - 1);
+      bwd_sm90_consumer<T, kDet, T::kOwn0, kPart>(p, w, smem, kv_bar, pipe_q, pipe_do, wg - 1);
     } else if (wg == 1) {
-      bwd_sm90_consumer<T, kDet, T::kOwn0>(p, w, smem, kv_bar, pipe_q, pipe_do, 0);
+      bwd_sm90_consumer<T, kDet, T::kOwn0, kPart>(p, w, smem, kv_bar, pipe_q, pipe_do, 0);
     } else {
-      bwd_sm90_consumer<T, kDet, T::kOwn1>(p, w, smem, kv_bar, pipe_q, pipe_do, 1);
+      bwd_sm90_consumer<T, kDet, T::kOwn1, kPart>(p, w, smem, kv_bar, pipe_q, pipe_do, 1);
     }
     if constexpr (T::kTimeline) timeline_cta_stamp<T>(p, wg - 1, threadIdx.x % 128, true);
   }
@@ -310,7 +318,7 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   // Every CTA of a (batch, kv head) counts, those past a shorter sequence's keys too: the
   // grid's K/V blocks per pair (pair_dq: rounded up to whole clusters).
   kp.dq_post_total = (T::kPair ? 2 * ((kp.n_blocks + 1) / 2) : kp.n_blocks) *
-                     dq_post_counts_per_cta<T, kDet>() * kp.split_parts;  // BwdSm90Work::post_weight
+                     dq_post_counts_per_cta<T, kDet>();  // a split unit's last part counts for it
 
   // (1)-(7)
   const int ctas = kp.n_blocks * p.nheads_k * p.batch;
@@ -319,16 +327,37 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   if constexpr (T::kPair) {
     // pair_dq: clusters of two CTAs on K/V blocks 2 j, 2 j + 1 (an odd count gets a partner
     // past the keys, bwd_sm90_scheduler.cuh).
-    // split_last_wave: each split unit's parts take k clusters instead of one.
-    const int units = (kp.n_blocks + 1) / 2 * p.nheads_k * p.batch;
-    const int pair_ctas = 2 * (units + (split.parts > 1 ? (units - split.first) * (split.parts - 1) : 0));
+    const int pair_ctas = 2 * ((kp.n_blocks + 1) / 2) * p.nheads_k * p.batch;
     // Deterministic, non-causal: chunks of the clusters that fit on the GPU at once (the
     // scheduler's units).
     if (kDet && !p.causal) kp.det_chunk = resident_pairs;
+    if constexpr (T::kSplitLastWave && !kDet) {
+      if (split.parts > 1) {
+        // The units before the split in the config's own kernel, then the split units' k parts
+        // each in the parts' kernel, as its PDL dependent (bwd_sm90_kernel, kPart).
+        if (split.first > 0) {
+          err = fh::launch_kernel(kernel, dim3(2 * split.first), dim3(T::kThreads), T::kSmemBytes, stream,
+                                  dim3(2, 1, 1), pdl, map_q, map_k, map_v, map_do, map_stats, kp);
+          if (err != cudaSuccess) return err;
+        }
+        const auto parts_kernel = bwd_sm90_kernel<T, kDet, true>;
+        err = cudaFuncSetAttribute(parts_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(T::kSmemBytes));
+        if (err != cudaSuccess) return err;
+        // Without units before it, it follows the preprocess in stream order: it skips the
+        // wait for the grid before it, so it must not start early.
+        err = fh::launch_kernel(parts_kernel, dim3(2 * (pair_ctas / 2 - split.first) * split.parts),
+                                dim3(T::kThreads), T::kSmemBytes, stream, dim3(2, 1, 1),
+                                pdl && split.first > 0, map_q, map_k, map_v, map_do, map_stats, kp);
+        if (err != cudaSuccess) return err;
+        bwd_sm90_note_kernel("pair, last wave split");
+        return postprocess(pdl);
+      }
+    }
     err = fh::launch_kernel(kernel, dim3(pair_ctas), dim3(T::kThreads), T::kSmemBytes, stream,
                             dim3(2, 1, 1), pdl, map_q, map_k, map_v, map_do, map_stats, kp);
     if (err != cudaSuccess) return err;
-    bwd_sm90_note_kernel(split.parts > 1 ? "pair, last wave split" : "pair");
+    bwd_sm90_note_kernel("pair");
     return postprocess(pdl);
   }
   if constexpr (kDet) {

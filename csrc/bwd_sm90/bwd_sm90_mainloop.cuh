@@ -357,7 +357,7 @@ __device__ __forceinline__ void timeline_cta_stamp(const BwdSm90Params& p, int w
 // stats_smem with the step's LSE * log2(e) or D rows, kStatBytes, copied on the same full
 // barrier).
 // Maps (sm90_common.h) give boxes of 64 d x block_m rows (Q, dO) or 64 d x block_n rows (K, V).
-template <class T, bool kDet>
+template <class T, bool kDet, bool kPart = false>
 __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const BwdSm90Maps& m,
                                                   const BwdSm90Work& w, uint8_t* smem,
                                                   uint64_t* kv_bar,
@@ -404,7 +404,8 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     load_kv(T::kOffK, m.k, kv_bar, p.head_inner & 2);
   }
   // PDL (bwd_sm90_kernel): the stages carry the preprocess's LSE / D rows where kStatBytes > 0.
-  fh::grid_dependency_wait();
+  // (The parts' launch, kPart, follows a launch whose CTAs all waited for the preprocess.)
+  if constexpr (!kPart) fh::grid_dependency_wait();
   fh::PipelineState<T::kQStages> sq;
   fh::PipelineState<T::kDoStages> sd;
   bool v_pending = true;  // pair_ghost: V comes with the first step that is not a ghost's
@@ -729,7 +730,6 @@ constexpr int dq_post_counts_per_cta() {
 // one's, so its release of the queue slot publishes all the pair's adds to the postprocess.
 __device__ __forceinline__ void dq_post_count(const BwdSm90Params& p, const BwdSm90Work& w, int n) {
   const int pair = w.batch * p.nheads_k + w.kv_head;
-  n *= w.post_weight;  // split_last_wave: a unit's parts count a whole unit's total together
   if (fh::atom_acq_rel_gpu_add(p.dq_post.done(pair), n) + n == p.dq_post_total) {
     const int slot = atomicAdd(p.dq_post.tail(), 1);
     fh::red_release_gpu_add(p.dq_post.queue(slot), pair + 1);  // -1 -> pair
@@ -848,22 +848,25 @@ __device__ __forceinline__ void bwd_sm90_dq_warp(const BwdSm90Params& p, const B
   }
 }
 
-// split_last_wave (BwdSm90Config): the parts of one split unit meet here, per CTA rank, after
-// their walks, with every consumer thread (ct = 0 .. 255) holding its dV^T / dK^T fragments.
-// Part q < k - 1 stores its fragments into slot q (float4 chunk c of thread ct at c x 256 + ct:
-// each warp's stores one 512-byte line), fences, and its thread 0 counts on split_done once
-// all threads have passed kBarEpilogue. Part k - 1 waits (thread 0) until the k - 1 others have
-// counted, and replaces its fragments by ((p_0 + p_1) + ...) + p_{k-1}: the same order every
-// run whichever part finishes first. Returns whether this CTA writes dK / dV (part k - 1).
-// L2 loads (ld.global.cg): the slots were written by other SMs in this kernel.
-template <class T, int kAcc>
+// split_last_wave (BwdSm90Config), the parts' launch: the parts of one split unit meet here,
+// per CTA rank, after their walks and the barrier after them (kBarEpilogue), with every
+// consumer thread (ct = 0 .. 255) holding its dV^T / dK^T fragments (kData; a ghost CTA past the
+// keys holds none). Part q < k - 1 stores its fragments into slot q (float4 chunk c of thread
+// ct at c x 256 + ct: each warp's stores one 512-byte line), fences, and its thread 0 counts on
+// split_done once all threads have passed kBarEpilogue. Part k - 1 waits (thread 0) until the
+// k - 1 others have counted, replaces its fragments by ((p_0 + p_1) + ...) + p_{k-1} (the same
+// order every run, whichever part finishes first), and counts the unit's dQ adds done for the
+// queue (dq_post_count): the parts' adds were ordered before their counts, and this thread
+// acquired those. Returns whether this CTA writes dK / dV (part k - 1). Slots are read from L2
+// (ld.global.cg): other SMs wrote them in this kernel.
+template <class T, bool kData, int kAcc>
 __device__ __forceinline__ bool bwd_sm90_split_combine(const BwdSm90Params& p, const BwdSm90Work& w,
                                                        float (&acc_dv)[kAcc][T::kBlockN / 2],
                                                        float (&acc_dk)[kAcc][T::kBlockN / 2]) {
   constexpr int kThreads = T::kConsumerThreads;
   constexpr int kPerAcc = T::kBlockN / 2;  // floats per fragment array
   constexpr int kChunks = 2 * kAcc * kPerAcc / 4;
-  static_assert(kPerAcc % 4 == 0 && kChunks * 4 * kThreads == T::kSplitSlotFloats,
+  static_assert(!kData || (kPerAcc % 4 == 0 && kChunks * 4 * kThreads == T::kSplitSlotFloats),
                 "a slot holds every consumer thread's dV^T and dK^T fragments");
   const int ct = static_cast<int>(threadIdx.x) - 128;
   const int unit_cta = 2 * w.split_unit + static_cast<int>(blockIdx.x & 1);
@@ -877,10 +880,12 @@ __device__ __forceinline__ bool bwd_sm90_split_combine(const BwdSm90Params& p, c
     return a < kAcc ? acc_dv[a][f % kPerAcc] : acc_dk[a - kAcc][f % kPerAcc];
   };
   if (w.part < k - 1) {
-    float4* mine = slots + static_cast<int64_t>(w.part) * (T::kSplitSlotFloats / 4);
+    if constexpr (kData) {
+      float4* mine = slots + static_cast<int64_t>(w.part) * (T::kSplitSlotFloats / 4);
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      __stcg(mine + c * kThreads + ct, make_float4(frag(c, 0), frag(c, 1), frag(c, 2), frag(c, 3)));
+      for (int c = 0; c < kChunks; ++c) {
+        __stcg(mine + c * kThreads + ct, make_float4(frag(c, 0), frag(c, 1), frag(c, 2), frag(c, 3)));
+      }
     }
     __threadfence();
     fh::named_bar_sync(T::kBarEpilogue, kThreads);
@@ -892,22 +897,25 @@ __device__ __forceinline__ bool bwd_sm90_split_combine(const BwdSm90Params& p, c
     using hopper::mbar_timeout_trap;  // named by the macro
 #endif
     FLASHBACK_MBAR_SPIN(fh::ld_acquire_gpu(done) == k - 1);
+    dq_post_count(p, w, 1);
   }
-  fh::named_bar_sync(T::kBarEpilogue, kThreads);
+  if constexpr (kData) {
+    fh::named_bar_sync(T::kBarEpilogue, kThreads);
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    float4 sum = __ldcg(slots + c * kThreads + ct);
-    for (int q = 1; q < k - 1; ++q) {
-      const float4 v = __ldcg(slots + static_cast<int64_t>(q) * (T::kSplitSlotFloats / 4) + c * kThreads + ct);
-      sum.x += v.x;
-      sum.y += v.y;
-      sum.z += v.z;
-      sum.w += v.w;
+    for (int c = 0; c < kChunks; ++c) {
+      float4 sum = __ldcg(slots + c * kThreads + ct);
+      for (int q = 1; q < k - 1; ++q) {
+        const float4 v = __ldcg(slots + static_cast<int64_t>(q) * (T::kSplitSlotFloats / 4) + c * kThreads + ct);
+        sum.x += v.x;
+        sum.y += v.y;
+        sum.z += v.z;
+        sum.w += v.w;
+      }
+      frag(c, 0) = sum.x + frag(c, 0);
+      frag(c, 1) = sum.y + frag(c, 1);
+      frag(c, 2) = sum.z + frag(c, 2);
+      frag(c, 3) = sum.w + frag(c, 3);
     }
-    frag(c, 0) = sum.x + frag(c, 0);
-    frag(c, 1) = sum.y + frag(c, 1);
-    frag(c, 2) = sum.z + frag(c, 2);
-    frag(c, 3) = sum.w + frag(c, 3);
   }
   return true;
 }
@@ -988,7 +996,7 @@ __device__ __forceinline__ void ds_values(const float (&s)[kN], float (&dp)[kN],
 // (BwdSm90Traits::kSharedConsumer): one copy of the step loop, measured no faster than two but
 // smaller and without the d = 128 deterministic instance's spills (docs/design.md section 7.2).
 // Otherwise (d = 192: 2 / 1) each warpgroup has its own.
-template <class T, bool kDet, int kOwn>
+template <class T, bool kDet, int kOwn, bool kPart = false>
 __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const BwdSm90Work& w,
                                                   uint8_t* smem, uint64_t* kv_bar,
                                                   fh::TmaPipeline<T::kQStages>* pipe_q,
@@ -1396,12 +1404,12 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     fh::wgmma_fence_operand(acc_dk[u]);
   }
 
-  dq_post_arrive<T, kDet>();
+  if constexpr (!kPart) dq_post_arrive<T, kDet>();  // the parts count in bwd_sm90_split_combine
   // Epilogue: all warpgroups are done reading K, V, Q (their last wgmmas were waited for) once
   // all pass this barrier; then the staging tiles may overwrite them.
   fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
-  if constexpr (T::kSplitLastWave && !kDet) {
-    if (w.split_unit >= 0 && !bwd_sm90_split_combine<T>(p, w, acc_dv, acc_dk)) {
+  if constexpr (kPart) {
+    if (!bwd_sm90_split_combine<T, true>(p, w, acc_dv, acc_dk)) {
       fh::cluster_sync();  // as below: the partner may still copy into this CTA
       return;
     }
@@ -1422,7 +1430,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
 // count). Per step of the partner's walk: receive its dS^T, compute dQ^T of this CTA's
 // head-dim half over the partner's keys (warpgroup w: atom-column kPairAtoms + w), hand the
 // buffer back, add. No dV / dK (its rows are past the keys), no stores.
-template <class T, bool kDet>
+template <class T, bool kDet, bool kPart = false>
 __device__ __forceinline__ void bwd_sm90_consumer_ghost(const BwdSm90Params& p, const BwdSm90Work& w,
                                                         uint8_t* smem, uint64_t* kv_bar, const int wg) {
   if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);  // the partner's K half
@@ -1432,7 +1440,14 @@ __device__ __forceinline__ void bwd_sm90_consumer_ghost(const BwdSm90Params& p, 
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);
     pair_ghost_step<T, kDet>(p, smem, it, tile, wg, false);  // no hand-off buffers in use
   }
-  dq_post_arrive<T, kDet>();
+  if constexpr (kPart) {
+    // The parts meet without data (no dV / dK here); the last counts the ghost's adds.
+    float none[1][T::kBlockN / 2];
+    fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
+    bwd_sm90_split_combine<T, false>(p, w, none, none);
+  } else {
+    dq_post_arrive<T, kDet>();
+  }
   fh::cluster_sync();  // as bwd_sm90_consumer: no exit while the partner may still copy in
 }
 

@@ -21,12 +21,10 @@ struct BwdSm90Work {
   // The add order's unit: the K/V block, or (kPair) the cluster's two blocks, which add into a
   // dQ tile together (each CTA half the head dim). unit < units of this sequence.
   int unit, units;
-  // split_last_wave: this CTA walks part `part` of split unit `split_unit` (its Q blocks
-  // [m_begin, m_begin + m_count) of every q head; bwd_sm90_split_combine), or split_unit = -1.
+  // split_last_wave, the parts' launch (kPart): this CTA walks part `part` of split unit
+  // `split_unit` (its Q blocks [m_begin, m_begin + m_count) of every q head;
+  // bwd_sm90_split_combine). Unset otherwise.
   int split_unit, part;
-  // dq_post_queue: what this CTA's counts weigh, so that a split unit's parts count together
-  // what a whole unit does (p.split_parts for a whole unit, 1 for a part).
-  int post_weight;
   // This sequence (dense: the params'; varlen: its own, flashback.h):
   SeqRows seq;
   int m_blocks, n_blocks;  // its Q and K/V blocks (p.m_blocks / p.n_blocks are the longest's)
@@ -75,29 +73,21 @@ struct BwdSm90Work {
 // kTailGroups > 1 (default mode, causal): the last kTailGroups groups run as one
 // (grouped_tile_tail; BwdSm90Config::l2_tail_groups).
 //
-// kSplit (split_last_wave; default mode, non-causal, dense, so l2_group is 1): grid units from
-// p.split_first on are parts, p.split_parts consecutive ones per unit of the grid's partial
-// last wave; part q walks Q blocks [ceil(q M / k), ceil((q + 1) M / k)) of every q head (M the
-// sequence's Q blocks), so the last part, which sums the others' partials, has the shortest
-// walk.
+// kPart (split_last_wave; default mode, non-causal, dense, so l2_group is 1): the launch of
+// the parts, p.split_parts consecutive clusters per unit of the grid's partial last wave (units
+// p.split_first ..); part q walks Q blocks [ceil(q M / k), ceil((q + 1) M / k)) of every q head
+// (M the sequence's Q blocks), so the last part, which sums the others' partials, has the
+// shortest walk. The units before p.split_first run in a launch of their own (kPart false).
 template <int kBlockM, int kBlockN, bool kDet = false, bool kPair = false, bool kFromEnd = false,
-          int kTailGroups = 1, bool kSplit = false>
+          int kTailGroups = 1, bool kPart = false>
 __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
   constexpr int kUnitBlocks = kPair ? 2 : 1;
   BwdSm90Work w;
   int cta = p.block_base + static_cast<int>(kPair ? blockIdx.x / 2 : blockIdx.x);
-  w.split_unit = -1;
-  w.part = 0;
-  w.post_weight = 1;
-  if constexpr (kSplit && !kDet) {
-    w.post_weight = p.split_parts;
-    if (cta >= p.split_first) {
-      const int j = cta - p.split_first;
-      w.split_unit = j / p.split_parts;
-      w.part = j - w.split_unit * p.split_parts;
-      w.post_weight = 1;
-      cta = p.split_first + w.split_unit;
-    }
+  if constexpr (kPart) {
+    w.split_unit = cta / p.split_parts;
+    w.part = cta - w.split_unit * p.split_parts;
+    cta = p.split_first + w.split_unit;
   }
   const int grid_units = (p.n_blocks + kUnitBlocks - 1) / kUnitBlocks;
   GroupedTile tile;
@@ -122,12 +112,10 @@ __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
                   ? max(0, causal_first_query(n0, w.seq.seqlen_q, w.seq.seqlen_k)) / kBlockM
                   : 0;
   w.m_count = w.active ? max(0, w.m_blocks - w.m_begin) : 0;
-  if constexpr (kSplit && !kDet) {
-    if (w.split_unit >= 0) {  // non-causal: m_begin is 0 here
-      const int k = p.split_parts;
-      w.m_begin = (w.part * w.m_blocks + k - 1) / k;
-      w.m_count = w.active ? ((w.part + 1) * w.m_blocks + k - 1) / k - w.m_begin : 0;
-    }
+  if constexpr (kPart) {  // non-causal: m_begin is 0 here
+    const int k = p.split_parts;
+    w.m_begin = (w.part * w.m_blocks + k - 1) / k;
+    w.m_count = w.active ? ((w.part + 1) * w.m_blocks + k - 1) / k - w.m_begin : 0;
   }
   w.n_iters = p.group * w.m_count;
   w.shift = 0;
