@@ -232,11 +232,15 @@ struct BwdSm90Config {
   // Default mode, non-causal, dense, the pair with dq_post_queue: the grid's partial last wave
   // (r units of r < the resident clusters, every unit's walk as long) split by query range into
   // k parts (bwd_sm90_split_plan), so that r k shorter walks fill the slots that r long ones
-  // would leave idle for a whole walk (the fill model: 1.031 -> 1.006 of the ideal makespan at
-  // 4k / 8k with k = 3, 1.041 -> 1.001 at 16k with k = 2). Part q < k - 1 leaves its dV^T / dK^T
-  // partial in fp32 in a workspace slot and counts; part k - 1 waits for the others' counts and
-  // sums the partials in part order before its epilogue, so dK and dV stay bitwise equal run to
-  // run (docs/design.md section 5, "The split last wave").
+  // would leave idle for a whole walk (the fill model: 1.041 -> 1.001 of the ideal makespan at
+  // 16k with k = 2). The parts run in a second launch of their own kernel instance (kPart), the
+  // first launch's PDL dependent, so the units before them run the config's kernel unchanged
+  // (with the split in the one kernel, its extra decode moved ptxas's schedule of the main loop:
+  // -2..-5% on every point, causal too). Part q < k - 1 leaves its dV^T / dK^T partial in fp32 in
+  // a workspace slot and counts; part k - 1 waits for the others' counts and sums the partials
+  // in part order before its epilogue, so dK and dV stay bitwise equal run to run. Measured
+  // (H100, bf16, GPU time, A S x 2 and x 3): non-causal 16k +1.7 / +2.2%, 4k / 8k (k = 3 then)
+  // noise, causal unchanged (docs/design.md section 5, "The split last wave"; docs/perf-log.md).
   bool split_last_wave = false;
 };
 
@@ -315,7 +319,8 @@ constexpr BwdSm90Config kBwdSm90Hdim192 = {192, 64, 96, 2, 1, 24, 160, true, 3, 
 // +3.0% at d = 128, +2.0% at d = 192 causal): off there (docs/perf-log.md, "Measured
 // 2026-12-06, eleventh run").
 constexpr BwdSm90Config kBwdSm90Hdim256 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
-                                          false, false, false, true, false, true, false, true, false, true, 2, true};
+                                          false, false, false, true, false, true, false, true, false, true, 2, true,
+                                          true};
 // The deterministic mode's config per head dim (the configs of a head dim share block_m, and
 // none has a smaller block_n than the default's: the workspace and can_implement read the
 // default's; they share det_from_the_end, whose walk order is also dK's and dV's order of
@@ -419,13 +424,6 @@ constexpr BwdSm90Config kBwdSm90Hdim192Tail2 = {192, 64, 96, 2, 1, 24, 160, true
 constexpr BwdSm90Config kBwdSm90Hdim192Tail3 = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
                                                false, true, false, false, true, false, false, true,
                                                false, false, false, false, false, false, 3};
-// Candidate: the d = 256 default with the non-causal grid's partial last wave split by query
-// range (split_last_wave; docs/perf-log.md, "The split last wave"). Prediction (fill model,
-// measured gains of the queue at 0.5-0.7 of its bound): non-causal +0.5..+1% at 4k, +1..+1.5% at
-// 8k, +1.5..+2.5% at 16k; causal and 512-2048 unchanged (not split there).
-constexpr BwdSm90Config kBwdSm90Hdim256Split = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
-                                               false, false, false, true, false, true, false, true, false, true, 2, true,
-                                               true};
 // Candidates: the dQ conversion under the main kernel's tail (dq_post_queue; docs/perf-log.md,
 // "The dQ conversion under the main kernel's tail") at d = 64 / 128 / 192, where the dQ warps
 // count (deterministic: d = 64's and 128's dQ warps, d = 192's turn warps). Measured (H100,
@@ -528,10 +526,14 @@ struct BwdSm90SplitPlan {
 // A walk shorter than this many steps is not split (the fill model: at 1024 / 2048 keys the
 // split gains nothing over the queue, docs/perf-log.md, "Next idea for the non-causal points").
 constexpr int kBwdSm90SplitMinSteps = 64;
-// At most this many split units (a partial wave holds fewer units than the resident clusters:
-// 72 is a whole 144-SM die's) and parts: bounds the workspace by the shapes, not the device.
-constexpr int kBwdSm90SplitMaxUnits = 72;
-constexpr int kBwdSm90SplitMaxParts = 3;
+// Parts per split unit: two. Three (the model's pick where the last wave holds 40 of 66 units,
+// 4k / 8k on the benchmark's shapes) measured +0.6 / -0.5% and -0.7 / +0.5% at 4k / 8k, two
+// (16k: 32 of 66) +1.7 / +2.2% (H100, bf16, GPU time, A/B; docs/perf-log.md, "The split last
+// wave"). With two parts a split pays only where the last wave's units fit the slots twice
+// (r <= slots / 2), so at most 36 units split (half a 144-SM die's clusters): that bounds the
+// workspace by the shapes, not the device.
+constexpr int kBwdSm90SplitMaxParts = 2;
+constexpr int kBwdSm90SplitMaxUnits = 36;
 BwdSm90SplitPlan bwd_sm90_split_plan(int units, int slots, int walk);
 
 // The points of a pair step a timeline config stamps (slot index per warpgroup and step).

@@ -125,10 +125,3 @@ def test_post_queue_candidates_are_their_rows_plus_the_queue():
         assert all(t == "false" for t in c[len(b):fields - 2]), cand
         assert c[fields - 2:] == ["1", "true"], cand
 
-
-def test_split_candidate_is_the_row_plus_the_split():
-    """kBwdSm90Hdim256Split is the d = 256 row with split_last_wave on and nothing else: what an
-    A/B against the row measures is the split alone."""
-    c, b = initializer("Bwd", "kBwdSm90Hdim256Split"), initializer("Bwd", "kBwdSm90Hdim256")
-    assert len(c) == 29 and len(b) == 28  # split_last_wave is BwdSm90Config's 29th field
-    assert c[:28] == b and c[28] == "true"

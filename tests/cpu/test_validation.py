@@ -684,3 +684,34 @@ def test_c_api_varlen_workspace_follows_the_packed_total(native):
     tiles = 8 * (65536 // 64 + 64 + 1)
     assert tiles * 64 * 256 * 4 <= size < 1.1 * tiles * 64 * (256 * 4 + 8) + 4096
     assert size < 64 * 8192 * 8 * 256 * 4 / 4  # far below batch x longest x heads x 1 KB
+
+
+def test_c_api_backward_workspace_has_room_for_the_split_last_wave(native):
+    """The d = 256 default config splits a non-causal grid's partial last wave (split_last_wave,
+    bwd_sm90.h): the workspace then holds, per split unit (at most 36, kBwdSm90SplitMaxUnits)
+    and CTA of its pair, one fp32 dV / dK slot (2 x 80 x 256 floats) and a count. Sized by the
+    shapes alone: causal calls, the deterministic mode, walks under 64 steps (4096 query rows
+    x the GQA group) and other head dims get none."""
+    if os.environ.get("FLASHBACK_FORCE_REFERENCE", "0") not in ("", "0"):
+        pytest.skip("FLASHBACK_FORCE_REFERENCE is set")
+    if not native.flashback_sm90_supports(256, _lib.DTYPE_BF16):
+        pytest.skip("this build has no d = 256 bf16 Hopper kernels")
+
+    def size(causal, deterministic=0, sq=4096, h=3, hk=3, d=256, b=1):
+        p = bwd_params_like(valid_fwd_params(d=d, b=b, sq=sq, sk=sq, h=h, hk=hk))
+        p.causal, p.deterministic = causal, deterministic
+        return native.flashback_bwd_workspace_size(ctypes.byref(p))
+
+    def align(n):
+        return -(-n // 256) * 256
+
+    slot = 2 * 80 * 256 * 4
+    for sq, h, hk, units in ((4096, 3, 3, 78), (4096, 1, 1, 26), (8192, 2, 1, 52), (4096, 6, 3, 78)):
+        split = min(units, 36)
+        extra = align(2 * split * 4) + align(2 * split * slot)
+        assert size(0, sq=sq, h=h, hk=hk) - size(1, sq=sq, h=h, hk=hk) == extra, (sq, h, hk)
+    assert size(0, deterministic=1) == size(1, deterministic=1)  # the deterministic mode never splits
+    assert size(0, sq=2048, h=4, hk=4) == size(1, sq=2048, h=4, hk=4)  # 32 steps: not split
+    assert size(0, sq=2048, h=4, hk=2) > size(1, sq=2048, h=4, hk=2)  # GQA 2: 64 steps
+    if native.flashback_sm90_supports(128, _lib.DTYPE_BF16):
+        assert size(0, d=128, h=4, hk=4) == size(1, d=128, h=4, hk=4)  # no split at d = 128
