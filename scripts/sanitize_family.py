@@ -11,7 +11,8 @@ tile); then forwards of 300 and of 256 queries (3 and 2 Q blocks of 128) against
 where a head dim's grid row ends its persistent grid or counter below 5000 keys (d = 64 / 128
 non-causal, d = 128 on its own config, kFwdSm90Hdim128FullLong; d = 256 both, whose configs
 store O by TMA). At d = 256 the backward also runs on the 2-CTA pair (1040 query rows per kv
-head), causal and not, both modes. --forward-only leaves out the backward (racecheck is slow there). Asserts that the Hopper kernels ran and that nothing is NaN; the sanitizer reports memory
+head), causal and not, both modes, and non-causal with its grid's last wave split by query range
+(split_last_wave). --forward-only leaves out the backward (racecheck is slow there). Asserts that the Hopper kernels ran and that nothing is NaN; the sanitizer reports memory
 errors and shared-memory races. Numbers are checked by the GPU tests.
 """
 import argparse
@@ -55,6 +56,17 @@ def main():
                                                              deterministic=det)
                         assert flashback.last_backward_kernel().startswith("pair"), flashback.last_backward_kernel()
                         assert not any(torch.isnan(t).any() for t in grads), (d, name, causal, det, "pair")
+                # The non-causal split last wave (split_last_wave): 256 queries x 16 q heads per
+                # kv head (64 steps), 400 keys (3 units, the last with a ghost upper CTA), so the
+                # whole grid is one partial wave of two parts per unit.
+                qs, dos = (torch.randn(1, 256, 16, d, generator=g, device="cuda").to(dtype) for _ in range(2))
+                ks, vs = (torch.randn(1, 400, 1, d, generator=g, device="cuda").to(dtype) for _ in range(2))
+                outs, lses = flashback.attention_forward(qs, ks, vs)
+                grads = flashback.attention_backward(dos, qs, ks, vs, outs, lses)
+                split = os.environ.get("FLASHBACK_BWD_SPLIT") != "0"
+                want = "pair, last wave split" if split else "pair"
+                assert flashback.last_backward_kernel() == want, flashback.last_backward_kernel()
+                assert not any(torch.isnan(t).any() for t in grads), (d, name, "split")
             # 3 Q blocks of 128 (2 of 192 at d = 64) x 96 heads: more tiles than SMs.
             q, k, v = (torch.randn(1, 300, 96, d, generator=g, device="cuda").to(dtype) for _ in range(3))
             for causal in (True, False):

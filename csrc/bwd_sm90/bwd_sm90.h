@@ -239,8 +239,9 @@ struct BwdSm90Config {
   // -2..-5% on every point, causal too). Part q < k - 1 leaves its dV^T / dK^T partial in fp32 in
   // a workspace slot and counts; part k - 1 waits for the others' counts and sums the partials
   // in part order before its epilogue, so dK and dV stay bitwise equal run to run. Measured
-  // (H100, bf16, GPU time, A S x 2 and x 3): non-causal 16k +1.7 / +2.2%, 4k / 8k (k = 3 then)
-  // noise, causal unchanged (docs/design.md section 5, "The split last wave"; docs/perf-log.md).
+  // (H100, bf16, GPU time, two A/B runs): non-causal 16k (two parts) +1.7 / +2.2%; 4k / 8k, where
+  // the model picked three parts, -0.7..+0.6%: so at most two parts, and 4k / 8k do not split;
+  // causal unchanged (docs/design.md section 5, "The split last wave"; docs/perf-log.md).
   bool split_last_wave = false;
 };
 
@@ -518,7 +519,8 @@ struct BwdSm90Params {
 };
 
 // split_last_wave: how the grid's partial last wave is cut (bwd_sm90_launch.cu). units: the
-// grid's units (clusters), slots: clusters resident at once, walk: steps per unit. k = 1: none.
+// grid's units (clusters), slots: clusters resident at once, m_blocks: the Q blocks a unit walks
+// per q head, group: its q heads (the GQA group). k = 1: none.
 struct BwdSm90SplitPlan {
   int first;  // the first split unit
   int parts;  // k
@@ -534,7 +536,7 @@ constexpr int kBwdSm90SplitMinSteps = 64;
 // workspace by the shapes, not the device.
 constexpr int kBwdSm90SplitMaxParts = 2;
 constexpr int kBwdSm90SplitMaxUnits = 36;
-BwdSm90SplitPlan bwd_sm90_split_plan(int units, int slots, int walk);
+BwdSm90SplitPlan bwd_sm90_split_plan(int units, int slots, int m_blocks, int group);
 
 // The points of a pair step a timeline config stamps (slot index per warpgroup and step).
 // By role: warpgroup 0 computes S and P, warpgroup 1 dP and dS.

@@ -132,13 +132,13 @@ WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p) {
     w.split_units = static_cast<int>(std::min<int64_t>(units, kBwdSm90SplitMaxUnits));
   }
   w.split_dkv = w.split_done + align_up(2 * static_cast<size_t>(w.split_units) * sizeof(int));
-  const size_t slot_bytes = row != nullptr ? size_t{2} * row->cfg->head_dim * row->cfg->block_n * sizeof(float) : 0;
-  w.total = w.split_dkv +
-            align_up(2 * static_cast<size_t>(w.split_units) * (kBwdSm90SplitMaxParts - 1) * slot_bytes);
+  w.split_slot_bytes = row != nullptr ? size_t{2} * row->cfg->head_dim * row->cfg->block_n * sizeof(float) : 0;
+  w.total = w.split_dkv + align_up(2 * static_cast<size_t>(w.split_units) * (kBwdSm90SplitMaxParts - 1) *
+                                   w.split_slot_bytes);
   return w;
 }
 
-BwdSm90SplitPlan bwd_sm90_split_plan(int units, int slots, int walk) {
+BwdSm90SplitPlan bwd_sm90_split_plan(int units, int slots, int m_blocks, int group) {
   const BwdSm90SplitPlan none{0x7fffffff, 1};
   // FLASHBACK_BWD_SPLIT=0 (read once per process): never split, for A/B runs of a config that
   // splits against its own kernels unsplit.
@@ -146,17 +146,19 @@ BwdSm90SplitPlan bwd_sm90_split_plan(int units, int slots, int walk) {
     const char* v = std::getenv("FLASHBACK_BWD_SPLIT");
     return v != nullptr && std::strcmp(v, "0") == 0;
   }();
+  const int64_t walk = int64_t{m_blocks} * group;
   if (off || slots < 1 || walk < kBwdSm90SplitMinSteps) return none;
   const int r = units % slots;  // the partial last wave's units
   if (r == 0 || r > kBwdSm90SplitMaxUnits) return none;
   // The last wave's length in steps: one walk unsplit; with k parts ceil(r k / slots) waves of
-  // a part's walk plus a step for what a part costs besides (its partial out or the sum in),
-  // the fill model's overhead (scripts/bwd_balance_model.py, split_last_wave).
+  // the longest part's walk (each q head's Q blocks split k ways: group x ceil(m_blocks / k))
+  // plus a step for what a part costs besides (its partial out or the sum in), the fill model's
+  // overhead (scripts/bwd_balance_model.py, split_last_wave). Every part gets a Q block.
   int64_t best = walk;
   int best_k = 1;
-  for (int k = 2; k <= kBwdSm90SplitMaxParts; ++k) {
+  for (int k = 2; k <= kBwdSm90SplitMaxParts && k <= m_blocks; ++k) {
     const int64_t waves = (int64_t{r} * k + slots - 1) / slots;
-    const int64_t len = waves * ((walk + k - 1) / k + 1);
+    const int64_t len = waves * (int64_t{group} * ((m_blocks + k - 1) / k) + 1);
     if (len < best) {
       best = len;
       best_k = k;

@@ -44,9 +44,10 @@ namespace sm90 {
 struct WorkspaceParts {
   size_t dq_accum, dq_turn, lse, dsum, total;  // dq_accum and dq_turn: zeroed by the preprocess
   size_t dq_post;  // the dQ conversion queue (DqPostQueue; dq_post_queue configs), set by it too
-  // split_last_wave: the parts' counts (zeroed by the preprocess) and their dV^T / dK^T slots;
-  // split_units the split units they have room for (0: none).
-  size_t split_done, split_dkv;
+  // split_last_wave: the parts' counts (zeroed by the preprocess) and their dV^T / dK^T slots
+  // (split_slot_bytes each, the table row's config's); split_units the split units they have
+  // room for (0: none).
+  size_t split_done, split_dkv, split_slot_bytes;
   int split_units;
 };
 WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p);
@@ -121,7 +122,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // The postprocess (launched with the PDL attribute) may be scheduled once every CTA of this
   // grid has started; it waits for this grid's end before it reads dQaccum. dq_post_queue:
   // once every CTA has passed its wait for the preprocess (below), which sets the queue the
-  // postprocess reads from its start.
+  // postprocess reads from its start. The parts' launch (kPart) triggers at its start: each of
+  // its CTAs started after every CTA of the launch before it had passed that wait.
   if constexpr (!T::kDqPostQueue || kPart) {
     if (threadIdx.x == 0) fh::launch_dependents();
   }
@@ -201,6 +203,12 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(T::kSmemBytes));
   if (err != cudaSuccess) return err;
+  // split_last_wave: the parts' kernel (kPart), set up before anything is queued.
+  if constexpr (T::kSplitLastWave && !kDet) {
+    err = cudaFuncSetAttribute(bwd_sm90_kernel<T, kDet, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(T::kSmemBytes));
+    if (err != cudaSuccess) return err;
+  }
   int resident_pairs = 0;  // pair_dq: clusters resident at once
   if constexpr (T::kPair) {
     // Two CTAs of ~225 KB each on one GPC: where SMs are partitioned away (MPS, green contexts)
@@ -250,8 +258,9 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   if constexpr (T::kSplitLastWave && !kDet) {
     const int n_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
     const int units = (n_blocks + 1) / 2 * p.batch * p.nheads_k;
-    const BwdSm90SplitPlan plan = bwd_sm90_split_plan(units, resident_pairs, m_blocks * (p.nheads / p.nheads_k));
-    if (plan.parts > 1 && !p.causal && parts.split_units >= units - plan.first) {
+    const BwdSm90SplitPlan plan = bwd_sm90_split_plan(units, resident_pairs, m_blocks, p.nheads / p.nheads_k);
+    if (plan.parts > 1 && !p.causal && parts.split_units >= units - plan.first &&
+        parts.split_slot_bytes == sizeof(float) * T::kSplitSlotFloats) {
       split = plan;
       post.split_done = reinterpret_cast<int*>(ws + parts.split_done);
       post.split_count = 2 * (units - plan.first);
@@ -340,25 +349,23 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
                                   dim3(2, 1, 1), pdl, map_q, map_k, map_v, map_do, map_stats, kp);
           if (err != cudaSuccess) return err;
         }
-        const auto parts_kernel = bwd_sm90_kernel<T, kDet, true>;
-        err = cudaFuncSetAttribute(parts_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(T::kSmemBytes));
-        if (err != cudaSuccess) return err;
         // Without units before it, it follows the preprocess in stream order: it skips the
         // wait for the grid before it, so it must not start early.
-        err = fh::launch_kernel(parts_kernel, dim3(2 * (pair_ctas / 2 - split.first) * split.parts),
+        err = fh::launch_kernel(bwd_sm90_kernel<T, kDet, true>, dim3(2 * (pair_ctas / 2 - split.first) * split.parts),
                                 dim3(T::kThreads), T::kSmemBytes, stream, dim3(2, 1, 1),
                                 pdl && split.first > 0, map_q, map_k, map_v, map_do, map_stats, kp);
         if (err != cudaSuccess) return err;
-        bwd_sm90_note_kernel("pair, last wave split");
-        return postprocess(pdl);
+        err = postprocess(pdl);
+        if (err == cudaSuccess) bwd_sm90_note_kernel("pair, last wave split");
+        return err;
       }
     }
     err = fh::launch_kernel(kernel, dim3(pair_ctas), dim3(T::kThreads), T::kSmemBytes, stream,
                             dim3(2, 1, 1), pdl, map_q, map_k, map_v, map_do, map_stats, kp);
     if (err != cudaSuccess) return err;
-    bwd_sm90_note_kernel("pair");
-    return postprocess(pdl);
+    err = postprocess(pdl);
+    if (err == cudaSuccess) bwd_sm90_note_kernel("pair");
+    return err;
   }
   if constexpr (kDet) {
     // Non-causal: chunks of CTAs that fit on the GPU at once (bwd_sm90_scheduler.cuh), so that

@@ -856,9 +856,12 @@ __device__ __forceinline__ void bwd_sm90_dq_warp(const BwdSm90Params& p, const B
 // split_done once all threads have passed kBarEpilogue. Part k - 1 waits (thread 0) until the
 // k - 1 others have counted, replaces its fragments by ((p_0 + p_1) + ...) + p_{k-1} (the same
 // order every run, whichever part finishes first), and counts the unit's dQ adds done for the
-// queue (dq_post_count): the parts' adds were ordered before their counts, and this thread
-// acquired those. Returns whether this CTA writes dK / dV (part k - 1). Slots are read from L2
-// (ld.global.cg): other SMs wrote them in this kernel.
+// queue (dq_post_count, once per CTA rank): the parts' adds were ordered before their counts,
+// and this thread acquired those. Returns whether this CTA writes dK / dV (part k - 1). Slots are
+// read from L2 (ld.global.cg): other SMs wrote them in this kernel. Progress: the last part
+// waits only for lower-numbered clusters of its launch, which the plan's 2 r <= slots lets be
+// resident beside it; where fewer SMs are free (other streams, MPS) it relies, as the
+// deterministic mode does, on clusters being dispatched in index order.
 template <class T, bool kData, int kAcc>
 __device__ __forceinline__ bool bwd_sm90_split_combine(const BwdSm90Params& p, const BwdSm90Work& w,
                                                        float (&acc_dv)[kAcc][T::kBlockN / 2],
@@ -899,6 +902,7 @@ __device__ __forceinline__ bool bwd_sm90_split_combine(const BwdSm90Params& p, c
     FLASHBACK_MBAR_SPIN(fh::ld_acquire_gpu(done) == k - 1);
     dq_post_count(p, w, 1);
   }
+  __syncwarp();  // the spinning lane's warp converged before the aligned barrier below
   if constexpr (kData) {
     fh::named_bar_sync(T::kBarEpilogue, kThreads);
 #pragma unroll

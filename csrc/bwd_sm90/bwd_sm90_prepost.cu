@@ -308,11 +308,14 @@ __global__ void __launch_bounds__(kPostThreads)
 // main-kernel CTA has (PDL), so they take the SMs that CTAs leave and never hold one a
 // main-kernel CTA waits for. The grid's end waits for the main kernel's (its dK / dV stores may
 // still be in flight when a pair is queued), so that work after this kernel on the stream sees
-// every gradient.
+// every gradient. (With the split last wave the main kernel is two launches, the parts' after
+// the units'; the parts' grid ends only after the units' grid, bwd_sm90_launch.cuh.)
 // The queue and claim are read without a wait for the preprocess that sets them: this grid is
 // launched only once every main-kernel CTA has triggered it, and each triggers after its own
 // griddepcontrol.wait, which returns once the preprocess has completed and its writes are
-// visible (hopper/pdl.h). The slot's wait may legitimately last the main kernel's whole tail;
+// visible (hopper/pdl.h); the split last wave's parts trigger at their start, each having
+// started after every CTA of the units' launch passed that wait (or, with no units before
+// them, after the preprocess in stream order). The slot's wait may legitimately last the main kernel's whole tail;
 // the hang guard's limit (sm90_hang_guard.h, ~8 minutes) is far above that.
 template <int kHeadDim, Dtype E>
 __global__ void __launch_bounds__(kPostThreads)

@@ -76,8 +76,9 @@ struct BwdSm90Work {
 // kPart (split_last_wave; default mode, non-causal, dense, so l2_group is 1): the launch of
 // the parts, p.split_parts consecutive clusters per unit of the grid's partial last wave (units
 // p.split_first ..); part q walks Q blocks [ceil(q M / k), ceil((q + 1) M / k)) of every q head
-// (M the sequence's Q blocks), so the last part, which sums the others' partials, has the
-// shortest walk. The units before p.split_first run in a launch of their own (kPart false).
+// (M the sequence's Q blocks; the plan keeps k <= M, so every part has a Q block), so the last
+// part, which sums the others' partials, has the shortest walk. The units before
+// p.split_first run in a launch of their own (kPart false).
 template <int kBlockM, int kBlockN, bool kDet = false, bool kPair = false, bool kFromEnd = false,
           int kTailGroups = 1, bool kPart = false>
 __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
