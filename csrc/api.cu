@@ -367,6 +367,12 @@ int flashback_debug_bwd_timeline(unsigned long long* buffer, int ctas, int steps
   return ok();
 }
 
+void flashback_debug_bwd_split_plan(int units, int slots, int m_blocks, int group, int* first, int* parts) {
+  const sm90::BwdSm90SplitPlan plan = sm90::bwd_sm90_split_plan(units, slots, m_blocks, group);
+  if (first) *first = plan.first;
+  if (parts) *parts = plan.parts;
+}
+
 const char* flashback_version(void) { return "0.1.0"; }
 
 const char* flashback_build_commit(void) { return FLASHBACK_BUILD_COMMIT; }

@@ -152,6 +152,13 @@ FLASHBACK_API const char *flashback_last_backward_kernel(void);
  * steps < 1. */
 FLASHBACK_API int flashback_debug_bwd_timeline(unsigned long long *buffer, int ctas, int steps);
 
+/* A measuring aid: how the head-dim-256 backward would cut a non-causal grid of `units` 2-CTA
+ * clusters, `slots` of them resident at once, each walking m_blocks Q blocks of `group` q heads
+ * (its split last wave): *first gets the first split unit and *parts the parts per split unit
+ * (1: no split). No GPU needed. */
+FLASHBACK_API void flashback_debug_bwd_split_plan(int units, int slots, int m_blocks, int group,
+                                                  int *first, int *parts);
+
 /* sizeof(flashback_fwd_params) and sizeof(flashback_bwd_params) as compiled into the library,
  * so a binding written in another language can check its copy of the structs. */
 FLASHBACK_API void flashback_params_sizes(size_t *fwd_bytes, size_t *bwd_bytes);

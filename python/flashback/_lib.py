@@ -126,6 +126,8 @@ def _bind_symbols(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.flashback_last_backward_kernel.restype = ctypes.c_char_p
     lib.flashback_debug_bwd_timeline.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     lib.flashback_debug_bwd_timeline.restype = ctypes.c_int
+    lib.flashback_debug_bwd_split_plan.argtypes = [ctypes.c_int] * 4 + [ctypes.POINTER(ctypes.c_int)] * 2
+    lib.flashback_debug_bwd_split_plan.restype = None
     lib.flashback_params_sizes.argtypes = [ctypes.POINTER(ctypes.c_size_t)] * 2
     lib.flashback_params_sizes.restype = None
     fwd, bwd = ctypes.c_size_t(), ctypes.c_size_t()
