@@ -13,12 +13,20 @@ hash of the source path, which differs between two checkouts). --rename OLD=NEW 
 reads config OLD in dump A's names as NEW, so that a candidate's kernel, measured under its own
 name, is compared with the production kernel it became.
 
+--loop also says, for each function that differs, how many lines of its main loop differ:
+the span from its first to its last HGMMA, registers, predicates and immediates made alike, so
+that a renumbering counts nothing and a reordering or a changed instruction counts. A change
+outside the loop (a kernel's prologue or epilogue) has moved ptxas's schedule of the loop when
+this is not 0: in the d = 256 backward such moves measured -2..-5% (docs/perf-log.md, "The split
+last wave"), so check it before spending GPU time on such a change.
+
 Compares the instructions (not their addresses or encodings) of each function both dumps have;
 prints every function that differs with both instruction counts, the functions only one dump
 has, and a last line "same N, differ M, only in A: X, only in B: Y". Exit status 1 when any
 function differs or is missing from one side.
 """
 import argparse
+import difflib
 import re
 import sys
 
@@ -60,6 +68,28 @@ def normalize(name, anon=False, renames=()):
     return name
 
 
+def loop_lines(body):
+    """The instructions from the first to the last HGMMA, registers (R, UR), predicates (P, UP),
+    barriers (B) and hex immediates made alike; [] without an HGMMA."""
+    idx = [i for i, ins in enumerate(body) if ins.startswith("HGMMA")]
+    if not idx:
+        return []
+    out = []
+    for ins in body[idx[0]:idx[-1] + 1]:
+        ins = re.sub(r"0x[0-9a-f]+", "X", ins)
+        ins = re.sub(r"\bU?R[0-9]+\b", "R", ins)
+        ins = re.sub(r"\bU?P[0-9]\b", "P", ins)
+        out.append(re.sub(r"\bB[0-9]+\b", "B", ins))
+    return out
+
+
+def loop_diff(a, b):
+    """(lines of the main loop that differ, the loop's length in A) for two instruction lists."""
+    la, lb = loop_lines(a), loop_lines(b)
+    ops = difflib.SequenceMatcher(None, la, lb, autojunk=False).get_opcodes()
+    return sum(max(i2 - i1, j2 - j1) for op, i1, i2, j1, j2 in ops if op != "equal"), len(la)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("a")
@@ -68,6 +98,8 @@ def main():
     p.add_argument("--anon", action="store_true", help="anonymous namespaces alike in both dumps")
     p.add_argument("--rename", action="append", default=[], metavar="OLD=NEW",
                    help="read config OLD in A's function names as NEW (repeatable)")
+    p.add_argument("--loop", action="store_true",
+                   help="for each function that differs, the lines of its main loop (HGMMA span) that differ")
     args = p.parse_args()
     renames = []
     for r in args.rename:
@@ -85,7 +117,11 @@ def main():
             same += 1
         else:
             differ += 1
-            print(f"differs: {name} ({len(a[name])} / {len(b[name])} instructions)")
+            loop = ""
+            if args.loop:
+                n, length = loop_diff(a[name], b[name])
+                loop = f"; main loop: {n} of {length} lines differ"
+            print(f"differs: {name} ({len(a[name])} / {len(b[name])} instructions{loop})")
     only_a, only_b = sorted(a.keys() - b.keys()), sorted(b.keys() - a.keys())
     for name in only_a:
         print(f"only in {args.a}: {name}")

@@ -67,3 +67,24 @@ def test_rename_needs_old_and_new(tmp_path):
                           str(tmp_path / "a.sass"), str(tmp_path / "a.sass"), "--rename", "kOnly"],
                          capture_output=True, text=True)
     assert res.returncode == 2 and "OLD=NEW" in res.stderr
+
+
+def test_loop_counts_reorders_not_renumbering(tmp_path):
+    """--loop: a register renumbering inside the HGMMA span counts nothing, a reordering counts,
+    and a change outside the span (the prologue) leaves the loop's count at 0."""
+    k = KERNEL.format(cfg="14kFwdSm90Hdim64")
+    loop = ["HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], RZ, !UPT", "MUFU.EX2 R3, R3", "FFMA R4, R5, R6, -R7",
+            "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24"]
+    base = ["MOV R1, c[0x0][0x28]"] + loop + ["EXIT"]
+    renumbered = ["MOV R1, c[0x0][0x28]"] + [ins.replace("R3", "R9").replace("UR8", "UR12") for ins in loop] + ["EXIT"]
+    reordered = ["MOV R1, c[0x0][0x28]", loop[0], loop[2], loop[1], loop[3], "EXIT"]
+    prologue = ["MOV R2, c[0x0][0x30]"] + base
+    last = lambda b: run(tmp_path, {k: base}, {k: b}, "--loop")
+    import re as _re
+    text = lambda b: subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "sass_compare.py"),
+                                     str(tmp_path / "a.sass"), str(tmp_path / "b.sass"), "--loop"],
+                                    capture_output=True, text=True).stdout
+    assert last(renumbered)[0] == 1 and "main loop: 0 of 4 lines differ" in text(renumbered)
+    assert last(reordered)[0] == 1 and _re.search(r"main loop: [1-9][0-9]* of 4 lines differ", text(reordered))
+    assert last(prologue)[0] == 1 and "main loop: 0 of 4 lines differ" in text(prologue)
+    assert sass_compare.loop_lines(["EXIT"]) == []
