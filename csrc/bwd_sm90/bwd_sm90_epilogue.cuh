@@ -122,6 +122,38 @@ __device__ __forceinline__ void stage_dkv_t(uint8_t* stage, uint32_t row_bytes,
   }
 }
 
+// The same fragments as stage_dkv_t into the layout of a K / V tile (tma_store_dkv): head-dim
+// atom-column a at stage + a atom_bytes, key rows of 128 bytes, 16-byte chunk c of key row k at
+// (c ^ (k & 7)) << 4, the 128-byte swizzle of a 1024-aligned tile, which bulk tensor stores
+// read. The eight lanes of one 8 x 8 matrix address eight keys of one chunk: eight different
+// bank groups after the swizzle, as the padding does in stage_dkv_t.
+template <int kBlockN, int kOwn, hopper::Dtype kElem>
+__device__ __forceinline__ void stage_dkv_t_swizzled(uint8_t* stage, uint32_t atom_bytes,
+                                                     const float (&acc)[kOwn][kBlockN / 2], float scale,
+                                                     int first, int t) {
+  static_assert(kBlockN % 16 == 0, "key groups are taken two at a time");
+  const int lane = t % 32;
+  const int mat = lane / 8;
+  const int r = lane % 8;
+  const uint32_t base = hopper::smem_u32(stage);
+#pragma unroll
+  for (int jj = 0; jj < kOwn; ++jj) {
+    const uint32_t atom = base + (first + jj) * atom_bytes;
+    const int chunk = 2 * (t / 32) + (mat & 1);  // (d % 64) / 8 of this lane's matrix
+    uint32_t pk[kBlockN / 4];
+#pragma unroll
+    for (int i = 0; i < kBlockN / 4; ++i) {
+      pk[i] = hopper::pack2<kElem>(acc[jj][2 * i] * scale, acc[jj][2 * i + 1] * scale);
+    }
+#pragma unroll
+    for (int c = 0; c < kBlockN / 8; c += 2) {
+      const int key = 8 * (c + mat / 2) + r;
+      hopper::stmatrix_x4_trans(atom + key * 128 + ((chunk ^ (key & 7)) << 4), pk[2 * c], pk[2 * c + 1],
+                                pk[2 * c + 2], pk[2 * c + 3]);
+    }
+  }
+}
+
 // Staged rows [n0, n0 + kBlockN) of dK or dV to global memory: a row is 2d bytes of 16-byte
 // chunks, consecutive threads take consecutive chunks; rows past seqlen_k are not written.
 // `tid` counts kThreads threads.

@@ -125,3 +125,9 @@ def test_post_queue_candidates_are_their_rows_plus_the_queue():
         assert all(t == "false" for t in c[len(b):fields - 2]), cand
         assert c[fields - 2:] == ["1", "true"], cand
 
+
+def test_tdkv_candidate_is_the_row_plus_tma_store_dkv():
+    """kBwdSm90Hdim256Tdkv is the d = 256 row with tma_store_dkv on and nothing else."""
+    c, b = initializer("Bwd", "kBwdSm90Hdim256Tdkv"), initializer("Bwd", "kBwdSm90Hdim256")
+    assert len(c) == 30 and len(b) == 29  # tma_store_dkv is BwdSm90Config's 30th field
+    assert c[:29] == b and c[29] == "true"
