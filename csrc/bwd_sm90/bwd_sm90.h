@@ -435,8 +435,12 @@ constexpr BwdSm90Config kBwdSm90Hdim192Tail3 = {192, 64, 96, 2, 1, 24, 160, true
                                                false, false, false, false, false, false, 3};
 // Candidate: the d = 256 default with dK / dV by TMA (tma_store_dkv; docs/perf-log.md, "dK / dV
 // by TMA"). Prediction: the CTA's epilogue shorter by the stores' drain; +0.3..+1% at causal
-// 4k, more at 512-2048 (shorter walks), ~0 at 16k; check the main loop's SASS first
-// (`sass_compare.py --loop`).
+// 4k, more at 512-2048 (shorter walks), ~0 at 16k. Its main loop's SASS is not production's
+// (`sass_compare.py --loop`: 410-448 of 1709 lines differ; with the TMA path alone, no copy-out
+// beside it, still 275): an A/B measures the epilogue and ptxas's other schedule together (the
+// split last wave's first form lost 2-5% to such a move), so it cannot tell the two apart; a
+// loss there says little about the epilogue (docs/perf-log.md, "ptxas's schedule of the main
+// loop").
 constexpr BwdSm90Config kBwdSm90Hdim256Tdkv = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
                                               false, false, false, true, false, true, false, true, false, true, 2, true,
                                               true, true};
