@@ -492,7 +492,7 @@ struct BwdSm90Params {
   int l2_group;     // (batch, kv head) pairs scheduled together (bwd_sm90_scheduler.cuh)
   int causal;
   int head_inner;  // bit 0 Q, 1 K, 2 V, 3 dO, 4 dK, 5 dV: that tensor map's dims are {d, head,
-                   // seq, batch} (else {d, seq, head, batch}); see make_map in bwd_sm90_launch.cu
+                   // seq, batch} (else {d, seq, head, batch}); see make_rows_map in sm90_common.h
   int dkv_tma;     // tma_store_dkv: the maps of dk and dv were made (their layout suits TMA)
   float scale_log2;     // softmax_scale * log2(e)
   float softmax_scale;  // dK = scale * sum dS^T Q

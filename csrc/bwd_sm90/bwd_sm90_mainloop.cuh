@@ -217,9 +217,10 @@ struct BwdSm90Traits {
   static constexpr uint32_t kStageRowBytes = kHeadDim * 2 + 16;
   static constexpr uint32_t kStageBytes = kBlockN * kStageRowBytes;
   static_assert(2 * kStageBytes <= kOffDo, "dK/dV staging must fit over K, V and Q");
-  // tma_store_dkv: dV then dK as kAtomCols swizzled atom-columns of kBlockN rows each.
-  static_assert(!kCfg.tma_store_dkv || (!kCfg.by_keys && 2 * kAtomCols * kKvAtomBytes <= kOffDo),
-                "tma_store_dkv: split by head dim, the staging over K, V and Q");
+  // tma_store_dkv: dV then dK as kAtomCols swizzled atom-columns of kBlockN rows each, exactly
+  // over the K and V tiles.
+  static_assert(!kCfg.tma_store_dkv || (!kCfg.by_keys && 2 * kAtomCols * kKvAtomBytes <= kOffQ),
+                "tma_store_dkv: split by head dim, the staging over K and V");
   // setmaxnreg budget: the pool is what the CTA got at entry (kEntryRegs per thread).
   static_assert(128 * kCfg.producer_regs + kConsumerThreads * kCfg.consumer_regs <=
                     kEntryRegs * kThreads,
