@@ -92,18 +92,33 @@ __device__ __forceinline__ void dq_turn_acquire(const int* turn, int n) {
 
 __device__ __forceinline__ void dq_turn_release(int* turn) { hopper::red_release_gpu_add(turn, 1); }
 
+// Where stage_dkv_t puts the 16 bytes of key row `key` at head-dim column `d` (a multiple of 8).
+// PaddedRows: a [key][d] tile of `row_bytes` rows (2d + 16: the eight lanes of one stmatrix
+// matrix, eight keys, fall into eight bank groups). SwizzledAtoms (tma_store_dkv): the layout of
+// a K / V tile, head-dim atom-column a at a x atom_bytes, key rows of 128 bytes, 16-byte chunk c
+// of key row k at (c ^ (k & 7)) << 4 (the 128-byte swizzle of a 1024-aligned tile, which bulk
+// tensor stores read; the same eight bank groups).
+struct PaddedRows {
+  uint32_t base, row_bytes;
+  __device__ __forceinline__ uint32_t operator()(int key, int d) const { return base + key * row_bytes + d * 2; }
+};
+struct SwizzledAtoms {
+  uint32_t base, atom_bytes;
+  __device__ __forceinline__ uint32_t operator()(int key, int d) const {
+    return base + (d / 64) * atom_bytes + key * 128 + ((((d % 64) / 8) ^ (key & 7)) << 4);
+  }
+};
+
 // dV^T or dK^T of one warpgroup (kOwn head-dim atom-columns from `first`, m64 x kBlockN each),
-// times `scale`, as 16-bit into a staging tile [key][d] (rows of `row_bytes`): stmatrix.trans
-// turns each 8 x 8 block (8 head-dim rows x 8 keys) into 8 key rows of 16 contiguous bytes.
-template <int kBlockN, int kOwn, hopper::Dtype kElem>
-__device__ __forceinline__ void stage_dkv_t(uint8_t* stage, uint32_t row_bytes,
-                                            const float (&acc)[kOwn][kBlockN / 2], float scale,
-                                            int first, int t) {
+// times `scale`, as 16-bit into a staging of key rows (`at`): stmatrix.trans turns each 8 x 8
+// block (8 head-dim rows x 8 keys) into 8 key rows of 16 contiguous bytes.
+template <int kBlockN, int kOwn, hopper::Dtype kElem, class Layout>
+__device__ __forceinline__ void stage_dkv_t(const Layout& at, const float (&acc)[kOwn][kBlockN / 2],
+                                            float scale, int first, int t) {
   static_assert(kBlockN % 16 == 0, "key groups are taken two at a time");
   const int lane = t % 32;
   const int mat = lane / 8;
   const int r = lane % 8;
-  const uint32_t base = hopper::smem_u32(stage);
 #pragma unroll
   for (int jj = 0; jj < kOwn; ++jj) {
     const int d0 = 64 * (first + jj) + 16 * (t / 32);
@@ -116,40 +131,7 @@ __device__ __forceinline__ void stage_dkv_t(uint8_t* stage, uint32_t row_bytes,
     for (int c = 0; c < kBlockN / 8; c += 2) {
       const int key = 8 * (c + mat / 2) + r;
       const int d = d0 + 8 * (mat & 1);
-      hopper::stmatrix_x4_trans(base + key * row_bytes + d * 2, pk[2 * c], pk[2 * c + 1],
-                                pk[2 * c + 2], pk[2 * c + 3]);
-    }
-  }
-}
-
-// The same fragments as stage_dkv_t into the layout of a K / V tile (tma_store_dkv): head-dim
-// atom-column a at stage + a atom_bytes, key rows of 128 bytes, 16-byte chunk c of key row k at
-// (c ^ (k & 7)) << 4, the 128-byte swizzle of a 1024-aligned tile, which bulk tensor stores
-// read. The eight lanes of one 8 x 8 matrix address eight keys of one chunk: eight different
-// bank groups after the swizzle, as the padding does in stage_dkv_t.
-template <int kBlockN, int kOwn, hopper::Dtype kElem>
-__device__ __forceinline__ void stage_dkv_t_swizzled(uint8_t* stage, uint32_t atom_bytes,
-                                                     const float (&acc)[kOwn][kBlockN / 2], float scale,
-                                                     int first, int t) {
-  static_assert(kBlockN % 16 == 0, "key groups are taken two at a time");
-  const int lane = t % 32;
-  const int mat = lane / 8;
-  const int r = lane % 8;
-  const uint32_t base = hopper::smem_u32(stage);
-#pragma unroll
-  for (int jj = 0; jj < kOwn; ++jj) {
-    const uint32_t atom = base + (first + jj) * atom_bytes;
-    const int chunk = 2 * (t / 32) + (mat & 1);  // (d % 64) / 8 of this lane's matrix
-    uint32_t pk[kBlockN / 4];
-#pragma unroll
-    for (int i = 0; i < kBlockN / 4; ++i) {
-      pk[i] = hopper::pack2<kElem>(acc[jj][2 * i] * scale, acc[jj][2 * i + 1] * scale);
-    }
-#pragma unroll
-    for (int c = 0; c < kBlockN / 8; c += 2) {
-      const int key = 8 * (c + mat / 2) + r;
-      hopper::stmatrix_x4_trans(atom + key * 128 + ((chunk ^ (key & 7)) << 4), pk[2 * c], pk[2 * c + 1],
-                                pk[2 * c + 2], pk[2 * c + 3]);
+      hopper::stmatrix_x4_trans(at(key, d), pk[2 * c], pk[2 * c + 1], pk[2 * c + 2], pk[2 * c + 3]);
     }
   }
 }

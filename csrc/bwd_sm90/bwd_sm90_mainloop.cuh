@@ -1434,9 +1434,10 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       uint8_t* tile_dv = smem;
       uint8_t* tile_dk = smem + T::kAtomCols * T::kKvAtomBytes;
       if (has_cols) {
-        stage_dkv_t_swizzled<T::kBlockN, kOwn, T::kElem>(tile_dv, T::kKvAtomBytes, acc_dv, 1.f, first, t);
-        stage_dkv_t_swizzled<T::kBlockN, kOwn, T::kElem>(tile_dk, T::kKvAtomBytes, acc_dk, p.softmax_scale,
-                                                         first, t);
+        stage_dkv_t<T::kBlockN, kOwn, T::kElem>(SwizzledAtoms{fh::smem_u32(tile_dv), T::kKvAtomBytes}, acc_dv,
+                                                1.f, first, t);
+        stage_dkv_t<T::kBlockN, kOwn, T::kElem>(SwizzledAtoms{fh::smem_u32(tile_dk), T::kKvAtomBytes}, acc_dk,
+                                                p.softmax_scale, first, t);
       }
       fh::fence_proxy_async_shared();  // the stmatrix writes, before the async proxy reads them
       fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
@@ -1459,9 +1460,10 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   uint8_t* stage_dv = smem;
   uint8_t* stage_dk = smem + T::kStageBytes;
   if (has_cols) {
-    stage_dkv_t<T::kBlockN, kOwn, T::kElem>(stage_dv, T::kStageRowBytes, acc_dv, 1.f, first, t);
-    stage_dkv_t<T::kBlockN, kOwn, T::kElem>(stage_dk, T::kStageRowBytes, acc_dk, p.softmax_scale,
+    stage_dkv_t<T::kBlockN, kOwn, T::kElem>(PaddedRows{fh::smem_u32(stage_dv), T::kStageRowBytes}, acc_dv, 1.f,
                                             first, t);
+    stage_dkv_t<T::kBlockN, kOwn, T::kElem>(PaddedRows{fh::smem_u32(stage_dk), T::kStageRowBytes}, acc_dk,
+                                            p.softmax_scale, first, t);
   }
   copy_out_dkv<T>(p, w, stage_dv, stage_dk, n0, seqlen_k);
   // pair_dq: neither CTA exits while its partner may still copy into it or arrive on it.
