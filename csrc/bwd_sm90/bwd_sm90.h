@@ -251,6 +251,14 @@ struct BwdSm90Config {
   // measured +0.4..+3.1% at d = 256 512-2048 (docs/perf-log.md, "Next idea for a CTA's fixed
   // cost: dK / dV by TMA").
   bool tma_store_dkv = false;
+  // A measuring aid, never in the table: n = 1, 2 adds terms to the work decode's bounds that
+  // are 0 for every valid call (e.g. `(m_blocks / batch) < 0 ? 1 : 0`): nothing the kernel
+  // computes changes, but it is a change outside the main loop, after which ptxas may schedule
+  // the loop anew (a nanosleep at the kernel's top, parameters handed to empty asm, or terms
+  // without a division left the loop as it was or nearly) (docs/perf-log.md, "ptxas's schedule
+  // of the main loop"). Candidates with different n sample how fast other schedules of the same
+  // work run.
+  int schedule_probe = 0;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -444,6 +452,16 @@ constexpr BwdSm90Config kBwdSm90Hdim192Tail3 = {192, 64, 96, 2, 1, 24, 160, true
 constexpr BwdSm90Config kBwdSm90Hdim256Tdkv = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
                                               false, false, false, true, false, true, false, true, false, true, 2, true,
                                               true, true};
+// Null candidates (schedule_probe): the d = 256 default with an inert change in the work decode,
+// for the spread of ptxas's schedules of the same work: Probe1 moves 20 of the main loop's 1709
+// SASS lines, Probe2 330 (`sass_compare.py --loop`). Prediction: if production's schedule is a
+// good draw, these read 0..-5%; one faster than production would say a better schedule exists.
+constexpr BwdSm90Config kBwdSm90Hdim256Probe1 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
+                                                false, false, false, true, false, true, false, true, false, true, 2, true,
+                                                true, false, 1};
+constexpr BwdSm90Config kBwdSm90Hdim256Probe2 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
+                                                false, false, false, true, false, true, false, true, false, true, 2, true,
+                                                true, false, 2};
 // Candidates: the dQ conversion under the main kernel's tail (dq_post_queue; docs/perf-log.md,
 // "The dQ conversion under the main kernel's tail") at d = 64 / 128 / 192, where the dQ warps
 // count (deterministic: d = 64's and 128's dQ warps, d = 192's turn warps). Measured (H100,

@@ -135,8 +135,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if constexpr (!T::kDqPostQueue || kPart) {
     if (threadIdx.x == 0) fh::launch_dependents();
   }
-  const BwdSm90Work w =
+  BwdSm90Work w =
       bwd_sm90_work<T::kBlockM, T::kBlockN, kDet, T::kPair, T::kDetFromEnd, T::kL2TailGroups, kPart>(p);
+  // schedule_probe: terms of the walk's bounds that are 0 for every valid call (quotients of
+  // positive sizes are never negative), computed by the work decode; each probe moves the main
+  // loop's SASS by a different amount (`sass_compare.py --loop`).
+  if constexpr (T::kScheduleProbe == 1) w.m_count += (p.m_blocks / p.batch) < 0 ? 1 : 0;
+  if constexpr (T::kScheduleProbe == 2) {
+    w.m_count -= (p.n_blocks / p.group) < 0 ? 1 : 0;
+    w.m_begin += (p.m_blocks % p.nheads) < 0 ? 1 : 0;
+  }
   if (!w.active) {  // varlen: past the end of a shorter sequence's keys (the whole CTA)
     if constexpr (T::kDqPostQueue && !kPart) {  // the parts' launch is dense: every CTA active
       if (threadIdx.x == 32) {  // no adds: all of the CTA's counts at once

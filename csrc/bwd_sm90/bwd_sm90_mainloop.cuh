@@ -182,6 +182,7 @@ struct BwdSm90Traits {
   static constexpr bool kDqPostQueue = kCfg.dq_post_queue;
   static constexpr bool kSplitLastWave = kCfg.split_last_wave;
   static constexpr bool kTmaStoreDkv = kCfg.tma_store_dkv;
+  static constexpr int kScheduleProbe = kCfg.schedule_probe;  // a measuring aid (bwd_sm90.h)
   static_assert(!kSplitLastWave || (kCfg.pair_dq && kCfg.dq_post_queue && !kCfg.timeline),
                 "split_last_wave: the pair (both warpgroups hold dV^T / dK^T) with the queue");
   // split_last_wave: a CTA's dV^T and dK^T partial, fp32 (kSplitSlotFloats per slot).

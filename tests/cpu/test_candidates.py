@@ -131,3 +131,12 @@ def test_tdkv_candidate_is_the_row_plus_tma_store_dkv():
     c, b = initializer("Bwd", "kBwdSm90Hdim256Tdkv"), initializer("Bwd", "kBwdSm90Hdim256")
     assert len(c) == 30 and len(b) == 29  # tma_store_dkv is BwdSm90Config's 30th field
     assert c[:29] == b and c[29] == "true"
+
+
+def test_probe_candidates_are_the_row_plus_a_probe():
+    """The null candidates (schedule_probe) are the d = 256 row with schedule_probe n and nothing
+    else: an A/B against the row measures another schedule of the same work."""
+    b = initializer("Bwd", "kBwdSm90Hdim256")
+    for n in (1, 2):
+        c = initializer("Bwd", f"kBwdSm90Hdim256Probe{n}")
+        assert len(c) == 31 and c[:29] == b and c[29:] == ["false", str(n)]
