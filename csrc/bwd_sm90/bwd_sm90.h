@@ -560,8 +560,8 @@ struct BwdSm90Params {
 // grid's units (clusters), slots: clusters resident at once, m_blocks: the Q blocks a unit walks
 // per q head, group: its q heads (the GQA group). k = 1: none.
 struct BwdSm90SplitPlan {
-  int first;  // the first split unit
-  int parts;  // k
+  int first = 0x7fffffff;  // the first split unit (none: past any grid)
+  int parts = 1;           // k
 };
 // A walk shorter than this many steps is not split (the fill model: at 1024 / 2048 keys the
 // split gains nothing over the queue, docs/perf-log.md, "Next idea for the non-causal points").

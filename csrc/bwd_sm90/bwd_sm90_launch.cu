@@ -139,7 +139,7 @@ WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p) {
 }
 
 BwdSm90SplitPlan bwd_sm90_split_plan(int units, int slots, int m_blocks, int group) {
-  const BwdSm90SplitPlan none{0x7fffffff, 1};
+  const BwdSm90SplitPlan none;
   // FLASHBACK_BWD_SPLIT=0 (read once per process): never split, for A/B runs of a config that
   // splits against its own kernels unsplit.
   static const bool off = [] {

@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (wg == 0) {
     fh::setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == 0) {
-      const BwdSm90Maps maps{&map_q, &map_k, &map_v, &map_do, &map_stats, &map_dk, &map_dv};
+      const BwdSm90Maps maps{&map_q, &map_k, &map_v, &map_do, &map_stats};
       bwd_sm90_producer<T, kDet, kPart>(p, maps, w, smem, kv_bar, pipe_q, pipe_do);
       if constexpr (kPart) fh::grid_dependency_wait();  // this grid ends after the units' launch
     } else if (kDet && !T::kDetDqWarp && threadIdx.x / 32 >= 1 && threadIdx.x / 32 <= T::kDqPhases) {
@@ -270,16 +270,18 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   if constexpr (T::kDqPostQueue) post.base = reinterpret_cast<int*>(ws + parts.dq_post);
   // split_last_wave (default mode, non-causal, dense, where the workspace has room): the
   // grid's partial last wave cut into parts (bwd_sm90_split_plan), which add clusters.
-  BwdSm90SplitPlan split{0x7fffffff, 1};
+  BwdSm90SplitPlan split;  // none
   if constexpr (T::kSplitLastWave && !kDet) {
-    const int n_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
-    const int units = (n_blocks + 1) / 2 * p.batch * p.nheads_k;
-    const BwdSm90SplitPlan plan = bwd_sm90_split_plan(units, resident_pairs, m_blocks, p.nheads / p.nheads_k);
-    if (plan.parts > 1 && !p.causal && parts.split_units >= units - plan.first &&
-        parts.split_slot_bytes == sizeof(float) * T::kSplitSlotFloats) {
-      split = plan;
-      post.split_done = reinterpret_cast<int*>(ws + parts.split_done);
-      post.split_count = 2 * (units - plan.first);
+    if (!p.causal) {
+      const int n_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+      const int units = (n_blocks + 1) / 2 * p.batch * p.nheads_k;
+      const BwdSm90SplitPlan plan = bwd_sm90_split_plan(units, resident_pairs, m_blocks, p.nheads / p.nheads_k);
+      if (plan.parts > 1 && parts.split_units >= units - plan.first &&
+          parts.split_slot_bytes == sizeof(float) * T::kSplitSlotFloats) {
+        split = plan;
+        post.split_done = reinterpret_cast<int*>(ws + parts.split_done);
+        post.split_count = 2 * (units - plan.first);
+      }
     }
   }
   // (0) D = rowsum(dO * O), LSE * log2(e); dQaccum (and the deterministic mode's turn

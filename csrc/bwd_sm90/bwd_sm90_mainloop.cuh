@@ -278,8 +278,6 @@ struct BwdSm90Maps {
   const CUtensorMap* v;
   const CUtensorMap* dout;
   const CUtensorMap* stats;  // stage rows: the workspace's LSE then D rows, [row][64] fp32
-  const CUtensorMap* dk;     // tma_store_dkv: the outputs' maps (boxes of block_n key rows)
-  const CUtensorMap* dv;
 };
 
 // pair_ghost: whether the pair's upper block (2 j + 1) holds no key that the queries of Q block
