@@ -17,8 +17,8 @@ name, is compared with the production kernel it became.
 the span from its first to its last HGMMA, registers, predicates and immediates made alike, so
 that a renumbering counts nothing and a reordering or a changed instruction counts. A change
 outside the loop (a kernel's prologue or epilogue) has moved ptxas's schedule of the loop when
-this is not 0: in the d = 256 backward such moves measured -2..-5% (docs/perf-log.md, "The split
-last wave"), so check it before spending GPU time on such a change.
+this is not 0: in the d = 256 backward such moves measured -2..-5% (docs/perf-log.md, "ptxas's
+schedule of the main loop"), so check it before spending GPU time on such a change.
 
 Compares the instructions (not their addresses or encodings) of each function both dumps have;
 prints every function that differs with both instruction counts, the functions only one dump

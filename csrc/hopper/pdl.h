@@ -7,12 +7,12 @@
 // before it (the primary) has executed launch_dependents() or exited. Until it executes
 // grid_dependency_wait() nothing the primary wrote is guaranteed visible, so the secondary
 // keeps to work that does not depend on it (barrier init, tensor-map prefetch, loads of the
-// call's inputs) above its wait. What came before the primary on the stream finished before the primary
-// started, so the inputs are safe to read, unless the primary is itself a secondary that
-// triggered before its own wait (then its own primary may still run: a chain of early triggers
-// carries no such guarantee, and the kernels in it say what they rely on instead; the
-// backward's split last wave, bwd_sm90_launch.cuh). Launched without the attribute, the
-// wait returns at once: a kernel with these calls is correct either way.
+// call's inputs) above its wait. What came before the primary on the stream finished before
+// the primary started, so the inputs are safe to read, unless the primary is itself a
+// secondary that triggered before its own wait (then its own primary may still run: a chain of
+// early triggers carries no such guarantee, and the kernels in it say what they rely on
+// instead; the backward's split last wave, bwd_sm90_launch.cuh). Launched without the
+// attribute, the wait returns at once: a kernel with these calls is correct either way.
 #pragma once
 
 #include <utility>
