@@ -243,22 +243,6 @@ struct BwdSm90Config {
   // the model picked three parts, -0.7..+0.6%: so at most two parts, and 4k / 8k do not split;
   // causal unchanged (docs/design.md section 5, "The split last wave"; docs/perf-log.md).
   bool split_last_wave = false;
-  // Split by head dim: dV and dK leave by bulk tensor stores (one thread, d / 64 boxes of
-  // block_n key rows per tensor) from a staging in the 128-byte swizzled atom layout of the K / V
-  // tiles, instead of every consumer thread's 16-byte stores from padded rows (copy_out_dkv).
-  // Where the maps of dk / dv cannot be made (their layout), and for varlen blocks that end past
-  // their sequence (the next sequence's rows follow), the copy-out stays. The forward's O by TMA
-  // measured +0.4..+3.1% at d = 256 512-2048 (docs/perf-log.md, "Next idea for a CTA's fixed
-  // cost: dK / dV by TMA").
-  bool tma_store_dkv = false;
-  // A measuring aid, never in the table: n = 1, 2 adds terms to the work decode's bounds that
-  // are 0 for every valid call (e.g. `(m_blocks / batch) < 0 ? 1 : 0`): nothing the kernel
-  // computes changes, but it is a change outside the main loop, after which ptxas may schedule
-  // the loop anew (a nanosleep at the kernel's top, parameters handed to empty asm, or terms
-  // without a division left the loop as it was or nearly) (docs/perf-log.md, "ptxas's schedule
-  // of the main loop"). Candidates with different n sample how fast other schedules of the same
-  // work run.
-  int schedule_probe = 0;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -441,27 +425,6 @@ constexpr BwdSm90Config kBwdSm90Hdim192Tail2 = {192, 64, 96, 2, 1, 24, 160, true
 constexpr BwdSm90Config kBwdSm90Hdim192Tail3 = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
                                                false, true, false, false, true, false, false, true,
                                                false, false, false, false, false, false, 3};
-// Candidate: the d = 256 default with dK / dV by TMA (tma_store_dkv; docs/perf-log.md, "dK / dV
-// by TMA"). Prediction: the CTA's epilogue shorter by the stores' drain; +0.3..+1% at causal
-// 4k, more at 512-2048 (shorter walks), ~0 at 16k. Its main loop's SASS is not production's
-// (`sass_compare.py --loop`: 410-448 of 1709 lines differ; with the TMA path alone, no copy-out
-// beside it, still 275): an A/B measures the epilogue and ptxas's other schedule together (the
-// split last wave's first form lost 2-5% to such a move), so it cannot tell the two apart; a
-// loss there says little about the epilogue (docs/perf-log.md, "ptxas's schedule of the main
-// loop").
-constexpr BwdSm90Config kBwdSm90Hdim256Tdkv = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
-                                              false, false, false, true, false, true, false, true, false, true, 2, true,
-                                              true, true};
-// Null candidates (schedule_probe): the d = 256 default with an inert change in the work decode,
-// for the spread of ptxas's schedules of the same work: Probe1 moves 20 of the main loop's 1709
-// SASS lines, Probe2 330 (`sass_compare.py --loop`). Prediction: if production's schedule is a
-// good draw, these read 0..-5%; one faster than production would say a better schedule exists.
-constexpr BwdSm90Config kBwdSm90Hdim256Probe1 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
-                                                false, false, false, true, false, true, false, true, false, true, 2, true,
-                                                true, false, 1};
-constexpr BwdSm90Config kBwdSm90Hdim256Probe2 = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
-                                                false, false, false, true, false, true, false, true, false, true, 2, true,
-                                                true, false, 2};
 // Candidates: the dQ conversion under the main kernel's tail (dq_post_queue; docs/perf-log.md,
 // "The dQ conversion under the main kernel's tail") at d = 64 / 128 / 192, where the dQ warps
 // count (deterministic: d = 64's and 128's dQ warps, d = 192's turn warps). Measured (H100,
@@ -509,9 +472,8 @@ struct BwdSm90Params {
   int n_blocks;     // ceil(seqlen_k / block_n)
   int l2_group;     // (batch, kv head) pairs scheduled together (bwd_sm90_scheduler.cuh)
   int causal;
-  int head_inner;  // bit 0 Q, 1 K, 2 V, 3 dO, 4 dK, 5 dV: that tensor map's dims are {d, head,
+  int head_inner;  // bit 0 Q, 1 K, 2 V, 3 dO: that tensor map's dims are {d, head,
                    // seq, batch} (else {d, seq, head, batch}); see make_rows_map in sm90_common.h
-  int dkv_tma;     // tma_store_dkv: the maps of dk and dv were made (their layout suits TMA)
   float scale_log2;     // softmax_scale * log2(e)
   float softmax_scale;  // dK = scale * sum dS^T Q
   // The workspace is indexed by 64-row tile (dq_tile in bwd_sm90_prepost.h; dense batches:

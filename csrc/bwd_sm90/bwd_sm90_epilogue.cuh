@@ -92,21 +92,12 @@ __device__ __forceinline__ void dq_turn_acquire(const int* turn, int n) {
 
 __device__ __forceinline__ void dq_turn_release(int* turn) { hopper::red_release_gpu_add(turn, 1); }
 
-// Where stage_dkv_t puts the 16 bytes of key row `key` at head-dim column `d` (a multiple of 8).
-// PaddedRows: a [key][d] tile of `row_bytes` rows (2d + 16: the eight lanes of one stmatrix
-// matrix, eight keys, fall into eight bank groups). SwizzledAtoms (tma_store_dkv): the layout of
-// a K / V tile, head-dim atom-column a at a x atom_bytes, key rows of 128 bytes, 16-byte chunk c
-// of key row k at (c ^ (k & 7)) << 4 (the 128-byte swizzle of a 1024-aligned tile, which bulk
-// tensor stores read; the same eight bank groups).
+// Where stage_dkv_t puts the 16 bytes of key row `key` at head-dim column `d` (a multiple of 8):
+// a [key][d] tile of `row_bytes` rows (2d + 16: the eight lanes of one stmatrix matrix, eight
+// keys, fall into eight bank groups).
 struct PaddedRows {
   uint32_t base, row_bytes;
   __device__ __forceinline__ uint32_t operator()(int key, int d) const { return base + key * row_bytes + d * 2; }
-};
-struct SwizzledAtoms {
-  uint32_t base, atom_bytes;
-  __device__ __forceinline__ uint32_t operator()(int key, int d) const {
-    return base + (d / 64) * atom_bytes + key * 128 + ((((d % 64) / 8) ^ (key & 7)) << 4);
-  }
 };
 
 // dV^T or dK^T of one warpgroup (kOwn head-dim atom-columns from `first`, m64 x kBlockN each),

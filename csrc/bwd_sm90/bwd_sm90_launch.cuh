@@ -76,9 +76,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                     const __grid_constant__ CUtensorMap map_k,
                     const __grid_constant__ CUtensorMap map_v,
                     const __grid_constant__ CUtensorMap map_do,
-                    const __grid_constant__ CUtensorMap map_stats,
-                    const __grid_constant__ CUtensorMap map_dk,
-                    const __grid_constant__ CUtensorMap map_dv, const BwdSm90Params p) {
+                    const __grid_constant__ CUtensorMap map_stats, const BwdSm90Params p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = fh::align_smem(smem_raw);
   uint64_t* kv_bar = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
@@ -96,12 +94,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     fh::tma_prefetch_map(&map_v);
     fh::tma_prefetch_map(&map_do);
     if constexpr (T::kStatBytes > 0) fh::tma_prefetch_map(&map_stats);
-    if constexpr (T::kTmaStoreDkv) {
-      if (p.dkv_tma) {
-        fh::tma_prefetch_map(&map_dk);
-        fh::tma_prefetch_map(&map_dv);
-      }
-    }
     fh::mbar_init(kv_bar, 1);      // K
     fh::mbar_init(kv_bar + 1, 1);  // V
     pipe_q->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp
@@ -137,14 +129,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   }
   BwdSm90Work w =
       bwd_sm90_work<T::kBlockM, T::kBlockN, kDet, T::kPair, T::kDetFromEnd, T::kL2TailGroups, kPart>(p);
-  // schedule_probe: terms of the walk's bounds that are 0 for every valid call (quotients of
-  // positive sizes are never negative), computed by the work decode; each probe moves the main
-  // loop's SASS by a different amount (`sass_compare.py --loop`).
-  if constexpr (T::kScheduleProbe == 1) w.m_count += (p.m_blocks / p.batch) < 0 ? 1 : 0;
-  if constexpr (T::kScheduleProbe == 2) {
-    w.m_count -= (p.n_blocks / p.group) < 0 ? 1 : 0;
-    w.m_begin += (p.m_blocks % p.nheads) < 0 ? 1 : 0;
-  }
   if (!w.active) {  // varlen: past the end of a shorter sequence's keys (the whole CTA)
     if constexpr (T::kDqPostQueue && !kPart) {  // the parts' launch is dense: every CTA active
       if (threadIdx.x == 32) {  // no adds: all of the CTA's counts at once
@@ -192,11 +176,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     if constexpr (T::kByKeys) {
       bwd_sm90_consumer_by_keys<T, kDet>(p, w, smem, kv_bar, pipe_q, pipe_do, wg - 1);
     } else if constexpr (T::kSharedConsumer) {
-      bwd_sm90_consumer<T, kDet, T::kOwn0, kPart>(p, w, smem, kv_bar, pipe_q, pipe_do, wg - 1, &map_dk, &map_dv);
+      bwd_sm90_consumer<T, kDet, T::kOwn0, kPart>(p, w, smem, kv_bar, pipe_q, pipe_do, wg - 1);
     } else if (wg == 1) {
-      bwd_sm90_consumer<T, kDet, T::kOwn0, kPart>(p, w, smem, kv_bar, pipe_q, pipe_do, 0, &map_dk, &map_dv);
+      bwd_sm90_consumer<T, kDet, T::kOwn0, kPart>(p, w, smem, kv_bar, pipe_q, pipe_do, 0);
     } else {
-      bwd_sm90_consumer<T, kDet, T::kOwn1, kPart>(p, w, smem, kv_bar, pipe_q, pipe_do, 1, &map_dk, &map_dv);
+      bwd_sm90_consumer<T, kDet, T::kOwn1, kPart>(p, w, smem, kv_bar, pipe_q, pipe_do, 1);
     }
     if constexpr (T::kTimeline) timeline_cta_stamp<T>(p, wg - 1, threadIdx.x % 128, true);
   }
@@ -319,26 +303,6 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
                       256 / T::kHeadDim;
   kp.l2_group = p.causal ? std::max(1, std::min(pairs, l2_rows / std::max(1, rows_per_pair))) : 1;
   kp.head_inner = (hi[0] ? 1 : 0) | (hi[1] ? 2 : 0) | (hi[2] ? 4 : 0) | (hi[3] ? 8 : 0);
-  // tma_store_dkv: maps for dk and dv shaped as K's and V's (boxes of block_n rows), where their
-  // layout suits TMA (the API asks only for 16-byte alignment); else the copy-out.
-  CUtensorMap map_dk, map_dv;
-  kp.dkv_tma = 0;
-  if constexpr (T::kTmaStoreDkv) {
-    bool hi_dk = false, hi_dv = false;
-    const void* ptrs[2] = {p.dk, p.dv};
-    const flashback_strides sts[2] = {map_strides(p.dk_strides, p, false), map_strides(p.dv_strides, p, false)};
-    const char* why = nullptr;
-    if (tma_layout_ok(ptrs, sts, 2, &why) &&
-        make_call_map(&map_dk, &hi_dk, p.dk, p.dk_strides, p, false, kRowsKv) == cudaSuccess &&
-        make_call_map(&map_dv, &hi_dv, p.dv, p.dv_strides, p, false, kRowsKv) == cudaSuccess) {
-      kp.dkv_tma = 1;
-      kp.head_inner |= (hi_dk ? 16 : 0) | (hi_dv ? 32 : 0);
-    }
-  }
-  if (!kp.dkv_tma) {  // not read (defined values for the kernel arguments)
-    map_dk = map_k;
-    map_dv = map_v;
-  }
   kp.scale_log2 = p.softmax_scale * 1.4426950408889634f;
   kp.softmax_scale = p.softmax_scale;
   kp.lse_log2 = lse_log2;
@@ -384,14 +348,14 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
         // each in the parts' kernel, as its PDL dependent (bwd_sm90_kernel, kPart).
         if (split.first > 0) {
           err = fh::launch_kernel(kernel, dim3(2 * split.first), dim3(T::kThreads), T::kSmemBytes, stream,
-                                  dim3(2, 1, 1), pdl, map_q, map_k, map_v, map_do, map_stats, map_dk, map_dv, kp);
+                                  dim3(2, 1, 1), pdl, map_q, map_k, map_v, map_do, map_stats, kp);
           if (err != cudaSuccess) return err;
         }
         // Without units before it, it follows the preprocess in stream order: it skips the
         // wait for the grid before it, so it must not start early.
         err = fh::launch_kernel(bwd_sm90_kernel<T, kDet, true>, dim3(2 * (pair_ctas / 2 - split.first) * split.parts),
                                 dim3(T::kThreads), T::kSmemBytes, stream, dim3(2, 1, 1),
-                                pdl && split.first > 0, map_q, map_k, map_v, map_do, map_stats, map_dk, map_dv, kp);
+                                pdl && split.first > 0, map_q, map_k, map_v, map_do, map_stats, kp);
         if (err != cudaSuccess) return err;
         err = postprocess(pdl);
         if (err == cudaSuccess) bwd_sm90_note_kernel("pair, last wave split");
@@ -399,7 +363,7 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
       }
     }
     err = fh::launch_kernel(kernel, dim3(pair_ctas), dim3(T::kThreads), T::kSmemBytes, stream,
-                            dim3(2, 1, 1), pdl, map_q, map_k, map_v, map_do, map_stats, map_dk, map_dv, kp);
+                            dim3(2, 1, 1), pdl, map_q, map_k, map_v, map_do, map_stats, kp);
     if (err != cudaSuccess) return err;
     err = postprocess(pdl);
     if (err == cudaSuccess) bwd_sm90_note_kernel("pair");
@@ -428,7 +392,7 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
       for (int base = 0; base < ctas; base += kp.det_chunk) {
         kp.block_base = base;
         cfg.gridDim = dim3(std::min(kp.det_chunk, ctas - base));
-        err = cudaLaunchKernelEx(&cfg, kernel, map_q, map_k, map_v, map_do, map_stats, map_dk, map_dv, kp);
+        err = cudaLaunchKernelEx(&cfg, kernel, map_q, map_k, map_v, map_do, map_stats, kp);
         if (err == cudaErrorCooperativeLaunchTooLarge && base == 0) {
           // Fewer SMs than the device has are available to cooperative launches (MPS, ...):
           // nothing of the main kernel ran yet, so take the single launch below.
@@ -443,7 +407,7 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
     }
   }
   err = fh::launch_kernel(kernel, dim3(ctas), dim3(T::kThreads), T::kSmemBytes, stream,
-                          dim3(1, 1, 1), pdl, map_q, map_k, map_v, map_do, map_stats, map_dk, map_dv, kp);
+                          dim3(1, 1, 1), pdl, map_q, map_k, map_v, map_do, map_stats, kp);
   if (err != cudaSuccess) return err;
   return postprocess(pdl);
 }

@@ -181,8 +181,6 @@ struct BwdSm90Traits {
   static_assert(kL2TailGroups >= 1, "l2_tail_groups: 1 keeps every group");
   static constexpr bool kDqPostQueue = kCfg.dq_post_queue;
   static constexpr bool kSplitLastWave = kCfg.split_last_wave;
-  static constexpr bool kTmaStoreDkv = kCfg.tma_store_dkv;
-  static constexpr int kScheduleProbe = kCfg.schedule_probe;  // a measuring aid (bwd_sm90.h)
   static_assert(!kSplitLastWave || (kCfg.pair_dq && kCfg.dq_post_queue && !kCfg.timeline),
                 "split_last_wave: the pair (both warpgroups hold dV^T / dK^T) with the queue");
   // split_last_wave: a CTA's dV^T and dK^T partial, fp32 (kSplitSlotFloats per slot).
@@ -218,10 +216,6 @@ struct BwdSm90Traits {
   static constexpr uint32_t kStageRowBytes = kHeadDim * 2 + 16;
   static constexpr uint32_t kStageBytes = kBlockN * kStageRowBytes;
   static_assert(2 * kStageBytes <= kOffDo, "dK/dV staging must fit over K, V and Q");
-  // tma_store_dkv: dV then dK as kAtomCols swizzled atom-columns of kBlockN rows each, exactly
-  // over the K and V tiles.
-  static_assert(!kCfg.tma_store_dkv || (!kCfg.by_keys && 2 * kAtomCols * kKvAtomBytes <= kOffQ),
-                "tma_store_dkv: split by head dim, the staging over K and V");
   // setmaxnreg budget: the pool is what the CTA got at entry (kEntryRegs per thread).
   static_assert(128 * kCfg.producer_regs + kConsumerThreads * kCfg.consumer_regs <=
                     kEntryRegs * kThreads,
@@ -1006,14 +1000,12 @@ __device__ __forceinline__ void ds_values(const float (&s)[kN], float (&dp)[kN],
 // (BwdSm90Traits::kSharedConsumer): one copy of the step loop, measured no faster than two but
 // smaller and without the d = 128 deterministic instance's spills (docs/design.md section 7.2).
 // Otherwise (d = 192: 2 / 1) each warpgroup has its own.
-// map_dk / map_dv: tma_store_dkv's output maps (read where p.dkv_tma).
 template <class T, bool kDet, int kOwn, bool kPart = false>
 __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const BwdSm90Work& w,
                                                   uint8_t* smem, uint64_t* kv_bar,
                                                   fh::TmaPipeline<T::kQStages>* pipe_q,
                                                   fh::TmaPipeline<T::kDoStages>* pipe_do,
-                                                  const int wg, const CUtensorMap* map_dk = nullptr,
-                                                  const CUtensorMap* map_dv = nullptr) {
+                                                  const int wg) {
   static_assert(kOwn == T::kOwn0 || kOwn == T::kOwn1, "an instance holds one warpgroup's share");
   static_assert(kOwn <= 2, "at most two dQ^T atom-columns per warpgroup (the loop below)");
   // Deterministic, the ordered adds stay in registers unless the dQ warps keep the turns.
@@ -1423,36 +1415,6 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   if constexpr (kPart) {
     if (!bwd_sm90_split_combine<T, true>(p, w, acc_dv, acc_dk)) {
       fh::cluster_sync();  // as below: the partner may still copy into this CTA
-      return;
-    }
-  }
-  if constexpr (T::kTmaStoreDkv) {
-    // dV and dK by bulk tensor stores where the maps exist and every row of the block is this
-    // sequence's (dense batches: rows past seqlen_k are clipped by the map).
-    if (p.dkv_tma && (!w.seq.varlen || n0 + T::kBlockN <= seqlen_k)) {
-      uint8_t* tile_dv = smem;
-      uint8_t* tile_dk = smem + T::kAtomCols * T::kKvAtomBytes;
-      if (has_cols) {
-        stage_dkv_t<T::kBlockN, kOwn, T::kElem>(SwizzledAtoms{fh::smem_u32(tile_dv), T::kKvAtomBytes}, acc_dv,
-                                                1.f, first, t);
-        stage_dkv_t<T::kBlockN, kOwn, T::kElem>(SwizzledAtoms{fh::smem_u32(tile_dk), T::kKvAtomBytes}, acc_dk,
-                                                p.softmax_scale, first, t);
-      }
-      fh::fence_proxy_async_shared();  // the stmatrix writes, before the async proxy reads them
-      fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
-      if (threadIdx.x == 128) {
-        const int row = static_cast<int>(w.seq.row_k) + n0;
-#pragma unroll
-        for (int a = 0; a < T::kAtomCols; ++a) {
-          tma_rows_store(tile_dv + a * T::kKvAtomBytes, map_dv, p.head_inner & 32, 64 * a, row, w.kv_head,
-                         w.map_batch);
-          tma_rows_store(tile_dk + a * T::kKvAtomBytes, map_dk, p.head_inner & 16, 64 * a, row, w.kv_head,
-                         w.map_batch);
-        }
-        fh::bulk_commit_group();
-        fh::bulk_wait_group_read<0>();  // the staging stays until the stores have read it
-      }
-      if constexpr (kPairOn) fh::cluster_sync();
       return;
     }
   }

@@ -128,13 +128,6 @@ struct FwdSm90Config {
   // d = 256 causal config alone (docs/perf-log.md, "Measured 2026-12-06, fourteenth run"). At
   // d = 128 with ping-pong it read -0.7..-5.0% (ninth run).
   bool rescale_between = false;
-  // Ping-pong: only the first warpgroup waits for K_j / V_j to land. The others issue their
-  // GEMMs on that stage in later turns, which begin only after the first warpgroup's turn, and
-  // so its wait, has ended (the turn's bar.arrive / bar.sync orders them); each still frees the
-  // stage. FA3's d = 64 SASS has its warpgroups 1 and 2 issue without the waits, ~10
-  // instructions a key block each (docs/perf-log.md, "Ideas not built (after the thirteenth
-  // run)").
-  bool kv_wait_lead = false;
   // The softmax without its -inf guards and the per-block mask test from a per-tile bound. A row
   // that has seen only masked keys keeps m = -inf: its offset is floored at -FLT_MAX instead of
   // tested (-inf - offset stays -inf, exp2 0), and the rescale factor exp2(m_old * scale -
@@ -145,21 +138,12 @@ struct FwdSm90Config {
   // instructions per key block against 449; the math and the wgmmas equal) put +8 on the guards
   // and +9 on the mask test (docs/perf-log.md, "Ideas not built (after the fourteenth run)").
   bool lean_softmax = false;
-  // Ping-pong: this warpgroup's turn barrier and the next one's ids taken once per tile, and the
-  // hand-on of every turn but the tile's last unconditional (only the last turn of the last
-  // warpgroup may skip it, and which turn is last is known where it is issued), instead of the
-  // ids rebuilt and the turn counted and tested per turn (+5 instructions per key block in
-  // warpgroup 0, +8 in warpgroup 1 of the d = 128 FullLong loop against FA3's; docs/perf-log.md,
-  // "Ideas not built (after the fourteenth run)").
-  bool turn_ids = false;
-  // The wait for P_j V_j placed inside the softmax of block j + 1, after its first pv_wait_at
-  // of the block_n / 2 exponentials per thread (0: not; a multiple of 4, so both rows have
-  // begun), with O's rescale and the V stage's release behind it, instead of above the softmax
-  // (where ptxas puts it) or below the whole of it (pv_wait_below). FA3's loops wait after
-  // 23 of 90 exponentials (d = 128, 176 keys) and 13-18 of 42 (d = 256) and interleave the O
-  // multiplies and conversions with the rest; the two ends measured here were each slower at
-  // some head dims (docs/perf-log.md, "Ideas not built (after the fourteenth run)").
-  int pv_wait_at = 0;
+  // Measured and removed (H100, bf16, GPU time, A B C x 2; docs/perf-log.md, "Measured
+  // 2026-12-07, fourth run"): under ping-pong only the first warpgroup waiting for K_j / V_j (the
+  // others' turns follow its wait), d = 64 -2.8..-6.5%; with the turns' barrier ids taken once per
+  // tile on top, d = 64 -5.1..+1.7%; the wait for P_j V_j after a quarter of block j + 1's
+  // exponentials as FA3's loops place it, d = 128 non-causal -2.5..+4.4% (below lean_softmax's
+  // gain at every length), causal -0.7..+0.7%, d = 256 -1.9..+0.7%.
 };
 
 // The configs, one per table row (fwd_sm90_launch.cu). Per consumer thread: O is 64 x d / 128 =
@@ -206,8 +190,15 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim64Full = kFwdSm90Hdim64;
 // thread (docs/perf-log.md, "O by TMA"), as one batch (copy_out_early): +2.1 / +1.0 / +0.1% at
 // 512 / 1024 / 2048, -1.0 / +2.0 / -0.3% at 4k / 8k / 16k (noise there) (docs/perf-log.md,
 // "Measured 2026-12-06, second run").
+// lean_softmax (the softmax without its -inf guards and per-block mask products) on both d = 128
+// non-causal rows: against them (H100, bf16, GPU time, A B A B) +0.8 / +0.9 / +1.1 / +1.7 / +3.3 /
+// +4.5% at 512-16k; per call beside FA3, rows interleaved x 2: 0.980 / 0.957 against 0.936 / 0.904
+// at 4k, 0.912 / 0.910 against 0.925 / 0.839 at 8k, 0.964 / 0.966 against 0.929 / 0.944 at 16k. On
+// the d = 128 causal config -0.7..+1.6% and at d = 256 -7.2..+1.2% (non-causal 16k -7.2%): not
+// there (docs/perf-log.md, "Measured 2026-12-07, fourth run").
 constexpr FwdSm90Config kFwdSm90Hdim128Full = {128, 128, 2, 2, 24, 240, false, true, false, false,
-                                              false, false, false, false, true, false, false, true};
+                                              false, false, false, false, true, false, false,
+                                              true, false, true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim192Full = kFwdSm90Hdim192;
 static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // The config of a head dim's non-causal calls past full_long_keys (FwdSm90Grid; one CTA per
@@ -221,7 +212,8 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // 2026-12-06, seventh run").
 static constexpr const FwdSm90Config& kFwdSm90Hdim64FullLong = kFwdSm90Hdim64Full;
 constexpr FwdSm90Config kFwdSm90Hdim128FullLong = {128, 176, 2, 2, 24, 240, true, true, true, false,
-                                                  false, false, false, false, true, false, false, true};
+                                                  false, false, false, false, true, false, false, true,
+                                                  false, true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim192FullLong = kFwdSm90Hdim192Full;
 // d = 256 non-causal above 4096 keys (kFwdSm90Hdim256Grid): the causal config's flags without
 // s_desc_lo and rescale_between, which read +3.1% at 4096 and -2.2% at 8k there (above).
@@ -289,67 +281,6 @@ constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, 
 // (not taken; docs/perf-log.md, "Measured 2026-12-06, fifth run").
 constexpr FwdSm90Config kFwdSm90Hdim256Multi = {256, 80, 2, 2, 24, 240, false, true, true, true,
                                                true, true, false, true, true, true};
-// Candidates (docs/perf-log.md, "The followers' K / V waits under ping-pong"): the ping-pong
-// configs (d = 64 both, d = 128 FullLong) with kv_wait_lead.
-constexpr FwdSm90Config kFwdSm90Hdim64Kw = {64, 128, 3, 2, 24, 160, true, true, false, false, false,
-                                            false, true, false, false, false, true, true, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim64MultiKw = {64, 128, 3, 2, 24, 160, true, true, false, false,
-                                                 false, true, true, true, false, true, true, true,
-                                                 false, true};
-constexpr FwdSm90Config kFwdSm90Hdim128FullLongKw = {128, 176, 2, 2, 24, 240, true, true, true,
-                                                     false, false, false, false, false, true, false,
-                                                     false, true, false, true};
-// With turn_ids too.
-constexpr FwdSm90Config kFwdSm90Hdim64KwT = {64, 128, 3, 2, 24, 160, true, true, false, false, false,
-                                             false, true, false, false, false, true, true, false, true,
-                                             false, true};
-constexpr FwdSm90Config kFwdSm90Hdim64MultiKwT = {64, 128, 3, 2, 24, 160, true, true, false, false,
-                                                  false, true, true, true, false, true, true, true,
-                                                  false, true, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim128FullLongKwT = {128, 176, 2, 2, 24, 240, true, true, true,
-                                                      false, false, false, false, false, true, false,
-                                                      false, true, false, true, false, true};
-
-// Candidates (docs/perf-log.md, "The softmax without its guards"): lean_softmax on the d = 128
-// and d = 256 configs.
-constexpr FwdSm90Config kFwdSm90Hdim128Ls = {128, 128, 2, 2, 24, 240, false, true, false, false, true,
-                                             true, true, true, false, true, false, true, false, false,
-                                             true};
-constexpr FwdSm90Config kFwdSm90Hdim128FullLs = {128, 128, 2, 2, 24, 240, false, true, false, false,
-                                                 false, false, false, false, true, false, false,
-                                                 true, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim128FullLongLs = {128, 176, 2, 2, 24, 240, true, true, true,
-                                                     false, false, false, false, false, true, false,
-                                                     false, true, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim256Ls = {256, 80, 2, 2, 24, 240, false, true, true, false, true,
-                                             true, false, false, false, false, false, true, true,
-                                             false, true};
-constexpr FwdSm90Config kFwdSm90Hdim256FullLongLs = {256, 80, 2, 2, 24, 240, false, true, true,
-                                                     false, true, true, false, false, false, false,
-                                                     false, false, false, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim256MultiLs = {256, 80, 2, 2, 24, 240, false, true, true, true,
-                                                  true, true, false, true, true, true, false, false,
-                                                  false, false, true};
-
-// Candidates (docs/perf-log.md, "The P V wait inside the softmax"): pv_wait_at on the d = 128
-// configs and the one-CTA-per-tile d = 256 configs (about a quarter of the exponentials first,
-// as FA3's loops), pv_wait_below off where it was on.
-constexpr FwdSm90Config kFwdSm90Hdim128Pm = {128, 128, 2, 2, 24, 240, false, true, false, false, true,
-                                             true, true, true, false, true, false, true, false, false,
-                                             false, false, 16};
-constexpr FwdSm90Config kFwdSm90Hdim128FullPm = {128, 128, 2, 2, 24, 240, false, true, false, false,
-                                                 false, false, false, false, true, false, false,
-                                                 true, false, false, false, false, 16};
-constexpr FwdSm90Config kFwdSm90Hdim128FullLongPm = {128, 176, 2, 2, 24, 240, true, true, false,
-                                                     false, false, false, false, false, true, false,
-                                                     false, true, false, false, false, false, 24};
-constexpr FwdSm90Config kFwdSm90Hdim256Pm = {256, 80, 2, 2, 24, 240, false, true, false, false, true,
-                                             true, false, false, false, false, false, true, true,
-                                             false, false, false, 12};
-constexpr FwdSm90Config kFwdSm90Hdim256FullLongPm = {256, 80, 2, 2, 24, 240, false, true, false,
-                                                     false, true, true, false, false, false, false,
-                                                     false, false, false, false, false, false, 12};
-
 // Which grid serves a head dim's calls, by seqlen_k (varlen: the longest sequence). Tiles are
 // (Q block, head, batch); a persistent grid (one CTA per SM) hides each tile's fixed costs (the
 // first Q and K loads, the epilogue) under the previous tile, +8..+21% at seqlen 512-1024 and

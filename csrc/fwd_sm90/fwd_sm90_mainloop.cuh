@@ -79,19 +79,11 @@ struct FwdSm90Traits {
   static constexpr bool kPingpongAcrossTiles = kCfg.pingpong_across_tiles;
   static constexpr bool kSDescLo = kCfg.s_desc_lo;
   static constexpr bool kRescaleBetween = kCfg.rescale_between;
-  static constexpr bool kKvWaitLead = kCfg.kv_wait_lead;
   static constexpr bool kLeanSoftmax = kCfg.lean_softmax;
-  static constexpr bool kTurnIds = kCfg.turn_ids;
-  static constexpr int kPvWaitAt = kCfg.pv_wait_at;
-  static_assert(kPvWaitAt == 0 || (!kPvWaitBelow && kPvWaitAt % 4 == 0 && kPvWaitAt < kBlockN / 2),
-                "pv_wait_at: a multiple of 4 below block_n / 2, instead of pv_wait_below");
   // Under ping-pong the multiplies would sit inside this warpgroup's turn (d = 128 measured
   // -0.6..-5.0% so).
   static_assert(!kRescaleBetween || !kCfg.pingpong, "rescale_between: configs without ping-pong");
   static_assert(!kPingpongAcrossTiles || kCfg.pingpong, "pingpong_across_tiles: a ping-pong config");
-  static_assert(!kKvWaitLead || (kCfg.pingpong && kConsumerWgs > 1),
-                "kv_wait_lead: the turns must order the other warpgroups behind the first");
-  static_assert(!kTurnIds || (kCfg.pingpong && kConsumerWgs > 1), "turn_ids: a ping-pong config");
   // o_over_v: the O-free barrier (one arrival per consumer warp after its O rows left the V
   // stages; the producer waits for it before the next tile's V_0). It runs in step with the one
   // Q stage, so it shares the Q ring's state.
@@ -264,22 +256,11 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   // GEMM groups is one turn of every warpgroup.
   const int n_turns = w.n_count > 0 ? w.n_count + 1 : 0;
   int turn = 0;
-  // turn_ids: the two barrier ids once per tile; the hand-on skipped only at the tile's last turn
-  // of the last warpgroup (without pingpong_across_tiles), which the call says (`last_turn`).
-  uint32_t bar_mine = 0, bar_next = 0;
-  if constexpr (T::kTurnIds) {
-    bar_mine = T::kBarTurn0 + wg;
-    bar_next = wg + 1 < T::kConsumerWgs ? T::kBarTurn0 + wg + 1 : T::kBarTurn0;
-  }
   auto turn_begin = [&] {
-    if constexpr (T::kPingpong) fh::named_bar_sync(T::kTurnIds ? bar_mine : T::kBarTurn0 + wg, 256);
+    if constexpr (T::kPingpong) fh::named_bar_sync(T::kBarTurn0 + wg, 256);
   };
-  auto turn_end = [&](bool last_turn) {
-    if constexpr (T::kPingpong && T::kTurnIds) {
-      if (T::kPingpongAcrossTiles || !last_turn || wg + 1 < T::kConsumerWgs) {
-        fh::named_bar_arrive(bar_next, 256);
-      }
-    } else if constexpr (T::kPingpong) {
+  auto turn_end = [&] {
+    if constexpr (T::kPingpong) {
       ++turn;
       if (wg + 1 < T::kConsumerWgs) {
         fh::named_bar_arrive(T::kBarTurn0 + wg + 1, 256);
@@ -324,14 +305,12 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     asm volatile("mov.b32 %0, %0;" : "+r"(q_w_addr));
     asm volatile("mov.b32 %0, %0;" : "+r"(k_addr));
   }
-  // kv_wait_lead: warpgroups after the first issue in turns that follow its wait.
-  const bool waits_kv = !T::kKvWaitLead || wg == 0;
   // (q_rows is q_w at every call; the s_desc_lo path uses q_w_addr.)
   auto issue_s = [&](float (&acc)[kS], const fh::PipelineState<T::kStages>& at,
                      const uint8_t* q_rows) {
     fh::zero_acc(acc);
     fh::wgmma_fence_operand(acc);
-    if (waits_kv) pipe_k->consumer_wait(at);
+    pipe_k->consumer_wait(at);
     fh::wgmma_fence();
     if constexpr (T::kSDescLo) {
       const uint64_t da = fh::make_smem_desc_sw128(q_w_addr, 16, 1024);
@@ -358,7 +337,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   // O += P V_j (one commit group): B = V_j [key][d] read N-major; N = d spans its
   // atom-columns.
   auto issue_pv = [&](const uint32_t (&a)[T::kBlockN / 16][4], const fh::PipelineState<T::kStages>& at) {
-    if (waits_kv) pipe_v->consumer_wait(at);
+    pipe_v->consumer_wait(at);
     fh::wgmma_fence();  // also after the wait loop's branch (C7519)
     const uint8_t* v_s = smem + T::kOffV + at.stage * T::kKvTileBytes;
     const uint64_t db = fh::desc_mnmajor_sw128(v_s, T::kKvAtomBytes);
@@ -382,11 +361,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   };
   int lean_masked_from = 0;  // lean_softmax's per-tile bound
   if constexpr (T::kLeanSoftmax) lean_masked_from = first_masked_block();
-  // pv_in_flight (a literal at each call; pv_wait_at): P_j V_j, which reads pv_frags, is in
-  // flight and is waited for after the first kPvWaitAt exponentials, with what follows its
-  // wait in the step (the V stage's release, O's rescale).
-  auto softmax = [&](float (&acc)[kS], int j, float (&alpha)[2], int mask, bool pv_in_flight,
-                     uint32_t (&pv_frags)[T::kBlockN / 16][4]) {
+  auto softmax = [&](float (&acc)[kS], int j, float (&alpha)[2], int mask) {
     const int n0 = j * T::kBlockN;
     // Keys past seqlen_k and (causal) after a row's diagonal get -inf; only blocks that reach
     // past seqlen_k or cross the diagonal test each element. (One compare per element against
@@ -433,24 +408,6 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     float rowsum[2] = {0.f, 0.f};
 #pragma unroll
     for (int r = 0; r < kS; ++r) {
-      if constexpr (T::kPvWaitAt > 0) {
-        if (pv_in_flight && r == T::kPvWaitAt) {
-          // The branch ends a basic block, so the wait stays below the exponentials before it
-          // (wgmma.h); the rest of them can interleave with O's multiplies.
-          fh::keep_waits_below(w.seqlen_k);
-          fh::wgmma_wait<0>();  // P_j V_j
-          fh::wgmma_fence_operand(o);
-#pragma unroll
-          for (int c = 0; c < T::kBlockN / 16; ++c) fh::wgmma_fence_operand(pv_frags[c]);
-          if (warp_leader) pipe_v->consumer_release(st);
-          // rescale_o's loop: defining that lambda (and fence_frags) above this one changed
-          // production kernels' SASS.
-          if constexpr (!T::kRescaleBetween) {
-#pragma unroll
-            for (int i = 0; i < T::kHeadDim / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
-          }
-        }
-      }
       const int h = (r >> 1) & 1;
       acc[r] = fh::exp2_approx(acc[r] * p.scale_log2 - offset[h]);
       rowsum[h] += acc[r];
@@ -494,12 +451,12 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   if (w.n_count > 0) {
     turn_begin();
     issue_s(s, st, q_w);
-    turn_end(false);
+    turn_end();
     fh::wgmma_wait<0>();
     fh::wgmma_fence_operand(s);
     if (warp_leader) pipe_k->consumer_release(st);
     release_q_after_last_s(w.n_count == 1);
-    softmax(s, 0, alpha, 0, false, a);
+    softmax(s, 0, alpha, 0);
     to_frags(s, a);  // O is 0: no rescale
     auto step = [&](int j, int mask) {
       fh::PipelineState<T::kStages> next = st;
@@ -514,20 +471,18 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
         fh::wgmma_fence_operand(o);
       }
       issue_pv(a, st);
-      turn_end(false);
+      turn_end();
       fh::wgmma_wait<1>();  // S_{j+1}; P_j V_j may still run
       fh::wgmma_fence_operand(s);
       if (warp_leader) pipe_k->consumer_release(next);
       release_q_after_last_s(j + 2 == w.n_count);
-      softmax(s, j + 1, alpha, mask, T::kPvWaitAt > 0, a);  // pv_wait_at: P_j V_j waited inside
-      if constexpr (T::kPvWaitAt == 0) {
-        if constexpr (T::kPvWaitBelow) fh::keep_waits_below(w.seqlen_k);  // (wgmma.h)
-        fh::wgmma_wait<0>();  // P_j V_j
-        fh::wgmma_fence_operand(o);
-        fence_frags(a);
-        if (warp_leader) pipe_v->consumer_release(st);
-        if constexpr (!T::kRescaleBetween) rescale_o(alpha);
-      }
+      softmax(s, j + 1, alpha, mask);
+      if constexpr (T::kPvWaitBelow) fh::keep_waits_below(w.seqlen_k);  // (wgmma.h)
+      fh::wgmma_wait<0>();  // P_j V_j
+      fh::wgmma_fence_operand(o);
+      fence_frags(a);
+      if (warp_leader) pipe_v->consumer_release(st);
+      if constexpr (!T::kRescaleBetween) rescale_o(alpha);
       to_frags(s, a);
       st = next;
     };
@@ -543,7 +498,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
     if constexpr (T::kRescaleBetween) rescale_o(alpha);  // the last block's factor
     turn_begin();
     issue_pv(a, st);
-    turn_end(true);
+    turn_end();
     if constexpr (T::kFinalizeInPv) {
       // finalize_in_pv: while the last P V runs (l and m are final after the last softmax);
       // the wait kept below it in the SASS.

@@ -124,19 +124,3 @@ def test_post_queue_candidates_are_their_rows_plus_the_queue():
         assert c[:len(b)] == b, cand
         assert all(t == "false" for t in c[len(b):fields - 2]), cand
         assert c[fields - 2:] == ["1", "true"], cand
-
-
-def test_tdkv_candidate_is_the_row_plus_tma_store_dkv():
-    """kBwdSm90Hdim256Tdkv is the d = 256 row with tma_store_dkv on and nothing else."""
-    c, b = initializer("Bwd", "kBwdSm90Hdim256Tdkv"), initializer("Bwd", "kBwdSm90Hdim256")
-    assert len(c) == 30 and len(b) == 29  # tma_store_dkv is BwdSm90Config's 30th field
-    assert c[:29] == b and c[29] == "true"
-
-
-def test_probe_candidates_are_the_row_plus_a_probe():
-    """The null candidates (schedule_probe) are the d = 256 row with schedule_probe n and nothing
-    else: an A/B against the row measures another schedule of the same work."""
-    b = initializer("Bwd", "kBwdSm90Hdim256")
-    for n in (1, 2):
-        c = initializer("Bwd", f"kBwdSm90Hdim256Probe{n}")
-        assert len(c) == 31 and c[:29] == b and c[29:] == ["false", str(n)]
