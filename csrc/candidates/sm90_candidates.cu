@@ -24,6 +24,10 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192PostQ)
 #define FLASHBACK_FWD_CANDIDATE(C)                                           \
   template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
       const flashback_fwd_params&, cudaStream_t);
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64Ls)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64MultiLs)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192Ls)
+FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192MultiLs)
 #undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

@@ -281,6 +281,21 @@ constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, 
 // (not taken; docs/perf-log.md, "Measured 2026-12-06, fifth run").
 constexpr FwdSm90Config kFwdSm90Hdim256Multi = {256, 80, 2, 2, 24, 240, false, true, true, true,
                                                true, true, false, true, true, true};
+// Candidates (docs/perf-log.md, "lean_softmax at d = 64 and 192"): lean_softmax on the d = 64
+// and d = 192 configs (each with its Multi config), the rows otherwise as in the table.
+constexpr FwdSm90Config kFwdSm90Hdim64Ls = {64, 128, 3, 2, 24, 160, true, true, false, false,
+                                            false, false, true, false, false, false, true, true,
+                                            false, true};
+constexpr FwdSm90Config kFwdSm90Hdim64MultiLs = {64, 128, 3, 2, 24, 160, true, true, false, false,
+                                                 false, true, true, true, false, true, true, true,
+                                                 false, true};
+constexpr FwdSm90Config kFwdSm90Hdim192Ls = {192, 112, 2, 2, 24, 240, false, true, true, false, true,
+                                             true, false, false, false, false, false, true, false,
+                                             true};
+constexpr FwdSm90Config kFwdSm90Hdim192MultiLs = {192, 112, 2, 2, 24, 240, false, true, true, true,
+                                                  true, false, true, false, false, false, false,
+                                                  true, false, true};
+
 // Which grid serves a head dim's calls, by seqlen_k (varlen: the longest sequence). Tiles are
 // (Q block, head, batch); a persistent grid (one CTA per SM) hides each tile's fixed costs (the
 // first Q and K loads, the epilogue) under the previous tile, +8..+21% at seqlen 512-1024 and

@@ -124,3 +124,16 @@ def test_post_queue_candidates_are_their_rows_plus_the_queue():
         assert c[:len(b)] == b, cand
         assert all(t == "false" for t in c[len(b):fields - 2]), cand
         assert c[fields - 2:] == ["1", "true"], cand
+
+
+def test_lean_softmax_candidates_are_their_rows_plus_lean_softmax():
+    """The d = 64 / 192 lean_softmax candidates are their rows with rescale_between at its
+    default and lean_softmax on (FwdSm90Config's 19th and 20th fields), nothing else: an A/B
+    against the row measures lean_softmax alone."""
+    bases = {"kFwdSm90Hdim64Ls": "kFwdSm90Hdim64", "kFwdSm90Hdim64MultiLs": "kFwdSm90Hdim64Multi",
+             "kFwdSm90Hdim192Ls": "kFwdSm90Hdim192", "kFwdSm90Hdim192MultiLs": "kFwdSm90Hdim192Multi"}
+    assert sorted(c for c in candidates() if c.endswith("Ls")) == sorted(bases)
+    for cand, base in bases.items():
+        c, b = initializer("Fwd", cand), initializer("Fwd", base)
+        assert len(c) == 20 and len(b) == 18, cand
+        assert c[:18] == b and c[18:] == ["false", "true"], cand
