@@ -243,6 +243,13 @@ struct BwdSm90Config {
   // the model picked three parts, -0.7..+0.6%: so at most two parts, and 4k / 8k do not split;
   // causal unchanged (docs/design.md section 5, "The split last wave"; docs/perf-log.md).
   bool split_last_wave = false;
+  // Default mode: at its start each CTA asks L2 for the K and V rows of the unit p.ahead_units
+  // further on in the grid's order (the resident units: that unit starts about when this one
+  // ends; exact where all walks are equal, near with causal walks), so that its prologue waits
+  // on L2 instead of DRAM for K / V (each read once, so otherwise always DRAM misses). A pair
+  // CTA spends ~5.2k clocks before its first step, 2.7% of its time at causal 4k, 8.7% at causal
+  // 1024 (docs/perf-log.md, "Measured 2026-12-07, third run"; "K / V of the unit ahead").
+  bool kv_ahead = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -425,6 +432,10 @@ constexpr BwdSm90Config kBwdSm90Hdim192Tail2 = {192, 64, 96, 2, 1, 24, 160, true
 constexpr BwdSm90Config kBwdSm90Hdim192Tail3 = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
                                                false, true, false, false, true, false, false, true,
                                                false, false, false, false, false, false, 3};
+// Candidate: the d = 256 default with kv_ahead (docs/perf-log.md, "K / V of the unit ahead").
+constexpr BwdSm90Config kBwdSm90Hdim256KvAhead = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
+                                                 false, false, false, true, false, true, false, true, false, true, 2, true,
+                                                 true, true};
 // Candidates: the dQ conversion under the main kernel's tail (dq_post_queue; docs/perf-log.md,
 // "The dQ conversion under the main kernel's tail") at d = 64 / 128 / 192, where the dQ warps
 // count (deterministic: d = 64's and 128's dQ warps, d = 192's turn warps). Measured (H100,
@@ -493,6 +504,7 @@ struct BwdSm90Params {
   int det_chunk;          // deterministic, non-causal: units per chunk of the grid (what is
                           // resident at once: CTAs, or pair_dq clusters)
   int block_base;         // grid index of this launch's CTA 0 (cooperative chunk launches), else 0
+  int ahead_units;        // kv_ahead: units resident at once (0: no prefetch)
   // Varlen (flashback.h): per-sequence offsets, null for dense batches; seqlen_q / seqlen_k
   // (and m_blocks / n_blocks) are then the longest sequence's, and the maps address packed rows.
   const int* cu_seqlens_q;

@@ -163,6 +163,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     } else if (!kPart && dq_post_by_count_warp<T, kDet>() && threadIdx.x / 32 == 1) {
       fh::named_bar_sync(T::kBarPostCount, T::kPostCountThreads);  // dq_post_arrive
       if (threadIdx.x == 32) dq_post_count(p, w, 1);
+    } else if (T::kKvAhead && !kDet && !kPart && threadIdx.x == 64 && p.ahead_units > 0) {
+      const BwdSm90Maps maps{&map_q, &map_k, &map_v, &map_do, &map_stats};
+      bwd_sm90_prefetch_kv_ahead<T, kDet>(p, maps);
     }
   } else {
     fh::setmaxnreg_inc<T::kConsumerRegs>();
@@ -335,6 +338,7 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   const int ctas = kp.n_blocks * p.nheads_k * p.batch;
   kp.block_base = 0;
   kp.det_chunk = 1;
+  kp.ahead_units = T::kKvAhead && !kDet ? resident_pairs : 0;  // (kv_ahead)
   if constexpr (T::kPair) {
     // pair_dq: clusters of two CTAs on K/V blocks 2 j, 2 j + 1 (an odd count gets a partner
     // past the keys, bwd_sm90_scheduler.cuh).

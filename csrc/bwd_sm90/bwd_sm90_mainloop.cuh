@@ -181,6 +181,8 @@ struct BwdSm90Traits {
   static_assert(kL2TailGroups >= 1, "l2_tail_groups: 1 keeps every group");
   static constexpr bool kDqPostQueue = kCfg.dq_post_queue;
   static constexpr bool kSplitLastWave = kCfg.split_last_wave;
+  static constexpr bool kKvAhead = kCfg.kv_ahead;
+  static_assert(!kKvAhead || kCfg.pair_dq, "kv_ahead: the pair (its resident clusters)");
   static_assert(!kSplitLastWave || (kCfg.pair_dq && kCfg.dq_post_queue && !kCfg.timeline),
                 "split_last_wave: the pair (both warpgroups hold dV^T / dK^T) with the queue");
   // split_last_wave: a CTA's dV^T and dK^T partial, fp32 (kSplitSlotFloats per slot).
@@ -349,6 +351,30 @@ __device__ __forceinline__ void timeline_cta_stamp(const BwdSm90Params& p, int w
     row[exit ? kTlCtaExit : kTlCtaEntry] = static_cast<unsigned long long>(clock64());
     row[exit ? kTlCtaExitNs : kTlCtaEntryNs] = ns;
     row[kTlCtaSm] = sm;
+  }
+}
+
+// kv_ahead (BwdSm90Config): one thread of an idle producer warp asks L2 for K and V of the unit
+// p.ahead_units further on in this launch's order (the same block of its pair as this CTA's),
+// with no cache policy (evict-first would undo it); nothing where that unit's block holds no
+// keys. Not in the producer thread: there, inlined, its decode (a few divisions) spilled in the
+// 24-register budget and moved ptxas's schedule of the consumers' main loop by 240 of 1701
+// lines, and out of line it spilled the params.
+template <class T, bool kDet>
+__device__ __forceinline__ void bwd_sm90_prefetch_kv_ahead(const BwdSm90Params& p, const BwdSm90Maps& m) {
+  const int cta = p.block_base + static_cast<int>(blockIdx.x / 2) + p.ahead_units;
+  if (cta >= p.block_base + static_cast<int>(gridDim.x / 2)) return;
+  const GroupedTile ahead = bwd_sm90_grid_tile<kDet, T::kL2TailGroups>(p, cta, (p.n_blocks + 1) / 2);
+  const int n_block = 2 * ahead.block + static_cast<int>(blockIdx.x & 1);
+  const int batch = ahead.pair / p.nheads_k;
+  const SeqRows seq = seq_rows(p, batch);
+  if (n_block * T::kBlockN >= seq.seqlen_k) return;
+  const int row = static_cast<int>(seq.row_k) + n_block * T::kBlockN;
+  const int kv_head = ahead.pair % p.nheads_k;
+#pragma unroll
+  for (int a = 0; a < T::kAtomCols; ++a) {
+    tma_rows_prefetch<false>(m.k, p.head_inner & 2, 64 * a, row, kv_head, seq.varlen ? 0 : batch);
+    tma_rows_prefetch<false>(m.v, p.head_inner & 4, 64 * a, row, kv_head, seq.varlen ? 0 : batch);
   }
 }
 
