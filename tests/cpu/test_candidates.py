@@ -137,3 +137,11 @@ def test_lean_softmax_candidates_are_their_rows_plus_lean_softmax():
         c, b = initializer("Fwd", cand), initializer("Fwd", base)
         assert len(c) == 20 and len(b) == 18, cand
         assert c[:18] == b and c[18:] == ["false", "true"], cand
+
+
+def test_kv_ahead_candidate_is_the_row_plus_kv_ahead():
+    """kBwdSm90Hdim256KvAhead is the d = 256 row with kv_ahead (BwdSm90Config's 30th field) on
+    and nothing else."""
+    c, b = initializer("Bwd", "kBwdSm90Hdim256KvAhead"), initializer("Bwd", "kBwdSm90Hdim256")
+    assert len(b) == 29 and len(c) == 30
+    assert c[:29] == b and c[29] == "true"
