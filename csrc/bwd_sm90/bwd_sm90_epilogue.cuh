@@ -103,8 +103,8 @@ struct PaddedRows {
 // dV^T or dK^T of one warpgroup (kOwn head-dim atom-columns from `first`, m64 x kBlockN each),
 // times `scale`, as 16-bit into a staging of key rows (`at`): stmatrix.trans turns each 8 x 8
 // block (8 head-dim rows x 8 keys) into 8 key rows of 16 contiguous bytes.
-template <int kBlockN, int kOwn, hopper::Dtype kElem, class Layout>
-__device__ __forceinline__ void stage_dkv_t(const Layout& at, const float (&acc)[kOwn][kBlockN / 2],
+template <int kBlockN, int kOwn, hopper::Dtype kElem>
+__device__ __forceinline__ void stage_dkv_t(const PaddedRows& at, const float (&acc)[kOwn][kBlockN / 2],
                                             float scale, int first, int t) {
   static_assert(kBlockN % 16 == 0, "key groups are taken two at a time");
   const int lane = t % 32;

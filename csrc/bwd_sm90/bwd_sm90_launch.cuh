@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       if (threadIdx.x == 32) dq_post_count(p, w, 1);
     } else if (T::kKvAhead && !kDet && !kPart && threadIdx.x == 64 && p.ahead_units > 0) {
       const BwdSm90Maps maps{&map_q, &map_k, &map_v, &map_do, &map_stats};
-      bwd_sm90_prefetch_kv_ahead<T, kDet>(p, maps);
+      bwd_sm90_prefetch_kv_ahead<T>(p, maps);
     }
   } else {
     fh::setmaxnreg_inc<T::kConsumerRegs>();

@@ -360,11 +360,11 @@ __device__ __forceinline__ void timeline_cta_stamp(const BwdSm90Params& p, int w
 // keys. Not in the producer thread: there, inlined, its decode (a few divisions) spilled in the
 // 24-register budget and moved ptxas's schedule of the consumers' main loop by 240 of 1701
 // lines, and out of line it spilled the params.
-template <class T, bool kDet>
+template <class T>
 __device__ __forceinline__ void bwd_sm90_prefetch_kv_ahead(const BwdSm90Params& p, const BwdSm90Maps& m) {
   const int cta = p.block_base + static_cast<int>(blockIdx.x / 2) + p.ahead_units;
   if (cta >= p.block_base + static_cast<int>(gridDim.x / 2)) return;
-  const GroupedTile ahead = bwd_sm90_grid_tile<kDet, T::kL2TailGroups>(p, cta, (p.n_blocks + 1) / 2);
+  const GroupedTile ahead = bwd_sm90_grid_tile<false, T::kL2TailGroups>(p, cta, (p.n_blocks + 1) / 2);  // default mode
   const int n_block = 2 * ahead.block + static_cast<int>(blockIdx.x & 1);
   const int batch = ahead.pair / p.nheads_k;
   const SeqRows seq = seq_rows(p, batch);
