@@ -296,6 +296,16 @@ constexpr FwdSm90Config kFwdSm90Hdim192MultiLs = {192, 112, 2, 2, 24, 240, false
                                                   true, false, true, false, false, false, false,
                                                   true, false, true};
 
+// Candidates (docs/perf-log.md, "The d = 128 non-causal forward with split loops"): both d = 128
+// non-causal rows with split_mask_loop, which the causal row has (+3.5..+8.1% there) and these
+// never measured.
+constexpr FwdSm90Config kFwdSm90Hdim128FullSp = {128, 128, 2, 2, 24, 240, false, true, false, false,
+                                                false, false, true, false, true, false, false,
+                                                true, false, true};
+constexpr FwdSm90Config kFwdSm90Hdim128FullLongSp = {128, 176, 2, 2, 24, 240, true, true, true, false,
+                                                    false, false, true, false, true, false, false, true,
+                                                    false, true};
+
 // Which grid serves a head dim's calls, by seqlen_k (varlen: the longest sequence). Tiles are
 // (Q block, head, batch); a persistent grid (one CTA per SM) hides each tile's fixed costs (the
 // first Q and K loads, the epilogue) under the previous tile, +8..+21% at seqlen 512-1024 and
