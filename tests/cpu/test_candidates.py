@@ -145,3 +145,14 @@ def test_kv_ahead_candidate_is_the_row_plus_kv_ahead():
     c, b = initializer("Bwd", "kBwdSm90Hdim256KvAhead"), initializer("Bwd", "kBwdSm90Hdim256")
     assert len(b) == 29 and len(c) == 30
     assert c[:29] == b and c[29] == "true"
+
+
+def test_split_loop_candidates_are_the_noncausal_rows_plus_split_mask_loop():
+    """kFwdSm90Hdim128FullSp / FullLongSp are the d = 128 non-causal rows with split_mask_loop
+    (FwdSm90Config's 13th field) on and nothing else."""
+    for cand, base in (("kFwdSm90Hdim128FullSp", "kFwdSm90Hdim128Full"),
+                       ("kFwdSm90Hdim128FullLongSp", "kFwdSm90Hdim128FullLong")):
+        c, b = initializer("Fwd", cand), initializer("Fwd", base)
+        assert len(c) == len(b) == 20, cand
+        assert b[12] == "false" and c[12] == "true", cand
+        assert c[:12] == b[:12] and c[13:] == b[13:], cand
