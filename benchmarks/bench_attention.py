@@ -23,6 +23,9 @@ the same one.
 With --cold-l2 a 256 MB buffer is zeroed before every timed call, outside its events (as Triton's
 do_bench does): the L2 then holds neither the inputs nor the kernel's code, as after the other
 kernels of a training step.
+With --sample-clock MS a thread reads the SM clock every MS milliseconds while a run's calls
+execute; each row records the mean per run and the table adds ours/fa3/MHz (at the power cap two
+runs of one kernel differ mostly by the clock they got).
 Inputs are fresh torch.randn, stored (batch, seqlen, nheads, headdim); SDPA gets (b, h, s, d)
 views of the same memory (its causal mask is top-left: the same here, seqlen_q == seqlen_k).
 The yardstick is SDPA's flash backend; the table shows ours/yardstick and, where the run timed
@@ -46,6 +49,7 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -197,6 +201,12 @@ def row_mj_per_call(r):
     return statistics.mean(mj) if mj else None
 
 
+def row_clock_mhz(r):
+    """Mean SM clock over a result row's runs while they ran (MHz, --sample-clock), or None."""
+    mhz = [g["sm_clock_mean_mhz"] for g in r.get("gpu") or [] if isinstance(g, dict) and g.get("sm_clock_mean_mhz")]
+    return statistics.mean(mhz) if mhz else None
+
+
 # A ratio is marked when the repeats of either side spread by more than this (max / min): at
 # seqlen <= 1024 a call can take about as long as the host's work for it, and a slower host then
 # halves a whole repeat of flashback and FA3 alike (seen on an H200 host: 267 / 271 / 488 TFLOP/s),
@@ -215,8 +225,10 @@ def format_table(payload):
     timed FA3, ours/fa3 = flashback / fa3; where it timed the deterministic mode, det/ours =
     flashback_det / flashback; where the rows carry energy per call for flashback and FA3, its
     ratio (mJ ours / mJ FA3 per call: above 1, ours spends more energy on the same work, which at
-    the power cap costs clock). A ratio whose two sides include a repeat spread above
-    UNSTEADY_SPREAD is marked "?", with a note under the table."""
+    the power cap costs clock); where they carry the clock sampled during the runs
+    (--sample-clock), ours/fa3/MHz (each side's TFLOP/s over its mean clock). A ratio whose two
+    sides include a repeat spread above UNSTEADY_SPREAD is marked "?", with a note under the
+    table."""
     rows = payload["results"]
     def point(r):
         return (r["headdim"], r.get("dtype", "bf16"), r["direction"], bool(r["causal"]), r["batch"], r["seqlen"])
@@ -227,6 +239,9 @@ def format_table(payload):
     energy = {(r["impl"],) + point(r): row_mj_per_call(r) for r in rows}
     with_energy = any(energy.get(k) for k in energy if k[0] == "flashback") and any(
         energy.get(k) for k in energy if k[0] == "fa3")
+    clock = {(r["impl"],) + point(r): row_clock_mhz(r) for r in rows}
+    with_clock = any(clock.get(k) for k in clock if k[0] == "flashback") and any(
+        clock.get(k) for k in clock if k[0] == "fa3")
     impls = [c for c in COLUMNS if any(r["impl"] == c for r in rows)]
     impls += sorted({r["impl"] for r in rows} - set(impls))
     order = {"bwd": 0, "fwd": 1, "train": 2}
@@ -241,6 +256,8 @@ def format_table(payload):
     head = ["dir", "d", "dtype", "causal", "batch", "seqlen"] + impls + [name for name, _, _ in ratios]
     if with_energy:
         head.append("mJ ours/fa3")
+    if with_clock:
+        head.append("ours/fa3/MHz")
     lines = [head]
     for d, dtype, direction, causal, batch, seqlen in keys:
         key = (d, dtype, direction, causal, batch, seqlen)
@@ -260,6 +277,9 @@ def format_table(payload):
         if with_energy:
             e_ours, e_fa3 = energy.get(("flashback",) + key), energy.get(("fa3",) + key)
             line.append(f"{e_ours / e_fa3:.3f}" if e_ours and e_fa3 else "-")
+        if with_clock:
+            c_ours, c_fa3, fa3 = clock.get(("flashback",) + key), clock.get(("fa3",) + key), med.get(("fa3",) + key)
+            line.append(f"{(ours / c_ours) / (fa3 / c_fa3):.3f}" if c_ours and c_fa3 and ours and fa3 else "-")
         lines.append(line)
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     text = [f"{payload.get('device', '?')}  commit {payload.get('commit', '?')}  {payload.get('date', '?')}  "
@@ -431,6 +451,45 @@ def energy_mj():
         return None
 
 
+# --sample-clock: seconds between SM clock readings taken while a run's calls execute (0: none).
+# The reading after a run (gpu_state) sees the card already idle; the mean over the run is the
+# clock the calls ran at, at the power cap the main difference between two runs of one kernel.
+CLOCK_SAMPLE_S = 0.0
+# Mean SM clock (MHz) of each run of the last time_ms, where sampled.
+LAST_CLOCK_MHZ = []
+
+
+class ClockSampler:
+    """Reads `read()` (MHz) every `interval` seconds on a thread of its own between start() and
+    stop(); stop() returns the mean of the readings, or None without any. A Python thread takes
+    the interpreter lock for each reading, so it can delay the host's launches by a few
+    microseconds: opt-in, and meant for calls the GPU, not the host, bounds."""
+
+    def __init__(self, read, interval):
+        self.read, self.interval = read, interval
+        self.samples = []
+        self._stop = threading.Event()
+        self._thread = None
+
+    def _loop(self):
+        while not self._stop.wait(self.interval):
+            try:
+                self.samples.append(self.read())
+            except Exception:  # noqa: BLE001 - a failed reading is left out
+                pass
+
+    def start(self):
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        return statistics.mean(self.samples) if self.samples else None
+
+
 SIDE_STREAM = False  # --side-stream: the sweep runs on a stream of its own
 COLD_L2_BYTES = 0  # --cold-l2: bytes zeroed before every timed call (0: none)
 
@@ -450,12 +509,16 @@ def time_ms(fn, iters, warmup, repeats):
     torch.cuda.synchronize()
     runs = []
     LAST_MJ_PER_CALL.clear()
+    LAST_CLOCK_MHZ.clear()
     for _ in range(repeats):
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
         if QUEUE_AHEAD:
             torch.cuda._sleep(QUEUE_AHEAD_CYCLES_PER_CALL * iters)
         e0 = None if QUEUE_AHEAD else energy_mj()
+        # Not with QUEUE_AHEAD: the readings would include the sleep before the calls.
+        sampler = (ClockSampler(torch.cuda.clock_rate, CLOCK_SAMPLE_S).start()
+                   if CLOCK_SAMPLE_S > 0 and not QUEUE_AHEAD else None)
         for s, e in zip(starts, ends):
             if flush is not None:
                 flush.zero_()
@@ -466,6 +529,9 @@ def time_ms(fn, iters, warmup, repeats):
         e1 = energy_mj() if e0 is not None else None
         if e1 is not None:
             LAST_MJ_PER_CALL.append(round((e1 - e0) / iters, 3))
+        mhz = sampler.stop() if sampler is not None else None
+        if mhz is not None:
+            LAST_CLOCK_MHZ.append(round(mhz, 1))
         runs.append(statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)))
     return runs
 
@@ -498,6 +564,8 @@ def gpu_state():
         state = {"sm_clock_mhz": int(torch.cuda.clock_rate()), "power_w": round(torch.cuda.power_draw() / 1000.0, 1)}
         if LAST_MJ_PER_CALL:  # the energy of the measurement just taken
             state["mj_per_call"] = statistics.mean(LAST_MJ_PER_CALL)
+        if LAST_CLOCK_MHZ:  # the clock it ran at (--sample-clock)
+            state["sm_clock_mean_mhz"] = statistics.mean(LAST_CLOCK_MHZ)
         return state
     except Exception:  # noqa: BLE001 - no GPU, no NVML binding, or an older PyTorch
         return {}
@@ -708,6 +776,10 @@ def main(argv=None):
     p.add_argument("--cold-l2", action="store_true",
                    help="zero a 256 MB buffer before every timed call, outside its events, so that each call "
                         "starts with neither its inputs nor its code in L2 (as Triton's do_bench times)")
+    p.add_argument("--sample-clock", type=float, default=0.0, metavar="MS",
+                   help="read the SM clock every MS milliseconds while a run's calls execute and record its "
+                        "mean per run (the table then also gives ours/fa3/MHz); a Python thread, so keep "
+                        "it off where the host bounds the calls (default 0: off)")
     p.add_argument("--summarize", metavar="JSON", help="print the table of a result file (with --plot: its PNG) and exit")
     a = p.parse_args(argv)
 
@@ -764,6 +836,10 @@ def main(argv=None):
         tag = "-".join(t for t in (tag, "side") if t)
     global COLD_L2_BYTES
     COLD_L2_BYTES = 256 << 20 if a.cold_l2 else 0
+    if not a.sample_clock >= 0:
+        p.error(f"--sample-clock takes milliseconds >= 0, got {a.sample_clock!r}")
+    global CLOCK_SAMPLE_S
+    CLOCK_SAMPLE_S = a.sample_clock / 1000.0
     if a.cold_l2:
         tag = "-".join(t for t in (tag, "cold") if t)
     import contextlib

@@ -298,3 +298,45 @@ def test_table_marks_unsteady_ratios(bench):
     assert not row[head.index("ours/yardstick")].endswith("?")  # ours and the yardstick are steady there
     assert sum(line.startswith("?: 1 ratio(s)") for line in lines) == 1
     assert bench.spread([5.0]) == 1.0 and bench.spread([]) == 1.0
+
+
+def test_clock_sampler_means_its_readings(bench):
+    import itertools
+    import time
+
+    counter = itertools.count(1000)
+    sampler = bench.ClockSampler(lambda: next(counter), 0.001).start()
+    time.sleep(0.05)
+    mean = sampler.stop()
+    n = len(sampler.samples)
+    assert n >= 2 and sampler.samples == list(range(1000, 1000 + n))
+    assert mean == sum(range(1000, 1000 + n)) / n
+    # A reading that fails is left out; none at all gives None.
+    def fail():
+        raise RuntimeError("no NVML")
+    assert bench.ClockSampler(fail, 0.001).start().stop() is None
+    assert bench.ClockSampler(lambda: 1.0, 60.0).start().stop() is None  # stopped before any
+
+
+def test_table_per_mhz_column(bench):
+    import copy
+
+    payload = _payload(bench)
+    ours = [r for r in payload["results"] if r["impl"] == "flashback"]
+    payload["results"] += [dict(copy.deepcopy(r), impl="fa3", tflops=[400.0, 400.0, 400.0]) for r in ours]
+    assert "ours/fa3/MHz" not in bench.format_table(payload)  # no clock sampled: no column
+    for r in payload["results"]:
+        mhz = {"flashback": 1500.0, "fa3": 1800.0}.get(r["impl"])
+        if mhz is not None:
+            r["gpu"] = [{"sm_clock_mhz": 1980, "sm_clock_mean_mhz": mhz}] * 3
+    lines = bench.format_table(payload).splitlines()
+    head = lines[1].split()
+    assert head[-1] == "ours/fa3/MHz"
+    rows = [line.split() for line in lines if line.split()[:1] in (["fwd"], ["bwd"], ["train"])]
+    assert rows
+    for row in rows:
+        ours_tf = float(row[head.index("flashback")])
+        # (ours / 1500 MHz) / (400 / 1800 MHz): the lower clock credited to ours.
+        assert row[-1] == f"{(ours_tf / 1500.0) / (400.0 / 1800.0):.3f}"
+    assert bench.row_clock_mhz({"gpu": [{"sm_clock_mean_mhz": 1500.0}, {"sm_clock_mean_mhz": 1700.0}, {}]}) == 1600.0
+    assert bench.row_clock_mhz({"gpu": [{"sm_clock_mhz": 1980}]}) is None
