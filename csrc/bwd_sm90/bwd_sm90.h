@@ -419,6 +419,10 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg3 = {192, 64, 96, 2, 2, 24, 160, false,
 constexpr BwdSm90Config kBwdSm90Hdim256Timeline = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
                                                   true, true, false, false, false, true, false, true, true, true,
                                                   false, true, 2, true};
+// The same with kv_ahead (its prologue against the one above: what the K / V prefetch saves).
+constexpr BwdSm90Config kBwdSm90Hdim256TimelineKvAhead = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false,
+                                                         true, false, true, true, false, false, false, true, false,
+                                                         true, true, true, false, true, 2, true, false, true};
 // The d = 256 default with the last three causal L2 groups merged instead of two measured
 // -0.8 / -1.4 / +0.4% at 4k / 8k / 16k, with none merged -0.2 / +0.5 / +0.2% at 512 / 1024 /
 // 2048 (H100, bf16, A/B; docs/perf-log.md, "Measured 2026-12-07, second run"): two kept.

@@ -156,3 +156,11 @@ def test_split_loop_candidates_are_the_noncausal_rows_plus_split_mask_loop():
         assert len(c) == len(b) == 20, cand
         assert b[12] == "false" and c[12] == "true", cand
         assert c[:12] == b[:12] and c[13:] == b[13:], cand
+
+
+def test_timeline_kv_ahead_is_the_timeline_plus_kv_ahead():
+    """kBwdSm90Hdim256TimelineKvAhead is the timeline config with kv_ahead (the 30th field) on:
+    its per-CTA prologue against the timeline's is what the prefetch saves."""
+    c, b = initializer("Bwd", "kBwdSm90Hdim256TimelineKvAhead"), initializer("Bwd", "kBwdSm90Hdim256Timeline")
+    assert len(b) == 28 and len(c) == 30
+    assert c[:28] == b and c[28:] == ["false", "true"]
