@@ -250,6 +250,15 @@ struct BwdSm90Config {
   // CTA spends ~5.2k clocks before its first step, 2.7% of its time at causal 4k, 8.7% at causal
   // 1024 (docs/perf-log.md, "Measured 2026-12-07, third run"; "K / V of the unit ahead").
   bool kv_ahead = false;
+  // Default mode, dense, every unit with a step (non-causal, or causal with seqlen_q >=
+  // seqlen_k): one cluster per resident pair of SMs, each walking units (its own first, then
+  // from a counter in the grid's order) one after another, so that a unit's K / V loads run under
+  // the last unit's dK / dV stores and no CTA is launched, initialised or retired per unit
+  // (a pair CTA pays ~5.2k clocks before its first step and ~5.2k after its last: 5.1% of its
+  // time at causal 4k, 16% at causal 1024; docs/perf-log.md, "A persistent pair for the
+  // backward"). dV / dK stage over dO and the P^T buffers instead of K / V. Other calls run the
+  // grid of one cluster per unit.
+  bool persistent = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -440,6 +449,11 @@ constexpr BwdSm90Config kBwdSm90Hdim192Tail3 = {192, 64, 96, 2, 1, 24, 160, true
 constexpr BwdSm90Config kBwdSm90Hdim256KvAhead = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false, true, true,
                                                  false, false, false, true, false, true, false, true, false, true, 2, true,
                                                  true, true};
+// Candidate: the d = 256 default as a persistent pair (docs/perf-log.md, "A persistent pair for
+// the backward"), without the split last wave (a persistent grid has no launch wave to split).
+constexpr BwdSm90Config kBwdSm90Hdim256Persistent = {256, 64, 80, 1, 1, 40, 232, false, 2, false, true, false, true, false,
+                                                     true, true, false, false, false, true, false, true, false, true,
+                                                     false, true, 2, true, false, false, true};
 // Candidates: the dQ conversion under the main kernel's tail (dq_post_queue; docs/perf-log.md,
 // "The dQ conversion under the main kernel's tail") at d = 64 / 128 / 192, where the dQ warps
 // count (deterministic: d = 64's and 128's dQ warps, d = 192's turn warps). Measured (H100,
@@ -532,6 +546,10 @@ struct BwdSm90Params {
   int split_first, split_parts;
   float* split_dkv;
   int* split_done;
+  // persistent configs: the grid's units (0: one cluster per unit, as usual), and the counter
+  // that hands out those after each cluster's first (zeroed by the preprocess).
+  int units_total;
+  int* unit_counter;
 };
 
 // split_last_wave: how the grid's partial last wave is cut (bwd_sm90_launch.cu). units: the

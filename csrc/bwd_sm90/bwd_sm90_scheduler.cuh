@@ -90,12 +90,13 @@ __device__ __forceinline__ GroupedTile bwd_sm90_grid_tile(const BwdSm90Params& p
   }
 }
 
+// `cta`: the unit's index in the order (the launch's block_base + its cluster or CTA index, or
+// a persistent CTA's unit).
 template <int kBlockM, int kBlockN, bool kDet = false, bool kPair = false, bool kFromEnd = false,
           int kTailGroups = 1, bool kPart = false>
-__device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
+__device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p, int cta) {
   constexpr int kUnitBlocks = kPair ? 2 : 1;
   BwdSm90Work w;
-  int cta = p.block_base + static_cast<int>(kPair ? blockIdx.x / 2 : blockIdx.x);
   if constexpr (kPart) {
     w.split_unit = cta / p.split_parts;
     w.part = cta - w.split_unit * p.split_parts;
@@ -138,6 +139,12 @@ __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
     w.shift = (w.unit - w.det_lo) % w.m_blocks;
   }
   return w;
+}
+template <int kBlockM, int kBlockN, bool kDet = false, bool kPair = false, bool kFromEnd = false,
+          int kTailGroups = 1, bool kPart = false>
+__device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
+  return bwd_sm90_work<kBlockM, kBlockN, kDet, kPair, kFromEnd, kTailGroups, kPart>(
+      p, p.block_base + static_cast<int>(kPair ? blockIdx.x / 2 : blockIdx.x));
 }
 
 // Iteration `it` of the walk -> (q head, Q block); `pos` gets the step's position in this
