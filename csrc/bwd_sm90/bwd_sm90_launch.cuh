@@ -65,13 +65,15 @@ bool bwd_sm90_pair_pays(const flashback_bwd_params& p);
 // persistent (BwdSm90Config): the kernel's roles for a grid of resident clusters, each walking
 // units until the counter runs past p.units_total. Unit 0 of a cluster is its own index; rank
 // 0's producer thread, once it has issued every load of unit k, takes unit k + 1 from the
-// counter and puts it in slot (k + 1) & 1 of both CTAs' rings, published by a release arrive
-// on that slot's unit_full barrier (at cluster scope for the partner's). A slot is rewritten
-// two units later, when every reader of both CTAs has read it: its consumers are then in unit
-// k + 1 at least (that unit's loads needed their Q stage back), the partner's a step behind at
-// most (the dS^T exchange), and each producer ahead of its consumers. Every unit has a step
-// (the launch's condition), so each K barrier, kv_free and stage_free completes once per unit;
-// V once per unit that is not the CTA's ghost.
+// counter and puts it in slot (k + 1) % 4 of both CTAs' rings, published by a release arrive on
+// that slot's unit_full barrier (at cluster scope for the partner's). The slot held unit k - 3,
+// which every reader has read by then: those loads of unit k needed stage_free of unit k - 1,
+// so rank 0's consumers had finished its last step g, for which they waited until the partner
+// had taken their dS^T of step g - 2 (the free barriers), which lies in unit k - 3 or later as
+// every unit has a step (the launch's condition); each producer runs ahead of its consumers.
+// Two slots were not enough: the partner may be two steps behind, and a ghost unit (the upper
+// block past the keys) can be one step long. Each K barrier, kv_free and stage_free completes
+// once per unit; V once per unit that is not the CTA's ghost.
 template <class T>
 __device__ __forceinline__ void bwd_sm90_persistent(const BwdSm90Params& p, const BwdSm90Maps& maps,
                                                     uint8_t* smem, uint64_t* kv_bar,
@@ -82,11 +84,12 @@ __device__ __forceinline__ void bwd_sm90_persistent(const BwdSm90Params& p, cons
   const int wg = fh::warpgroup_index();
   const uint32_t rank = blockIdx.x & 1;
   uint64_t* unit_full = reinterpret_cast<uint64_t*>(smem + T::kOffUnitBar);
-  int* slots = reinterpret_cast<int*>(smem + T::kOffUnitBar + 32);
+  int* slots = reinterpret_cast<int*>(smem + T::kOffUnitBar + (T::kUnitSlots + 2) * 8);
   const int first = static_cast<int>(blockIdx.x / 2);
+  static_assert(T::kUnitSlots == 4, "the ring's parities below assume four slots");
   auto unit_of = [&](int k) -> int {  // a reader's unit k >= 1
-    const int s = k & 1;
-    const uint32_t parity = static_cast<uint32_t>((k - 1) >> 1) & 1;
+    const int s = k & 3;
+    const uint32_t parity = static_cast<uint32_t>((k - 1) >> 2) & 1;
     if (rank == 0) {
       fh::mbar_wait(unit_full + s, parity);
     } else {
@@ -108,7 +111,7 @@ __device__ __forceinline__ void bwd_sm90_persistent(const BwdSm90Params& p, cons
       bwd_sm90_producer<T, false, false>(p, maps, w, smem, kv_bar, pipe_q, pipe_do, c);
       if (rank == 0) {
         u = static_cast<int>(gridDim.x / 2) + atomicAdd(p.unit_counter, 1);
-        const int s = (k + 1) & 1;
+        const int s = (k + 1) & 3;
         slots[s] = u;
         fh::st_shared_cluster_u32(fh::mapa_shared(fh::smem_u32(slots + s), 1), static_cast<uint32_t>(u));
         fh::mbar_arrive(unit_full + s);
@@ -175,7 +178,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
     if constexpr (T::kPersistent) {
       uint64_t* unit_bar = reinterpret_cast<uint64_t*>(smem + T::kOffUnitBar);
-      for (int i = 0; i < 4; ++i) fh::mbar_init(unit_bar + i, 1);  // unit_full[2], kv_free, stage_free
+      for (int i = 0; i < T::kUnitSlots + 2; ++i) fh::mbar_init(unit_bar + i, 1);  // unit_full[4], kv_free, stage_free
       fh::fence_mbarrier_init();
     }
     if constexpr (T::kPair) {

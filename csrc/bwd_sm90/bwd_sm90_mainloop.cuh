@@ -211,11 +211,12 @@ struct BwdSm90Traits {
   static_assert(!kQAtomBars || (!kStatsSmem && !kByKeys && !kStatsByConsumers),
                 "q_atom_barriers: split by head dim, no stats rows on the Q stage's barrier");
   static constexpr uint32_t kOffQAtomBar = kOffPairBar + (kPair ? 32 : 0);
-  // persistent: unit_full[2] (a unit's index in slot k & 1 of the ring), kv_free (K, V and the
+  // persistent: unit_full[4] (a unit's index in slot k & 3 of the ring), kv_free (K, V and the
   // partner's K half read by no wgmma of the last unit), stage_free (the last unit's dV / dK
-  // staging over dO read out), then the ring's two int slots.
+  // staging over dO read out), then the ring's four int slots.
   static constexpr uint32_t kOffUnitBar = kOffQAtomBar + (kQAtomBars ? kQStages * kAtomCols * 8 : 0);
-  static constexpr uint32_t kPlanBytes = kOffUnitBar + (kPersistent ? 4 * 8 + 2 * 4 : 0);
+  static constexpr int kUnitSlots = 4;
+  static constexpr uint32_t kPlanBytes = kOffUnitBar + (kPersistent ? (kUnitSlots + 2) * 8 + kUnitSlots * 4 : 0);
   // 1 KB of slack lets align_smem round the dynamic window up to 1024 bytes.
   static constexpr size_t kSmemBytes = 1024 + kPlanBytes;
   static_assert(kSmemBytes <= 232448, "over the 227 KB a CTA may have");
@@ -415,7 +416,7 @@ __device__ __forceinline__ void bwd_sm90_prefetch_kv_ahead(const BwdSm90Params& 
 // barrier).
 // Maps (sm90_common.h) give boxes of 64 d x block_m rows (Q, dO) or 64 d x block_n rows (K, V).
 // persistent (c.persistent): unit c.k's K waits for the consumers' kv_free of unit c.k - 1, its
-// Q / V / dO loads for their stage_free of it (the staging lies over dO).
+// first dO for their stage_free of it (the staging lies over dO).
 template <class T, bool kDet, bool kPart = false>
 __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const BwdSm90Maps& m,
                                                   const BwdSm90Work& w, uint8_t* smem,
@@ -427,7 +428,7 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
   const int n0 = w.n_block * T::kBlockN;
   [[maybe_unused]] uint64_t* unit_bar = reinterpret_cast<uint64_t*>(smem + T::kOffUnitBar);  // (persistent)
   if constexpr (T::kPersistent) {
-    if (c.persistent && c.k > 0) fh::mbar_wait(unit_bar + 2, (c.k - 1) & 1);  // kv_free
+    if (c.persistent && c.k > 0) fh::mbar_wait(unit_bar + 4, (c.k - 1) & 1);  // kv_free
   }
   // l2_hints: Q / dO rows kept in L2, K / V (read once here) dropped first. Each site makes its
   // policy (one instruction) rather than holding one live in the 24-register producer.
@@ -470,14 +471,10 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
   // PDL (bwd_sm90_kernel): the stages carry the preprocess's LSE / D rows where kStatBytes > 0.
   // (The parts' launch, kPart, follows a launch whose CTAs all waited for the preprocess.)
   if constexpr (!kPart) fh::grid_dependency_wait();
-  if constexpr (T::kPersistent) {
-    // The staging over dO read out (stage_free) before the unit's first Q / V / dO loads: in
-    // the step loop this wait spilled the 24-register producer; K went first anyway.
-    if (c.persistent && c.k > 0) fh::mbar_wait(unit_bar + 3, (c.k - 1) & 1);
-  }
   auto sq = c.sq;  // copies (written back at the end): as locals, the other configs' code is unchanged
   auto sd = c.sd;
   bool v_pending = true;  // pair_ghost: V comes with the first step that is not a ghost's
+  [[maybe_unused]] bool do_pending = true;  // persistent: the first dO waits for the staging
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block;
     bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, it, head, m_block);
@@ -524,6 +521,10 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     }
     if (T::kPairGhost ? v_pending : it == 0) load_kv(T::kOffV, m.v, kv_bar + 1, p.head_inner & 4);
     v_pending = false;
+    if constexpr (T::kPersistent) {
+      if (c.persistent && do_pending && c.k > 0) fh::mbar_wait(unit_bar + 5, (c.k - 1) & 1);  // stage_free
+      do_pending = false;
+    }
     load_rows(pipe_do, sd, T::kOffDo, m.dout, p.head_inner & 8, T::kOffDsum, p.dsum_tile0);
     if constexpr (T::kTimeline) timeline_stamp<T>(p, it, 0, 0, kTlProducerDoIssued);
     if constexpr (T::kPrefetchNextRows) {
@@ -1012,11 +1013,11 @@ __device__ __forceinline__ void copy_out_dkv(const BwdSm90Params& p, const BwdSm
 }
 
 // persistent (BwdSm90Carry): a unit's epilogue that leaves K, V and the Q stage to the next
-// unit. Entered after kBarEpilogue (every consumer's last wgmma waited for). Thread 128 counts
-// the unit's dQ adds (ordered before it by that barrier; the count warp serves one unit per
-// CTA only) and hands K, V and K_peer to the producer (kv_free), whose next unit's loads then
-// run under these stores; dV, then dK, stage over dO and the P^T buffers (dO_i of the last step
-// was released: the producer's next dO waits for stage_free instead).
+// unit. Entered after kBarEpilogue (every consumer's last wgmma waited for). Thread 128 hands
+// K, V and K_peer to the producer (kv_free), whose next unit's K, Q and V then load under these
+// stores, and counts the unit's dQ adds (ordered before it by that barrier; the count warp
+// serves one unit per CTA only); dV, then dK, stage over dO and the P^T buffers (dO_i of the
+// last step was released: the producer's next dO waits for stage_free instead).
 template <class T, int kOwn, int kAcc>
 __device__ __forceinline__ void bwd_sm90_persistent_epilogue(const BwdSm90Params& p, const BwdSm90Work& w,
                                                              uint8_t* smem,
@@ -1026,8 +1027,8 @@ __device__ __forceinline__ void bwd_sm90_persistent_epilogue(const BwdSm90Params
                                                              int seqlen_k) {
   uint64_t* unit_bar = reinterpret_cast<uint64_t*>(smem + T::kOffUnitBar);
   if (threadIdx.x == 128) {
+    fh::mbar_arrive(unit_bar + 4);  // kv_free, first: the next unit's K waits for it
     dq_post_count(p, w, 1);
-    fh::mbar_arrive(unit_bar + 2);  // kv_free
   }
   uint8_t* stage = smem + T::kOffDo;
   const PaddedRows rows{fh::smem_u32(stage), T::kStageRowBytes};
@@ -1046,7 +1047,7 @@ __device__ __forceinline__ void bwd_sm90_persistent_epilogue(const BwdSm90Params
   fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);  // dK's rows read out
   if (threadIdx.x == 128) {
     fh::fence_proxy_async_shared();  // the staging's generic accesses before the next dO copy
-    fh::mbar_arrive(unit_bar + 3);   // stage_free
+    fh::mbar_arrive(unit_bar + 5);   // stage_free
   }
 }
 
@@ -1580,8 +1581,8 @@ __device__ __forceinline__ void bwd_sm90_consumer_ghost(const BwdSm90Params& p, 
       if (threadIdx.x == 128) {
         dq_post_count(p, w, 1);
         uint64_t* unit_bar = reinterpret_cast<uint64_t*>(smem + T::kOffUnitBar);
-        fh::mbar_arrive(unit_bar + 2);  // kv_free
-        fh::mbar_arrive(unit_bar + 3);  // stage_free
+        fh::mbar_arrive(unit_bar + 4);  // kv_free
+        fh::mbar_arrive(unit_bar + 5);  // stage_free
       }
       c.g0 += w.n_iters;
       return;
