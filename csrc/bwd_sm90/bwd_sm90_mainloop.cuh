@@ -1579,10 +1579,10 @@ __device__ __forceinline__ void bwd_sm90_consumer_ghost(const BwdSm90Params& p, 
       // No staging: the unit's adds counted, K_peer and the (empty) staging handed back at once.
       fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
       if (threadIdx.x == 128) {
-        dq_post_count(p, w, 1);
         uint64_t* unit_bar = reinterpret_cast<uint64_t*>(smem + T::kOffUnitBar);
         fh::mbar_arrive(unit_bar + 4);  // kv_free
         fh::mbar_arrive(unit_bar + 5);  // stage_free
+        dq_post_count(p, w, 1);
       }
       c.g0 += w.n_iters;
       return;
