@@ -996,20 +996,25 @@ __device__ __forceinline__ bool bwd_sm90_split_combine(const BwdSm90Params& p, c
   return true;
 }
 
-// The staged dV and dK rows of the CTA's keys (rows past seqlen_k skipped) to global memory, by
-// all consumer threads, after the barrier that completes the staging (both splits' epilogue).
+// The staged rows of dV or dK (`out`, `st`) of the CTA's keys (rows past seqlen_k skipped) to
+// global memory, by all consumer threads (0 .. kConsumerThreads - 1 over the consumer
+// warpgroups).
+template <class T>
+__device__ __forceinline__ void copy_out_staged(const BwdSm90Work& w, void* out, const flashback_strides& st,
+                                                const uint8_t* stage, int n0, int seqlen_k) {
+  copy_dkv_out<T::kBlockN, T::kHeadDim, T::kConsumerThreads>(out, st, stage, T::kStageRowBytes,
+                                                              w.seq.k_offset(st), w.kv_head, n0, seqlen_k,
+                                                              threadIdx.x - 128);
+}
+
+// Both, after the barrier that completes the staging (both splits' epilogue).
 template <class T>
 __device__ __forceinline__ void copy_out_dkv(const BwdSm90Params& p, const BwdSm90Work& w,
                                              const uint8_t* stage_dv, const uint8_t* stage_dk,
                                              int n0, int seqlen_k) {
   fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
-  const int tid = threadIdx.x - 128;  // 0 .. kConsumerThreads - 1 over the consumer warpgroups
-  copy_dkv_out<T::kBlockN, T::kHeadDim, T::kConsumerThreads>(
-      p.dv, p.dv_strides, stage_dv, T::kStageRowBytes, w.seq.k_offset(p.dv_strides), w.kv_head, n0,
-      seqlen_k, tid);
-  copy_dkv_out<T::kBlockN, T::kHeadDim, T::kConsumerThreads>(
-      p.dk, p.dk_strides, stage_dk, T::kStageRowBytes, w.seq.k_offset(p.dk_strides), w.kv_head, n0,
-      seqlen_k, tid);
+  copy_out_staged<T>(w, p.dv, p.dv_strides, stage_dv, n0, seqlen_k);
+  copy_out_staged<T>(w, p.dk, p.dk_strides, stage_dk, n0, seqlen_k);
 }
 
 // persistent (BwdSm90Carry): a unit's epilogue that leaves K, V and the Q stage to the next
@@ -1032,18 +1037,13 @@ __device__ __forceinline__ void bwd_sm90_persistent_epilogue(const BwdSm90Params
   }
   uint8_t* stage = smem + T::kOffDo;
   const PaddedRows rows{fh::smem_u32(stage), T::kStageRowBytes};
-  const int tid = threadIdx.x - 128;  // 0 .. kConsumerThreads - 1
   if (has_cols) stage_dkv_t<T::kBlockN, kOwn, T::kElem>(rows, acc_dv, 1.f, first, t);
   fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
-  copy_dkv_out<T::kBlockN, T::kHeadDim, T::kConsumerThreads>(p.dv, p.dv_strides, stage, T::kStageRowBytes,
-                                                              w.seq.k_offset(p.dv_strides), w.kv_head, n0,
-                                                              seqlen_k, tid);
+  copy_out_staged<T>(w, p.dv, p.dv_strides, stage, n0, seqlen_k);
   fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);  // dV's rows read out
   if (has_cols) stage_dkv_t<T::kBlockN, kOwn, T::kElem>(rows, acc_dk, p.softmax_scale, first, t);
   fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
-  copy_dkv_out<T::kBlockN, T::kHeadDim, T::kConsumerThreads>(p.dk, p.dk_strides, stage, T::kStageRowBytes,
-                                                              w.seq.k_offset(p.dk_strides), w.kv_head, n0,
-                                                              seqlen_k, tid);
+  copy_out_staged<T>(w, p.dk, p.dk_strides, stage, n0, seqlen_k);
   fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);  // dK's rows read out
   if (threadIdx.x == 128) {
     fh::fence_proxy_async_shared();  // the staging's generic accesses before the next dO copy
@@ -1142,8 +1142,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   // pair_ghost: in the upper block's ghost steps (bwd_sm90_upper_masked) the upper CTA sends no
   // dS^T, so the lower counts what it received per buffer for its full barriers' phases; the
   // upper still reads the lower's every step, which keeps it in lockstep without free waits.
-  int received0 = T::kPersistent ? c.received0 : 0;  // (copies, as the producer's states)
-  int received1 = T::kPersistent ? c.received1 : 0;
+  int received0 = c.received0, received1 = c.received1;  // copies, as the pipeline states below
   bool v_pending = true;
   const uint8_t* k_half = smem + T::kOffK + T::kWgKeys * wg * 128;
   const uint8_t* v_half = smem + T::kOffV + T::kWgKeys * wg * 128;
@@ -1155,16 +1154,15 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     fh::zero_acc(acc_dv[u]);
     fh::zero_acc(acc_dk[u]);
   }
-  if (w.n_iters > 0) fh::mbar_wait(kv_bar, T::kPersistent ? static_cast<uint32_t>(c.k) & 1 : 0);  // K
+  if (w.n_iters > 0) fh::mbar_wait(kv_bar, static_cast<uint32_t>(c.k) & 1);  // K
 
   const BwdSm90StatRows<T, kDet> stat_rows{p, w, reinterpret_cast<float*>(smem + T::kOffRows), wg * 128 + t};
   if constexpr (T::kStatsByConsumers) stat_rows.prologue();
 
-  // Copies, written back where a persistent unit ends (bwd_sm90_producer's).
-  auto sq = T::kPersistent ? c.sq : fh::PipelineState<T::kQStages>{};
-  auto sd = T::kPersistent ? c.sd : fh::PipelineState<T::kDoStages>{};
+  auto sq = c.sq;  // copies, written back where a persistent unit ends (as bwd_sm90_producer's)
+  auto sd = c.sd;
   for (int it = 0; it < w.n_iters; ++it) {
-    const int g = T::kPersistent ? c.g0 + it : it;  // the step over a persistent CTA's units (Carry)
+    const int g = c.g0 + it;  // the step over a persistent CTA's units (Carry)
     int head, m_block;
     bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, it, head, m_block);
     const int m0 = m_block * T::kBlockM;
@@ -1228,7 +1226,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       if constexpr (T::kStatsSmem) {
         stage_rows<T>(smem, T::kOffLse, sq.stage, q_row, lse0, lse1);
       }
-      if (T::kPairGhost ? v_pending : it == 0) fh::mbar_wait(kv_bar + 1, T::kPersistent ? static_cast<uint32_t>(c.v_units) & 1 : 0);  // V
+      if (T::kPairGhost ? v_pending : it == 0) fh::mbar_wait(kv_bar + 1, static_cast<uint32_t>(c.v_units) & 1);  // V
       v_pending = false;
       pipe_do->consumer_wait(sd);
       fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
@@ -1318,7 +1316,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlCross);
       } else {
         float acc[T::kBlockN / 2];
-        if (T::kPairGhost ? v_pending : it == 0) fh::mbar_wait(kv_bar + 1, T::kPersistent ? static_cast<uint32_t>(c.v_units) & 1 : 0);  // V
+        if (T::kPairGhost ? v_pending : it == 0) fh::mbar_wait(kv_bar + 1, static_cast<uint32_t>(c.v_units) & 1);  // V
         pipe_do->consumer_wait(sd);
         if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlInput);
         if constexpr (T::kStatsSmem) {
