@@ -1,9 +1,8 @@
-// The Hopper kernels' candidate configs (bwd_sm90.h, fwd_sm90.h; each has a section in
+// The Hopper kernels' candidate configs (bwd_sm90.h; fwd_sm90.h's when it has any; each has a section in
 // docs/perf-log.md with its prediction and how to measure it): their kernels, compiled for bf16
 // (the backward's in both modes) by the `flashback_candidates` target, which CI builds and
 // nothing links. So a change that breaks a candidate shows before anyone swaps it into a table.
 #include "bwd_sm90/bwd_sm90_launch.cuh"
-#include "fwd_sm90/fwd_sm90_launch.cuh"
 
 namespace flashback {
 namespace sm90 {
@@ -24,15 +23,5 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim64PostQ)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim128PostQ)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192PostQ)
 #undef FLASHBACK_BWD_CANDIDATE
-#define FLASHBACK_FWD_CANDIDATE(C)                                           \
-  template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
-      const flashback_fwd_params&, cudaStream_t);
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64Ls)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim64MultiLs)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192Ls)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim192MultiLs)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullSp)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim128FullLongSp)
-#undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

@@ -199,7 +199,13 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim64Full = kFwdSm90Hdim64;
 constexpr FwdSm90Config kFwdSm90Hdim128Full = {128, 128, 2, 2, 24, 240, false, true, false, false,
                                               false, false, false, false, true, false, false,
                                               true, false, true};
-static constexpr const FwdSm90Config& kFwdSm90Hdim192Full = kFwdSm90Hdim192;
+// lean_softmax on the d = 192 non-causal row too: against it (H100, bf16, GPU time, A B A B)
+// +1.3 / +1.4 / +1.5 / +2.0 / +2.4 / +3.7% at 512-16k; on the causal (Multi) row -0.6..+0.7%
+// (noise), at d = 64 -0.9..-3.2% both masks: not there (docs/perf-log.md, "Measured 2026-12-07,
+// fifth run").
+constexpr FwdSm90Config kFwdSm90Hdim192Full = {192, 112, 2, 2, 24, 240, false, true, true, false, true,
+                                              true, false, false, false, false, false, true, false,
+                                              true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // The config of a head dim's non-causal calls past full_long_keys (FwdSm90Grid; one CTA per
 // tile); where it is the Full config's object, Full serves them. d = 128: FA3's public arrangement for
@@ -281,31 +287,6 @@ constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, 
 // (not taken; docs/perf-log.md, "Measured 2026-12-06, fifth run").
 constexpr FwdSm90Config kFwdSm90Hdim256Multi = {256, 80, 2, 2, 24, 240, false, true, true, true,
                                                true, true, false, true, true, true};
-// Candidates (docs/perf-log.md, "lean_softmax at d = 64 and 192"): lean_softmax on the d = 64
-// and d = 192 configs (each with its Multi config), the rows otherwise as in the table.
-constexpr FwdSm90Config kFwdSm90Hdim64Ls = {64, 128, 3, 2, 24, 160, true, true, false, false,
-                                            false, false, true, false, false, false, true, true,
-                                            false, true};
-constexpr FwdSm90Config kFwdSm90Hdim64MultiLs = {64, 128, 3, 2, 24, 160, true, true, false, false,
-                                                 false, true, true, true, false, true, true, true,
-                                                 false, true};
-constexpr FwdSm90Config kFwdSm90Hdim192Ls = {192, 112, 2, 2, 24, 240, false, true, true, false, true,
-                                             true, false, false, false, false, false, true, false,
-                                             true};
-constexpr FwdSm90Config kFwdSm90Hdim192MultiLs = {192, 112, 2, 2, 24, 240, false, true, true, true,
-                                                  true, false, true, false, false, false, false,
-                                                  true, false, true};
-
-// Candidates (docs/perf-log.md, "The d = 128 non-causal forward with split loops"): both d = 128
-// non-causal rows with split_mask_loop, which the causal row has (+3.5..+8.1% there) and these
-// never measured.
-constexpr FwdSm90Config kFwdSm90Hdim128FullSp = {128, 128, 2, 2, 24, 240, false, true, false, false,
-                                                false, false, true, false, true, false, false,
-                                                true, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim128FullLongSp = {128, 176, 2, 2, 24, 240, true, true, true, false,
-                                                    false, false, true, false, true, false, false, true,
-                                                    false, true};
-
 // Which grid serves a head dim's calls, by seqlen_k (varlen: the longest sequence). Tiles are
 // (Q block, head, batch); a persistent grid (one CTA per SM) hides each tile's fixed costs (the
 // first Q and K loads, the epilogue) under the previous tile, +8..+21% at seqlen 512-1024 and

@@ -126,17 +126,12 @@ def test_post_queue_candidates_are_their_rows_plus_the_queue():
         assert c[fields - 2:] == ["1", "true"], cand
 
 
-def test_lean_softmax_candidates_are_their_rows_plus_lean_softmax():
-    """The d = 64 / 192 lean_softmax candidates are their rows with rescale_between at its
-    default and lean_softmax on (FwdSm90Config's 19th and 20th fields), nothing else: an A/B
-    against the row measures lean_softmax alone."""
-    bases = {"kFwdSm90Hdim64Ls": "kFwdSm90Hdim64", "kFwdSm90Hdim64MultiLs": "kFwdSm90Hdim64Multi",
-             "kFwdSm90Hdim192Ls": "kFwdSm90Hdim192", "kFwdSm90Hdim192MultiLs": "kFwdSm90Hdim192Multi"}
-    assert sorted(c for c in candidates() if c.endswith("Ls")) == sorted(bases)
-    for cand, base in bases.items():
-        c, b = initializer("Fwd", cand), initializer("Fwd", base)
-        assert len(c) == 20 and len(b) == 18, cand
-        assert c[:18] == b and c[18:] == ["false", "true"], cand
+def test_d192_noncausal_row_is_the_causal_row_plus_lean_softmax():
+    """kFwdSm90Hdim192Full is kFwdSm90Hdim192 with rescale_between at its default and lean_softmax
+    on (FwdSm90Config's 19th and 20th fields), nothing else: the measured candidate's kernel."""
+    c, b = initializer("Fwd", "kFwdSm90Hdim192Full"), initializer("Fwd", "kFwdSm90Hdim192")
+    assert len(c) == 20 and len(b) == 18
+    assert c[:18] == b and c[18:] == ["false", "true"]
 
 
 def test_kv_ahead_candidate_is_the_row_plus_kv_ahead():
@@ -145,17 +140,6 @@ def test_kv_ahead_candidate_is_the_row_plus_kv_ahead():
     c, b = initializer("Bwd", "kBwdSm90Hdim256KvAhead"), initializer("Bwd", "kBwdSm90Hdim256")
     assert len(b) == 29 and len(c) == 30
     assert c[:29] == b and c[29] == "true"
-
-
-def test_split_loop_candidates_are_the_noncausal_rows_plus_split_mask_loop():
-    """kFwdSm90Hdim128FullSp / FullLongSp are the d = 128 non-causal rows with split_mask_loop
-    (FwdSm90Config's 13th field) on and nothing else."""
-    for cand, base in (("kFwdSm90Hdim128FullSp", "kFwdSm90Hdim128Full"),
-                       ("kFwdSm90Hdim128FullLongSp", "kFwdSm90Hdim128FullLong")):
-        c, b = initializer("Fwd", cand), initializer("Fwd", base)
-        assert len(c) == len(b) == 20, cand
-        assert b[12] == "false" and c[12] == "true", cand
-        assert c[:12] == b[:12] and c[13:] == b[13:], cand
 
 
 def test_timeline_kv_ahead_is_the_timeline_plus_kv_ahead():
