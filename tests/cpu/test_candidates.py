@@ -133,29 +133,3 @@ def test_d192_noncausal_row_is_the_causal_row_plus_lean_softmax():
     assert len(c) == 20 and len(b) == 18
     assert c[:18] == b and c[18:] == ["false", "true"]
 
-
-def test_kv_ahead_candidate_is_the_row_plus_kv_ahead():
-    """kBwdSm90Hdim256KvAhead is the d = 256 row with kv_ahead (BwdSm90Config's 30th field) on
-    and nothing else."""
-    c, b = initializer("Bwd", "kBwdSm90Hdim256KvAhead"), initializer("Bwd", "kBwdSm90Hdim256")
-    assert len(b) == 29 and len(c) == 30
-    assert c[:29] == b and c[29] == "true"
-
-
-def test_timeline_kv_ahead_is_the_timeline_plus_kv_ahead():
-    """kBwdSm90Hdim256TimelineKvAhead is the timeline config with kv_ahead (the 30th field) on:
-    its per-CTA prologue against the timeline's is what the prefetch saves."""
-    c, b = initializer("Bwd", "kBwdSm90Hdim256TimelineKvAhead"), initializer("Bwd", "kBwdSm90Hdim256Timeline")
-    assert len(b) == 28 and len(c) == 30
-    assert c[:28] == b and c[28:] == ["false", "true"]
-
-
-def test_persistent_candidate_is_the_row_made_persistent():
-    """kBwdSm90Hdim256Persistent is the d = 256 row with persistent on (the 31st field), the split
-    last wave off (a persistent grid has no launch wave to split) and 40 / 232 registers for the
-    producer / consumer warpgroups (at 24 the producer's unit loop spilled); nothing else."""
-    c, b = initializer("Bwd", "kBwdSm90Hdim256Persistent"), initializer("Bwd", "kBwdSm90Hdim256")
-    assert len(b) == 29 and len(c) == 31
-    assert b[5:7] == ["24", "240"] and c[5:7] == ["40", "232"]
-    assert c[:5] == b[:5] and c[7:28] == b[7:28]
-    assert b[28] == "true" and c[28:] == ["false", "false", "true"]
