@@ -425,20 +425,9 @@ constexpr BwdSm90Config kBwdSm90Hdim192Tail2 = {192, 64, 96, 2, 1, 24, 160, true
 constexpr BwdSm90Config kBwdSm90Hdim192Tail3 = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
                                                false, true, false, false, true, false, false, true,
                                                false, false, false, false, false, false, 3};
-// Candidates: the dQ conversion under the main kernel's tail (dq_post_queue; docs/perf-log.md,
-// "The dQ conversion under the main kernel's tail") at d = 64 / 128 / 192, where the dQ warps
-// count (deterministic: d = 64's and 128's dQ warps, d = 192's turn warps). Measured (H100,
-// bf16, A Q A Q): -1.4..+2.7% on the main sweep, d = 128 at 512 -2.4 / -2.0% (docs/perf-log.md,
-// "Measured 2026-12-07"): not adopted.
-constexpr BwdSm90Config kBwdSm90Hdim64PostQ = {64, 128, 128, 2, 2, 24, 240, true, 2, true, false, false,
-                                              false, false, false, false, false, true, true, false, true,
-                                              false, false, false, false, false, 1, true};
-constexpr BwdSm90Config kBwdSm90Hdim128PostQ = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, true, false, false,
-                                               false, false, false, false, false, true, true,
-                                               false, false, false, false, false, 1, true};
-constexpr BwdSm90Config kBwdSm90Hdim192PostQ = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
-                                               false, true, false, false, true, false, false, true,
-                                               false, false, false, false, false, false, 1, true};
+// Measured and not adopted (H100, bf16, A Q A Q; docs/perf-log.md, "Measured 2026-12-07"): the
+// dQ conversion under the main kernel's tail (dq_post_queue) at d = 64 / 128 / 192, -1.4..+2.7%
+// on the main sweep, d = 128 at 512 -2.4 / -2.0%.
 // Measured and removed (H200, bf16, GPU time, A B C A B C; docs/perf-log.md, "Measured
 // 2026-12-06, thirteenth run"): the d = 256 pair with dK^T queued behind dV^T before the
 // partner wait and Q handed back with dO after dQ^T peer's issue, -1.3..-2.7% default,

@@ -109,23 +109,6 @@ def initializer(kind, name):
     return [t.strip() for t in m.group(1).split(",")]
 
 
-def test_post_queue_candidates_are_their_rows_plus_the_queue():
-    """Each dq_post_queue candidate is its row's config with the fields it leaves out at their
-    defaults (false; l2_tail_groups 1) and dq_post_queue on: what an A/B against the row
-    measures is the queue alone."""
-    bases = {"kBwdSm90Hdim64PostQ": "kBwdSm90Hdim64", "kBwdSm90Hdim128PostQ": "kBwdSm90Hdim128",
-             "kBwdSm90Hdim192PostQ": "kBwdSm90Hdim192"}
-    found = [c for c in candidates() if c.endswith("PostQ")]
-    assert sorted(found) == sorted(bases)
-    fields = 28  # BwdSm90Config's fields through dq_post_queue (bwd_sm90.h)
-    for cand, base in bases.items():
-        c, b = initializer("Bwd", cand), initializer("Bwd", base)
-        assert len(c) == fields, cand
-        assert c[:len(b)] == b, cand
-        assert all(t == "false" for t in c[len(b):fields - 2]), cand
-        assert c[fields - 2:] == ["1", "true"], cand
-
-
 def test_d192_noncausal_row_is_the_causal_row_plus_lean_softmax():
     """kFwdSm90Hdim192Full is kFwdSm90Hdim192 with rescale_between at its default and lean_softmax
     on (FwdSm90Config's 19th and 20th fields), nothing else: the measured candidate's kernel."""
