@@ -116,3 +116,13 @@ def test_d192_noncausal_row_is_the_causal_row_plus_lean_softmax():
     assert len(c) == 20 and len(b) == 18
     assert c[:18] == b and c[18:] == ["false", "true"]
 
+
+def test_persistent_candidate_is_the_row_made_persistent():
+    """kBwdSm90Hdim256Persistent is the d = 256 row with persistent on (the 30th field), the split
+    last wave off (a persistent grid has no launch wave to split) and 40 / 232 registers for the
+    producer / consumer warpgroups (at 24 the producer's unit loop spilled); nothing else."""
+    c, b = initializer("Bwd", "kBwdSm90Hdim256Persistent"), initializer("Bwd", "kBwdSm90Hdim256")
+    assert len(b) == 29 and len(c) == 30
+    assert b[5:7] == ["24", "240"] and c[5:7] == ["40", "232"]
+    assert c[:5] == b[:5] and c[7:28] == b[7:28]
+    assert b[28] == "true" and c[28:] == ["false", "true"]
