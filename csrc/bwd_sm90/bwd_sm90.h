@@ -437,7 +437,7 @@ constexpr BwdSm90Config kBwdSm90Hdim192Tail3 = {192, 64, 96, 2, 1, 24, 160, true
 // Candidate: the d = 256 default as a persistent pair (docs/perf-log.md, "A persistent pair whose
 // step loop is production's"), without the split last wave (a persistent grid has no launch wave
 // to split).
-constexpr BwdSm90Config kBwdSm90Hdim256Persistent = {256, 64, 80, 1, 1, 40, 232, false, 2, false, true, false, true, false,
+constexpr BwdSm90Config kBwdSm90Hdim256Persistent = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
                                                      true, true, false, false, false, true, false, true, false, true,
                                                      false, true, 2, true, false, true};
 // Measured and not adopted (H100, bf16, A Q A Q; docs/perf-log.md, "Measured 2026-12-07"): the

@@ -143,24 +143,14 @@ __device__ __forceinline__ void bwd_sm90_persistent(const BwdSm90Params& p, cons
 // triggered it (each after its own griddepcontrol.wait; hopper/pdl.h). Thread 0 waits for that
 // grid at its exit, so that this grid ends after it: the postprocess's final wait, and what
 // follows on the stream, then cover both launches' dK / dV stores.
-template <class T, bool kDet, bool kPart = false>
-__global__ void __launch_bounds__(T::kThreads, 1)
-    bwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q,
-                    const __grid_constant__ CUtensorMap map_k,
-                    const __grid_constant__ CUtensorMap map_v,
-                    const __grid_constant__ CUtensorMap map_do,
-                    const __grid_constant__ CUtensorMap map_stats, const BwdSm90Params p) {
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = fh::align_smem(smem_raw);
-  uint64_t* kv_bar = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
-  auto* pipe_q = reinterpret_cast<fh::TmaPipeline<T::kQStages>*>(smem + T::kOffPipeQ);
-  auto* pipe_do =
-      reinterpret_cast<fh::TmaPipeline<T::kDoStages>*>(smem + T::kOffPipeDo);
-
-  const int wg = fh::warpgroup_index();
-  if constexpr (T::kTimeline) {
-    if (wg > 0) timeline_cta_stamp<T>(p, wg - 1, threadIdx.x % 128, false);
-  }
+// The kernels' start: the maps' descriptors prefetched, every barrier initialised, and (pair_dq)
+// both CTAs' barriers initialised before either uses the other's.
+template <class T>
+__device__ __forceinline__ void bwd_sm90_setup(const CUtensorMap& map_q, const CUtensorMap& map_k,
+                                               const CUtensorMap& map_v, const CUtensorMap& map_do,
+                                               const CUtensorMap& map_stats, uint8_t* smem, uint64_t* kv_bar,
+                                               fh::TmaPipeline<T::kQStages>* pipe_q,
+                                               fh::TmaPipeline<T::kDoStages>* pipe_do) {
   if (threadIdx.x == 0) {
     fh::tma_prefetch_map(&map_q);
     fh::tma_prefetch_map(&map_k);
@@ -190,12 +180,54 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       fh::fence_mbarrier_init();
     }
   }
-  // pair_dq: both CTAs' barriers initialised before either uses the other's.
   if constexpr (T::kPair) {
     fh::cluster_sync();
   } else {
     __syncthreads();
   }
+}
+
+// persistent (BwdSm90Config): a kernel of its own for the calls a persistent grid serves
+// (bwd_sm90_persistent), the config's other calls running bwd_sm90_kernel. In one kernel with
+// the usual path ptxas compiled the persistent step loop to 1525 instructions (171 UMOV, 132
+// UIADD3) against the one-unit kernel's 1478 (81 / 91); alone, 1447 (93 UIADD3).
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    bwd_sm90_persistent_kernel(const __grid_constant__ CUtensorMap map_q,
+                               const __grid_constant__ CUtensorMap map_k,
+                               const __grid_constant__ CUtensorMap map_v,
+                               const __grid_constant__ CUtensorMap map_do,
+                               const __grid_constant__ CUtensorMap map_stats, const BwdSm90Params p) {
+  static_assert(T::kPersistent, "the persistent configs' kernel");
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = fh::align_smem(smem_raw);
+  uint64_t* kv_bar = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
+  auto* pipe_q = reinterpret_cast<fh::TmaPipeline<T::kQStages>*>(smem + T::kOffPipeQ);
+  auto* pipe_do = reinterpret_cast<fh::TmaPipeline<T::kDoStages>*>(smem + T::kOffPipeDo);
+  bwd_sm90_setup<T>(map_q, map_k, map_v, map_do, map_stats, smem, kv_bar, pipe_q, pipe_do);
+  bwd_sm90_persistent<T>(p, BwdSm90Maps{&map_q, &map_k, &map_v, &map_do, &map_stats}, smem, kv_bar, pipe_q,
+                         pipe_do);
+}
+
+template <class T, bool kDet, bool kPart = false>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    bwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q,
+                    const __grid_constant__ CUtensorMap map_k,
+                    const __grid_constant__ CUtensorMap map_v,
+                    const __grid_constant__ CUtensorMap map_do,
+                    const __grid_constant__ CUtensorMap map_stats, const BwdSm90Params p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = fh::align_smem(smem_raw);
+  uint64_t* kv_bar = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
+  auto* pipe_q = reinterpret_cast<fh::TmaPipeline<T::kQStages>*>(smem + T::kOffPipeQ);
+  auto* pipe_do =
+      reinterpret_cast<fh::TmaPipeline<T::kDoStages>*>(smem + T::kOffPipeDo);
+
+  const int wg = fh::warpgroup_index();
+  if constexpr (T::kTimeline) {
+    if (wg > 0) timeline_cta_stamp<T>(p, wg - 1, threadIdx.x % 128, false);
+  }
+  bwd_sm90_setup<T>(map_q, map_k, map_v, map_do, map_stats, smem, kv_bar, pipe_q, pipe_do);
 
   // The postprocess (launched with the PDL attribute) may be scheduled once every CTA of this
   // grid has started; it waits for this grid's end before it reads dQaccum. dq_post_queue:
@@ -204,13 +236,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // its CTAs started after every CTA of the launch before it had passed that wait.
   if constexpr (!T::kDqPostQueue || kPart) {
     if (threadIdx.x == 0) fh::launch_dependents();
-  }
-  if constexpr (T::kPersistent && !kDet && !kPart) {
-    if (p.units_total > 0) {
-      bwd_sm90_persistent<T>(p, BwdSm90Maps{&map_q, &map_k, &map_v, &map_do, &map_stats}, smem, kv_bar,
-                             pipe_q, pipe_do);
-      return;
-    }
   }
   BwdSm90Work w =
       bwd_sm90_work<T::kBlockM, T::kBlockN, kDet, T::kPair, T::kDetFromEnd, T::kL2TailGroups, kPart>(p);
@@ -445,7 +470,11 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
       if (unit_counter != nullptr) {
         kp.units_total = pair_ctas / 2;
         kp.unit_counter = unit_counter;
-        err = fh::launch_kernel(kernel, dim3(2 * std::min(pair_ctas / 2, resident_pairs)), dim3(T::kThreads),
+        err = cudaFuncSetAttribute(bwd_sm90_persistent_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(T::kSmemBytes));
+        if (err != cudaSuccess) return err;
+        err = fh::launch_kernel(bwd_sm90_persistent_kernel<T>, dim3(2 * std::min(pair_ctas / 2, resident_pairs)),
+                                dim3(T::kThreads),
                                 T::kSmemBytes, stream, dim3(2, 1, 1), pdl, map_q, map_k, map_v, map_do, map_stats,
                                 kp);
         if (err != cudaSuccess) return err;
