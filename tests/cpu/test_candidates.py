@@ -118,11 +118,10 @@ def test_d192_noncausal_row_is_the_causal_row_plus_lean_softmax():
 
 
 def test_persistent_candidate_is_the_row_made_persistent():
-    """kBwdSm90Hdim256Persistent is the d = 256 row with persistent on (the 30th field), the split
-    last wave off (a persistent grid has no launch wave to split) and 40 / 232 registers for the
-    producer / consumer warpgroups (at 24 the producer's unit loop spilled); nothing else."""
+    """kBwdSm90Hdim256Persistent is the d = 256 row with persistent on (the 30th field) and the
+    split last wave off (a persistent grid has no launch wave to split); nothing else, its
+    register split included (the step loop is to be the row's)."""
     c, b = initializer("Bwd", "kBwdSm90Hdim256Persistent"), initializer("Bwd", "kBwdSm90Hdim256")
     assert len(b) == 29 and len(c) == 30
-    assert b[5:7] == ["24", "240"] and c[5:7] == ["40", "232"]
-    assert c[:5] == b[:5] and c[7:28] == b[7:28]
+    assert c[:28] == b[:28]
     assert b[28] == "true" and c[28:] == ["false", "true"]
