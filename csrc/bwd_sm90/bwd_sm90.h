@@ -434,9 +434,14 @@ constexpr BwdSm90Config kBwdSm90Hdim192Tail2 = {192, 64, 96, 2, 1, 24, 160, true
 constexpr BwdSm90Config kBwdSm90Hdim192Tail3 = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
                                                false, true, false, false, true, false, false, true,
                                                false, false, false, false, false, false, 3};
-// Candidate: the d = 256 default as a persistent pair (docs/perf-log.md, "A persistent pair whose
-// step loop is production's"), without the split last wave (a persistent grid has no launch wave
-// to split).
+// Measured slower and removed (H100, bf16, GPU time; docs/perf-log.md, "Measured 2026-12-07,
+// fifth run"): in the d = 256 pair, an idle producer warp asking L2 for K / V of the unit one
+// resident wave ahead, -0.4..-3.1%. The persistent pair's first form (its steps counted across
+// units from a carried base, in one kernel with the usual path: a step loop of 1537
+// instructions against 1478), -3.5..-7.9%.
+// Candidate: the d = 256 default as a persistent pair, second form (docs/perf-log.md, "The
+// persistent pair, second form"), without the split last wave (a persistent grid has no launch
+// wave to split).
 constexpr BwdSm90Config kBwdSm90Hdim256Persistent = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
                                                      true, true, false, false, false, true, false, true, false, true,
                                                      false, true, 2, true, false, true};
