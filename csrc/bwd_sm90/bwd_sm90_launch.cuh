@@ -68,12 +68,12 @@ bool bwd_sm90_pair_pays(const flashback_bwd_params& p);
 // counter and puts it in slot (k + 1) % 4 of both CTAs' rings, published by a release arrive on
 // that slot's unit_full barrier (at cluster scope for the partner's). The slot held unit k - 3,
 // which every reader has read by then: those loads of unit k needed stage_free of unit k - 1,
-// so rank 0's consumers had finished its last step g, for which they waited until the partner
-// had taken their dS^T of step g - 2 (the free barriers), which lies in unit k - 3 or later as
-// every unit has a step (the launch's condition); each producer runs ahead of its consumers.
-// Two slots were not enough: the partner may be two steps behind, and a ghost unit (the upper
-// block past the keys) can be one step long. Each K barrier, kv_free and stage_free completes
-// once per unit; V once per unit that is not the CTA's ghost.
+// which rank 0's consumers arrive after their unit k - 1 rearm (bwd_sm90_pair_rearm), whose drain
+// waited for the partner's consumers' reads of unit k - 1's last sends: the partner's consumers,
+// and its producer ahead of them, had taken unit k - 1's slot, and every earlier one. (Every
+// unit has a step, the launch's condition.) In the first form, whose steps ran on across units,
+// two slots were not enough. Each K barrier, kv_free and stage_free completes once per unit; V
+// once per unit that is not the CTA's ghost.
 template <class T>
 __device__ __forceinline__ void bwd_sm90_persistent(const BwdSm90Params& p, const BwdSm90Maps& maps,
                                                     uint8_t* smem, uint64_t* kv_bar,
@@ -315,6 +315,12 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(T::kSmemBytes));
   if (err != cudaSuccess) return err;
+  // persistent: its kernel, set up before anything is queued too.
+  if constexpr (T::kPersistent && !kDet) {
+    err = cudaFuncSetAttribute(bwd_sm90_persistent_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(T::kSmemBytes));
+    if (err != cudaSuccess) return err;
+  }
   // split_last_wave: the parts' kernel (kPart), set up before anything is queued.
   if constexpr (T::kSplitLastWave && !kDet) {
     err = cudaFuncSetAttribute(bwd_sm90_kernel<T, kDet, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -470,9 +476,6 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
       if (unit_counter != nullptr) {
         kp.units_total = pair_ctas / 2;
         kp.unit_counter = unit_counter;
-        err = cudaFuncSetAttribute(bwd_sm90_persistent_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(T::kSmemBytes));
-        if (err != cudaSuccess) return err;
         err = fh::launch_kernel(bwd_sm90_persistent_kernel<T>, dim3(2 * std::min(pair_ctas / 2, resident_pairs)),
                                 dim3(T::kThreads),
                                 T::kSmemBytes, stream, dim3(2, 1, 1), pdl, map_q, map_k, map_v, map_do, map_stats,
