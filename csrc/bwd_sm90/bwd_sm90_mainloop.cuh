@@ -991,21 +991,14 @@ __device__ __forceinline__ void copy_out_dkv(const BwdSm90Params& p, const BwdSm
   copy_out_staged<T>(w, p.dk, p.dk_strides, stage_dk, n0, seqlen_k);
 }
 
-// persistent (BwdSm90Carry): a unit's epilogue that leaves K, V and the Q stage to the next
-// unit. Entered after kBarEpilogue (every consumer's last wgmma waited for). Thread 128 hands
-// K, V and K_peer to the producer (kv_free), whose next unit's K, Q and V then load under these
-// stores, and counts the unit's dQ adds (ordered before it by that barrier; the count warp
-// serves one unit per CTA only); dV, then dK, stage over dO and the P^T buffers (dO_i of the
-// last step was released: the producer's next dO waits for stage_free instead).
 // persistent: the pair's exchange barriers (full[2], free[2] at kOffPairBar) made as if fresh
 // for the next unit, by consumer thread 0 between two consumer barriers: after every consumer's
 // last wait of the unit (a completion after a slow thread's wait would hand it the next phase's
 // parity) and before any of the next unit's. Each barrier's phase parity goes back to 0 by one
 // local completion where the unit completed an odd number of its phases, so the next unit's
-// steps count from 0 with the one-unit kernel's parities and the step loop stays that kernel's
-// (a run-time step base through the buffers and phases cost the first persistent pair 4% more
-// loop instructions and 3.5-7.9% of its time; docs/perf-log.md, "Measured 2026-12-07, fifth
-// run"). What may still land on them must have landed first: the lower waits for the upper's
+// steps count from 0 with the one-unit kernel's parities: no run-time step base in the step
+// loop (the first persistent pair carried one; docs/perf-log.md, "Measured 2026-12-07, fifth
+// run", "The persistent pair, second form"). What may still land on them must have landed first: the lower waits for the upper's
 // free arrivals of its last two sends (the waits its steps n and n + 1 would make); every send
 // into this CTA was waited for by its steps. Then partner_ready tells the partner, whose next
 // unit sends or arrives nothing into this CTA before it (bwd_sm90_partner_ready_wait).
@@ -1042,6 +1035,13 @@ __device__ __forceinline__ void bwd_sm90_partner_ready_wait(uint8_t* smem, int k
   fh::mbar_wait_cluster(unit_bar + 6, static_cast<uint32_t>(k - 1) & 1);
 }
 
+// persistent (BwdSm90Carry): a unit's epilogue that leaves K, V and the Q stage to the next
+// unit. Entered after kBarEpilogue (every consumer's last wgmma waited for). Thread 128 hands
+// K, V and K_peer to the producer (kv_free), whose next unit's K, Q and V then load under these
+// stores, and counts the unit's dQ adds (ordered before it by that barrier; the count warp
+// serves one unit per CTA only); dV, then dK, stage over dO and the P^T buffers (dO_i of the
+// last step was released: the producer's next dO waits for stage_free instead). Thread 128 also
+// re-arms the pair's exchange for the next unit (bwd_sm90_pair_rearm).
 template <class T, int kOwn, int kAcc>
 __device__ __forceinline__ void bwd_sm90_persistent_epilogue(const BwdSm90Params& p, const BwdSm90Work& w,
                                                              uint8_t* smem,
