@@ -445,6 +445,12 @@ constexpr BwdSm90Config kBwdSm90Hdim192Tail3 = {192, 64, 96, 2, 1, 24, 160, true
 constexpr BwdSm90Config kBwdSm90Hdim256Persistent = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
                                                      true, true, false, false, false, true, false, true, false, true,
                                                      false, true, 2, true, false, true};
+// The same with 40 / 232 registers: at 24 the producer spills (16 stores, 21 loads of local
+// memory), at 40 it does not (1 / 3) but the consumers' step loop is 1491 instructions against
+// 1447 (production's: 1478). Which costs less is for the A/B.
+constexpr BwdSm90Config kBwdSm90Hdim256PersistentR40 = {256, 64, 80, 1, 1, 40, 232, false, 2, false, true, false, true,
+                                                        false, true, true, false, false, false, true, false, true,
+                                                        false, true, false, true, 2, true, false, true};
 // Measured and not adopted (H100, bf16, A Q A Q; docs/perf-log.md, "Measured 2026-12-07"): the
 // dQ conversion under the main kernel's tail (dq_post_queue) at d = 64 / 128 / 192, -1.4..+2.7%
 // on the main sweep, d = 128 at 512 -2.4 / -2.0%.

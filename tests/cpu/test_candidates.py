@@ -125,3 +125,5 @@ def test_persistent_candidate_is_the_row_made_persistent():
     assert len(b) == 29 and len(c) == 30
     assert c[:28] == b[:28]
     assert b[28] == "true" and c[28:] == ["false", "true"]
+    r40 = initializer("Bwd", "kBwdSm90Hdim256PersistentR40")
+    assert r40[5:7] == ["40", "232"] and r40[:5] == c[:5] and r40[7:] == c[7:]
