@@ -54,38 +54,47 @@ def steps(me, partner, n_iters, copies, free_wait=True):
         yield
 
 
+def ghost_protocol_step(me, partner, it, ghost_step, copies, upper, recv, tile, wait):
+    """One step `it` of pair_ghost (ghost_step: the upper block's keys are all masked), `tile`
+    naming what it sends and expects to read; wait(barrier, j) is the kernel's wait for phase j
+    of the barrier as the walk counts it. The lower sends every step; the upper sends on the other
+    steps only. The lower counts the upper's sends per buffer (`recv`) for its full barriers and
+    waits for its free barrier by the step (the upper reads every step); the upper never waits
+    for its free barrier (the lower's sends, one per step, keep it in lockstep), and the lower
+    does not arrive on it."""
+    b = it & 1
+    sends = not (upper and ghost_step)
+    receives = upper or not ghost_step
+    if receives:
+        me.full[b].arrive(expect_tx=1)
+    if sends:
+        if not upper and it >= 2:
+            while not wait(me.free[b], (it >> 1) - 1):
+                yield
+        me.ds[b] = tile
+        copies.append((me, partner, b))
+        yield
+    if receives:
+        j = (it >> 1) if upper else recv[b]
+        while not wait(me.full[b], j):
+            yield
+        assert me.peer[b] == tile, f"step {tile}: read the partner's step {me.peer[b]}"
+        me.read.append(tile)
+        recv[b] += 1
+        yield  # the read lasts until the wgmma that reads the tile retires
+        assert me.peer[b] == tile, f"step {tile}: the tile changed while being read"
+        if upper:
+            partner.free[b].arrive()
+    yield
+
+
 def steps_ghost_steps(me, partner, ghost, copies, upper):
-    """pair_ghost per step: `ghost[it]` says the upper block's keys are all masked at step it.
-    The lower sends every step; the upper sends on the other steps only. The lower counts the
-    upper's sends per buffer for its full barriers and waits for its free barrier by the step
-    (the upper reads every step); the upper never waits for its free barrier (the lower's sends,
-    one per step, keep it in lockstep), and the lower does not arrive on it."""
+    """pair_ghost over one walk: `ghost[it]` says the upper block's keys are all masked at step
+    it (ghost_protocol_step); phases count from the barriers' first."""
     recv = [0, 0]  # the lower: the upper's sends received per buffer
     for it in range(len(ghost)):
-        b = it & 1
-        sends = not (upper and ghost[it])
-        receives = upper or not ghost[it]
-        if receives:
-            me.full[b].arrive(expect_tx=1)
-        if sends:
-            if not upper and it >= 2:
-                while not me.free[b].passed((it >> 1) - 1):
-                    yield
-            me.ds[b] = it
-            copies.append((me, partner, b))
-            yield
-        if receives:
-            n = (it >> 1) if upper else recv[b]
-            while not me.full[b].passed(n):
-                yield
-            assert me.peer[b] == it, f"step {it}: read the partner's step {me.peer[b]}"
-            me.read.append(it)
-            recv[b] += 1
-            yield  # the read lasts until the wgmma that reads the tile retires
-            assert me.peer[b] == it, f"step {it}: the tile changed while being read"
-            if upper:
-                partner.free[b].arrive()
-        yield
+        yield from ghost_protocol_step(me, partner, it, ghost[it], copies, upper, recv, it,
+                                       lambda bar, j: bar.passed(j))
 
 
 def _schedule(actors, copies, rng, max_actions, what):
@@ -194,44 +203,20 @@ def unit_walk(me, partner, units, copies, upper, drain=True, ready_wait=True):
     free arrivals of its last two sends, one local completion pads each barrier that completed
     an odd number of phases in the unit, then an arrival on the partner's partner_ready, which
     the partner waits for before its next unit (unit k waits for phase k - 1)."""
-    base_full, base_free = [0, 0], [0, 0]  # each barrier's phase at this unit's start
     for k, ghost in enumerate(units):
         if k > 0 and ready_wait:
             while not me.ready.passed(k - 1):
                 yield
-        base_full = [me.full[0].phase, me.full[1].phase]
-        base_free = [me.free[0].phase, me.free[1].phase]
+        base = {id(bar): bar.phase for bar in me.full + me.free}  # each barrier's at the unit's start
         recv = [0, 0]
         n = len(ghost)
         for it in range(n):
-            b = it & 1
-            sends = not (upper and ghost[it])
-            receives = upper or not ghost[it]
-            if receives:
-                me.full[b].arrive(expect_tx=1)
-            if sends:
-                if not upper and it >= 2:
-                    while not parity_passed(me.free[b], (it >> 1) - 1, base_free[b]):
-                        yield
-                me.ds[b] = (k, it)
-                copies.append((me, partner, b))
-                yield
-            if receives:
-                j = (it >> 1) if upper else recv[b]
-                while not parity_passed(me.full[b], j, base_full[b]):
-                    yield
-                assert me.peer[b] == (k, it), f"unit {k} step {it}: read {me.peer[b]}"
-                me.read.append((k, it))
-                recv[b] += 1
-                yield
-                assert me.peer[b] == (k, it), f"unit {k} step {it}: the tile changed while read"
-                if upper:
-                    partner.free[b].arrive()
-            yield
+            yield from ghost_protocol_step(me, partner, it, ghost[it], copies, upper, recv, (k, it),
+                                           lambda bar, j: parity_passed(bar, j, base[id(bar)]))
         per_buffer = [(n + 1) >> 1, n >> 1]  # steps per buffer (it & 1)
         if not upper and drain:
             for g in range(max(n, 2), n + 2):
-                while not parity_passed(me.free[g & 1], (g >> 1) - 1, base_free[g & 1]):
+                while not parity_passed(me.free[g & 1], (g >> 1) - 1, base[id(me.free[g & 1])]):
                     yield
         full_done, free_done = (per_buffer, [0, 0]) if upper else (recv, per_buffer)
         for b in range(2):
