@@ -65,8 +65,7 @@ def main():
                 grads = flashback.attention_backward(dos, qs, ks, vs, outs, lses)
                 split = os.environ.get("FLASHBACK_BWD_SPLIT") != "0"
                 want = "pair, last wave split" if split else "pair"
-                # A persistent pair gives the split up (its clusters walk the units instead).
-                assert flashback.last_backward_kernel() in (want, "pair, persistent"), flashback.last_backward_kernel()
+                assert flashback.last_backward_kernel() == want, flashback.last_backward_kernel()
                 assert not any(torch.isnan(t).any() for t in grads), (d, name, "split")
             # 3 Q blocks of 128 (2 of 192 at d = 64) x 96 heads: more tiles than SMs.
             q, k, v = (torch.randn(1, 300, 96, d, generator=g, device="cuda").to(dtype) for _ in range(3))

@@ -243,15 +243,6 @@ struct BwdSm90Config {
   // the model picked three parts, -0.7..+0.6%: so at most two parts, and 4k / 8k do not split;
   // causal unchanged (docs/design.md section 5, "The split last wave"; docs/perf-log.md).
   bool split_last_wave = false;
-  // Default mode, dense, every unit with a step (non-causal, or causal with seqlen_q >=
-  // seqlen_k): one cluster per resident pair of SMs, each walking units (its own first, then
-  // from a counter in the grid's order) one after another, so that a unit's K / V loads run under
-  // the last unit's dK / dV stores and no CTA is launched, initialised or retired per unit
-  // (a pair CTA pays ~5.2k clocks before its first step and ~5.2k after its last: 5.1% of its
-  // time at causal 4k, 16% at causal 1024; docs/perf-log.md, "A persistent pair for the
-  // backward"). dV / dK stage over dO and the P^T buffers instead of K / V. Other calls run the
-  // grid of one cluster per unit.
-  bool persistent = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
@@ -434,23 +425,6 @@ constexpr BwdSm90Config kBwdSm90Hdim192Tail2 = {192, 64, 96, 2, 1, 24, 160, true
 constexpr BwdSm90Config kBwdSm90Hdim192Tail3 = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
                                                false, true, false, false, true, false, false, true,
                                                false, false, false, false, false, false, 3};
-// Measured slower and removed (H100, bf16, GPU time; docs/perf-log.md, "Measured 2026-12-07,
-// fifth run"): in the d = 256 pair, an idle producer warp asking L2 for K / V of the unit one
-// resident wave ahead, -0.4..-3.1%. The persistent pair's first form (its steps counted across
-// units from a carried base, in one kernel with the usual path: a step loop of 1537
-// instructions against 1478), -3.5..-7.9%.
-// Candidate: the d = 256 default as a persistent pair, second form (docs/perf-log.md, "The
-// persistent pair, second form"), without the split last wave (a persistent grid has no launch
-// wave to split).
-constexpr BwdSm90Config kBwdSm90Hdim256Persistent = {256, 64, 80, 1, 1, 24, 240, false, 2, false, true, false, true, false,
-                                                     true, true, false, false, false, true, false, true, false, true,
-                                                     false, true, 2, true, false, true};
-// The same with 40 / 232 registers: at 24 the producer spills (16 stores, 21 loads of local
-// memory), at 40 it does not (1 / 3) but the consumers' step loop is 1491 instructions against
-// 1447 (production's: 1478). Which costs less is for the A/B.
-constexpr BwdSm90Config kBwdSm90Hdim256PersistentR40 = {256, 64, 80, 1, 1, 40, 232, false, 2, false, true, false, true,
-                                                        false, true, true, false, false, false, true, false, true,
-                                                        false, true, false, true, 2, true, false, true};
 // Measured and not adopted (H100, bf16, A Q A Q; docs/perf-log.md, "Measured 2026-12-07"): the
 // dQ conversion under the main kernel's tail (dq_post_queue) at d = 64 / 128 / 192, -1.4..+2.7%
 // on the main sweep, d = 128 at 512 -2.4 / -2.0%.
@@ -479,6 +453,15 @@ constexpr BwdSm90Config kBwdSm90Hdim192Wg2 = {192, 64, 80, 2, 2, 24, 240, false,
 // Measured slower and removed (docs/perf-log.md, "Measured 2026-12-06, eighth run"): the
 // deterministic d = 256 pair releasing Q before its dQ turn, -0.0..-1.1%, and with the turn
 // poll by relaxed loads too, -0.0..-2.2%.
+
+// Measured slower and removed (H100, bf16, GPU time; docs/perf-log.md, "Measured 2026-12-07,
+// fifth run"): in the d = 256 pair, an idle producer warp asking L2 for K / V of the unit one
+// resident wave ahead, -0.4..-3.1%; the pair as a persistent grid of resident clusters walking
+// units from a counter (each unit's K / V loaded under the last unit's dV / dK stores),
+// -3.5..-7.9%. Its second form (units counting steps from 0 behind a per-unit rearm of the
+// exchange barriers, in a kernel of its own; "Measured 2026-12-07, sixth run"): -1.5..-7.5% at
+// production's 24 / 240 registers, -3.2..+1.2% at 40 / 232. The fixed cost per CTA it was to
+// hide (~5% of causal 4k) is smaller than what a persistent step loop loses.
 
 // What the main kernel reads besides the tensor maps of Q, K, V, dO (and the stage rows').
 struct BwdSm90Params {
@@ -531,10 +514,6 @@ struct BwdSm90Params {
   int split_first, split_parts;
   float* split_dkv;
   int* split_done;
-  // persistent configs: the grid's units (0: one cluster per unit, as usual), and the counter
-  // that hands out those after each cluster's first (zeroed by the preprocess).
-  int units_total;
-  int* unit_counter;
 };
 
 // split_last_wave: how the grid's partial last wave is cut (bwd_sm90_launch.cu). units: the

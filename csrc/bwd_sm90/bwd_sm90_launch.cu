@@ -131,10 +131,7 @@ WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p) {
     const int64_t units = grid_ctas(*row->cfg, p) / 2;
     w.split_units = static_cast<int>(std::min<int64_t>(units, kBwdSm90SplitMaxUnits));
   }
-  // persistent (BwdSm90Config): one int there for the units' counter (never with a split).
-  const size_t done_ints = std::max<size_t>(2 * static_cast<size_t>(w.split_units),
-                                            row != nullptr && row->cfg->persistent && !p.deterministic ? 1 : 0);
-  w.split_dkv = w.split_done + align_up(done_ints * sizeof(int));
+  w.split_dkv = w.split_done + align_up(2 * static_cast<size_t>(w.split_units) * sizeof(int));
   w.split_slot_bytes = row != nullptr ? size_t{2} * row->cfg->head_dim * row->cfg->block_n * sizeof(float) : 0;
   w.total = w.split_dkv + align_up(2 * static_cast<size_t>(w.split_units) * (kBwdSm90SplitMaxParts - 1) *
                                    w.split_slot_bytes);

@@ -62,79 +62,6 @@ bool bwd_sm90_pdl();
 // for FLASHBACK_DET_COOPERATIVE's deterministic non-causal chunks (single CTAs only).
 bool bwd_sm90_pair_pays(const flashback_bwd_params& p);
 
-// persistent (BwdSm90Config): the kernel's roles for a grid of resident clusters, each walking
-// units until the counter runs past p.units_total. Unit 0 of a cluster is its own index; rank
-// 0's producer thread, once it has issued every load of unit k, takes unit k + 1 from the
-// counter and puts it in slot (k + 1) % 4 of both CTAs' rings, published by a release arrive on
-// that slot's unit_full barrier (at cluster scope for the partner's). The slot held unit k - 3,
-// which every reader has read by then: those loads of unit k needed stage_free of unit k - 1,
-// which rank 0's consumers arrive after their unit k - 1 rearm (bwd_sm90_pair_rearm), whose drain
-// waited for the partner's consumers' reads of unit k - 1's last sends: the partner's consumers,
-// and its producer ahead of them, had taken unit k - 1's slot, and every earlier one. (Every
-// unit has a step, the launch's condition.) In the first form, whose steps ran on across units,
-// two slots were not enough. Each K barrier, kv_free and stage_free completes once per unit; V
-// once per unit that is not the CTA's ghost.
-template <class T>
-__device__ __forceinline__ void bwd_sm90_persistent(const BwdSm90Params& p, const BwdSm90Maps& maps,
-                                                    uint8_t* smem, uint64_t* kv_bar,
-                                                    fh::TmaPipeline<T::kQStages>* pipe_q,
-                                                    fh::TmaPipeline<T::kDoStages>* pipe_do) {
-  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kTail = T::kL2TailGroups;
-  static_assert(T::kSharedConsumer, "persistent: both consumer warpgroups run one instance");
-  const int wg = fh::warpgroup_index();
-  const uint32_t rank = blockIdx.x & 1;
-  uint64_t* unit_full = reinterpret_cast<uint64_t*>(smem + T::kOffUnitBar);
-  int* slots = reinterpret_cast<int*>(smem + T::kOffUnitBar + T::kUnitBars * 8);
-  const int first = static_cast<int>(blockIdx.x / 2);
-  static_assert(T::kUnitSlots == 4, "the ring's parities below assume four slots");
-  auto unit_of = [&](int k) -> int {  // a reader's unit k >= 1
-    const int s = k & 3;
-    const uint32_t parity = static_cast<uint32_t>((k - 1) >> 2) & 1;
-    if (rank == 0) {
-      fh::mbar_wait(unit_full + s, parity);
-    } else {
-      fh::mbar_wait_cluster(unit_full + s, parity);  // written from the partner
-    }
-    return *reinterpret_cast<volatile int*>(slots + s);
-  };
-  BwdSm90Carry<T> c;
-  c.persistent = true;
-  if (threadIdx.x != 0) fh::grid_dependency_wait();  // as the kernel's (its comment)
-  if (threadIdx.x == 32) fh::launch_dependents();      // dq_post_queue: every CTA past its wait
-  if (wg == 0) {
-    fh::setmaxnreg_dec<T::kProducerRegs>();
-    if (threadIdx.x != 0) return;  // no count warp: each unit's consumers count (epilogue)
-    int u = first;
-    for (int k = 0; u < p.units_total; ++k) {
-      c.k = k;
-      const BwdSm90Work w = bwd_sm90_work<kBlockM, kBlockN, false, true, T::kDetFromEnd, kTail, false>(p, u);
-      bwd_sm90_producer<T, false, false>(p, maps, w, smem, kv_bar, pipe_q, pipe_do, c);
-      if (rank == 0) {
-        u = static_cast<int>(gridDim.x / 2) + atomicAdd(p.unit_counter, 1);
-        const int s = (k + 1) & 3;
-        slots[s] = u;
-        fh::st_shared_cluster_u32(fh::mapa_shared(fh::smem_u32(slots + s), 1), static_cast<uint32_t>(u));
-        fh::mbar_arrive(unit_full + s);
-        fh::mbar_arrive_cluster_release(unit_full + s, 1);
-      } else {
-        u = unit_of(k + 1);
-      }
-    }
-    return;
-  }
-  fh::setmaxnreg_inc<T::kConsumerRegs>();
-  for (int k = 0, u = first; u < p.units_total; u = unit_of(++k)) {
-    c.k = k;
-    const BwdSm90Work w = bwd_sm90_work<kBlockM, kBlockN, false, true, T::kDetFromEnd, kTail, false>(p, u);
-    if (w.n_block >= w.n_blocks) {
-      bwd_sm90_consumer_ghost<T, false, false>(p, w, smem, kv_bar, wg - 1, c);
-    } else {
-      bwd_sm90_consumer<T, false, T::kOwn0, false>(p, w, smem, kv_bar, pipe_q, pipe_do, wg - 1, c);
-    }
-  }
-  fh::cluster_sync();  // neither CTA exits while its partner may still copy into it
-}
-
 // kPart (split_last_wave): the launch of the grid's split last wave (bwd_sm90_split_plan), after
 // the launch of the units before it, whose kernel is the config's own. It is that launch's PDL
 // dependent and starts once all of that launch's CTAs have started: it does not wait for that
@@ -143,72 +70,6 @@ __device__ __forceinline__ void bwd_sm90_persistent(const BwdSm90Params& p, cons
 // triggered it (each after its own griddepcontrol.wait; hopper/pdl.h). Thread 0 waits for that
 // grid at its exit, so that this grid ends after it: the postprocess's final wait, and what
 // follows on the stream, then cover both launches' dK / dV stores.
-// The kernels' start: the maps' descriptors prefetched, every barrier initialised, and (pair_dq)
-// both CTAs' barriers initialised before either uses the other's.
-template <class T>
-__device__ __forceinline__ void bwd_sm90_setup(const CUtensorMap& map_q, const CUtensorMap& map_k,
-                                               const CUtensorMap& map_v, const CUtensorMap& map_do,
-                                               const CUtensorMap& map_stats, uint8_t* smem, uint64_t* kv_bar,
-                                               fh::TmaPipeline<T::kQStages>* pipe_q,
-                                               fh::TmaPipeline<T::kDoStages>* pipe_do) {
-  if (threadIdx.x == 0) {
-    fh::tma_prefetch_map(&map_q);
-    fh::tma_prefetch_map(&map_k);
-    fh::tma_prefetch_map(&map_v);
-    fh::tma_prefetch_map(&map_do);
-    if constexpr (T::kStatBytes > 0) fh::tma_prefetch_map(&map_stats);
-    fh::mbar_init(kv_bar, 1);      // K
-    fh::mbar_init(kv_bar + 1, 1);  // V
-    pipe_q->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp
-    pipe_do->init(T::kConsumerWarps);
-    if constexpr (T::kQAtomBars) {
-      uint64_t* qb = reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar);
-      for (int i = 0; i < T::kQStages * T::kAtomCols; ++i) fh::mbar_init(qb + i, 1);  // 1 + tx bytes
-      fh::fence_mbarrier_init();
-    }
-    if constexpr (T::kPersistent) {
-      uint64_t* unit_bar = reinterpret_cast<uint64_t*>(smem + T::kOffUnitBar);
-      for (int i = 0; i < T::kUnitBars; ++i) fh::mbar_init(unit_bar + i, 1);  // unit_full[4], kv_free, stage_free, partner_ready
-      fh::fence_mbarrier_init();
-    }
-    if constexpr (T::kPair) {
-      uint64_t* pair_bar = reinterpret_cast<uint64_t*>(smem + T::kOffPairBar);
-      fh::mbar_init(pair_bar, 1);      // full[0]: this CTA's arrive_expect_tx + the partner's bytes
-      fh::mbar_init(pair_bar + 1, 1);  // full[1]
-      fh::mbar_init(pair_bar + 2, T::kConsumerWarps);  // free[0]: the partner's consumer warps
-      fh::mbar_init(pair_bar + 3, T::kConsumerWarps);  // free[1]
-      fh::fence_mbarrier_init();
-    }
-  }
-  if constexpr (T::kPair) {
-    fh::cluster_sync();
-  } else {
-    __syncthreads();
-  }
-}
-
-// persistent (BwdSm90Config): a kernel of its own for the calls a persistent grid serves
-// (bwd_sm90_persistent), the config's other calls running bwd_sm90_kernel. In one kernel with
-// the usual path ptxas compiled the persistent step loop to 1525 instructions (171 UMOV, 132
-// UIADD3) against the one-unit kernel's 1478 (81 / 91); alone, 1447 (93 UIADD3).
-template <class T>
-__global__ void __launch_bounds__(T::kThreads, 1)
-    bwd_sm90_persistent_kernel(const __grid_constant__ CUtensorMap map_q,
-                               const __grid_constant__ CUtensorMap map_k,
-                               const __grid_constant__ CUtensorMap map_v,
-                               const __grid_constant__ CUtensorMap map_do,
-                               const __grid_constant__ CUtensorMap map_stats, const BwdSm90Params p) {
-  static_assert(T::kPersistent, "the persistent configs' kernel");
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = fh::align_smem(smem_raw);
-  uint64_t* kv_bar = reinterpret_cast<uint64_t*>(smem + T::kOffBar);
-  auto* pipe_q = reinterpret_cast<fh::TmaPipeline<T::kQStages>*>(smem + T::kOffPipeQ);
-  auto* pipe_do = reinterpret_cast<fh::TmaPipeline<T::kDoStages>*>(smem + T::kOffPipeDo);
-  bwd_sm90_setup<T>(map_q, map_k, map_v, map_do, map_stats, smem, kv_bar, pipe_q, pipe_do);
-  bwd_sm90_persistent<T>(p, BwdSm90Maps{&map_q, &map_k, &map_v, &map_do, &map_stats}, smem, kv_bar, pipe_q,
-                         pipe_do);
-}
-
 template <class T, bool kDet, bool kPart = false>
 __global__ void __launch_bounds__(T::kThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ CUtensorMap map_q,
@@ -227,7 +88,36 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if constexpr (T::kTimeline) {
     if (wg > 0) timeline_cta_stamp<T>(p, wg - 1, threadIdx.x % 128, false);
   }
-  bwd_sm90_setup<T>(map_q, map_k, map_v, map_do, map_stats, smem, kv_bar, pipe_q, pipe_do);
+  if (threadIdx.x == 0) {
+    fh::tma_prefetch_map(&map_q);
+    fh::tma_prefetch_map(&map_k);
+    fh::tma_prefetch_map(&map_v);
+    fh::tma_prefetch_map(&map_do);
+    if constexpr (T::kStatBytes > 0) fh::tma_prefetch_map(&map_stats);
+    fh::mbar_init(kv_bar, 1);      // K
+    fh::mbar_init(kv_bar + 1, 1);  // V
+    pipe_q->init(T::kConsumerWarps);  // empty[s]: one arrival per consumer warp
+    pipe_do->init(T::kConsumerWarps);
+    if constexpr (T::kQAtomBars) {
+      uint64_t* qb = reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar);
+      for (int i = 0; i < T::kQStages * T::kAtomCols; ++i) fh::mbar_init(qb + i, 1);  // 1 + tx bytes
+      fh::fence_mbarrier_init();
+    }
+    if constexpr (T::kPair) {
+      uint64_t* pair_bar = reinterpret_cast<uint64_t*>(smem + T::kOffPairBar);
+      fh::mbar_init(pair_bar, 1);      // full[0]: this CTA's arrive_expect_tx + the partner's bytes
+      fh::mbar_init(pair_bar + 1, 1);  // full[1]
+      fh::mbar_init(pair_bar + 2, T::kConsumerWarps);  // free[0]: the partner's consumer warps
+      fh::mbar_init(pair_bar + 3, T::kConsumerWarps);  // free[1]
+      fh::fence_mbarrier_init();
+    }
+  }
+  // pair_dq: both CTAs' barriers initialised before either uses the other's.
+  if constexpr (T::kPair) {
+    fh::cluster_sync();
+  } else {
+    __syncthreads();
+  }
 
   // The postprocess (launched with the PDL attribute) may be scheduled once every CTA of this
   // grid has started; it waits for this grid's end before it reads dQaccum. dq_post_queue:
@@ -263,8 +153,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     fh::setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == 0) {
       const BwdSm90Maps maps{&map_q, &map_k, &map_v, &map_do, &map_stats};
-      BwdSm90Carry<T> c;  // one unit per CTA: as constructed
-      bwd_sm90_producer<T, kDet, kPart>(p, maps, w, smem, kv_bar, pipe_q, pipe_do, c);
+      bwd_sm90_producer<T, kDet, kPart>(p, maps, w, smem, kv_bar, pipe_q, pipe_do);
       if constexpr (kPart) fh::grid_dependency_wait();  // this grid ends after the units' launch
     } else if (kDet && !T::kDetDqWarp && threadIdx.x / 32 >= 1 && threadIdx.x / 32 <= T::kDqPhases) {
       bwd_sm90_turn_warp<T>(p, w, threadIdx.x / 32 - 1);
@@ -277,10 +166,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
   } else {
     fh::setmaxnreg_inc<T::kConsumerRegs>();
-    BwdSm90Carry<T> c;  // one unit per CTA: as constructed
     if constexpr (T::kPairGhost) {
       if (w.n_block >= w.n_blocks) {
-        bwd_sm90_consumer_ghost<T, kDet, kPart>(p, w, smem, kv_bar, wg - 1, c);
+        bwd_sm90_consumer_ghost<T, kDet, kPart>(p, w, smem, kv_bar, wg - 1);
         if constexpr (T::kTimeline) timeline_cta_stamp<T>(p, wg - 1, threadIdx.x % 128, true);
         return;
       }
@@ -288,11 +176,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     if constexpr (T::kByKeys) {
       bwd_sm90_consumer_by_keys<T, kDet>(p, w, smem, kv_bar, pipe_q, pipe_do, wg - 1);
     } else if constexpr (T::kSharedConsumer) {
-      bwd_sm90_consumer<T, kDet, T::kOwn0, kPart>(p, w, smem, kv_bar, pipe_q, pipe_do, wg - 1, c);
+      bwd_sm90_consumer<T, kDet, T::kOwn0, kPart>(p, w, smem, kv_bar, pipe_q, pipe_do, wg - 1);
     } else if (wg == 1) {
-      bwd_sm90_consumer<T, kDet, T::kOwn0, kPart>(p, w, smem, kv_bar, pipe_q, pipe_do, 0, c);
+      bwd_sm90_consumer<T, kDet, T::kOwn0, kPart>(p, w, smem, kv_bar, pipe_q, pipe_do, 0);
     } else {
-      bwd_sm90_consumer<T, kDet, T::kOwn1, kPart>(p, w, smem, kv_bar, pipe_q, pipe_do, 1, c);
+      bwd_sm90_consumer<T, kDet, T::kOwn1, kPart>(p, w, smem, kv_bar, pipe_q, pipe_do, 1);
     }
     if constexpr (T::kTimeline) timeline_cta_stamp<T>(p, wg - 1, threadIdx.x % 128, true);
   }
@@ -315,12 +203,6 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(T::kSmemBytes));
   if (err != cudaSuccess) return err;
-  // persistent: its kernel, set up before anything is queued too.
-  if constexpr (T::kPersistent && !kDet) {
-    err = cudaFuncSetAttribute(bwd_sm90_persistent_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(T::kSmemBytes));
-    if (err != cudaSuccess) return err;
-  }
   // split_last_wave: the parts' kernel (kPart), set up before anything is queued.
   if constexpr (T::kSplitLastWave && !kDet) {
     err = cudaFuncSetAttribute(bwd_sm90_kernel<T, kDet, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -384,16 +266,6 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
         post.split_done = reinterpret_cast<int*>(ws + parts.split_done);
         post.split_count = 2 * (units - plan.first);
       }
-    }
-  }
-  // persistent (default mode, dense, every unit with a step): the units' counter, zeroed by the
-  // preprocess as the split's counts would be (in their room, which the workspace keeps for it).
-  [[maybe_unused]] int* unit_counter = nullptr;
-  if constexpr (T::kPersistent && !kDet) {
-    if (p.cu_seqlens_q == nullptr && (!p.causal || p.seqlen_q >= p.seqlen_k) && split.parts <= 1) {
-      unit_counter = reinterpret_cast<int*>(ws + parts.split_done);
-      post.split_done = unit_counter;
-      post.split_count = 1;
     }
   }
   // (0) D = rowsum(dO * O), LSE * log2(e); dQaccum (and the deterministic mode's turn
@@ -463,8 +335,6 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
   const int ctas = kp.n_blocks * p.nheads_k * p.batch;
   kp.block_base = 0;
   kp.det_chunk = 1;
-  kp.units_total = 0;  // (persistent: set below)
-  kp.unit_counter = nullptr;
   if constexpr (T::kPair) {
     // pair_dq: clusters of two CTAs on K/V blocks 2 j, 2 j + 1 (an odd count gets a partner
     // past the keys, bwd_sm90_scheduler.cuh).
@@ -472,20 +342,6 @@ cudaError_t run_bwd_sm90_config(const flashback_bwd_params& p, cudaStream_t stre
     // Deterministic, non-causal: chunks of the clusters that fit on the GPU at once (the
     // scheduler's units).
     if (kDet && !p.causal) kp.det_chunk = resident_pairs;
-    if constexpr (T::kPersistent && !kDet) {
-      if (unit_counter != nullptr) {
-        kp.units_total = pair_ctas / 2;
-        kp.unit_counter = unit_counter;
-        err = fh::launch_kernel(bwd_sm90_persistent_kernel<T>, dim3(2 * std::min(pair_ctas / 2, resident_pairs)),
-                                dim3(T::kThreads),
-                                T::kSmemBytes, stream, dim3(2, 1, 1), pdl, map_q, map_k, map_v, map_do, map_stats,
-                                kp);
-        if (err != cudaSuccess) return err;
-        err = postprocess(pdl);
-        if (err == cudaSuccess) bwd_sm90_note_kernel("pair, persistent");
-        return err;
-      }
-    }
     if constexpr (T::kSplitLastWave && !kDet) {
       if (split.parts > 1) {
         // The units before the split in the config's own kernel, then the split units' k parts

@@ -181,12 +181,6 @@ struct BwdSm90Traits {
   static_assert(kL2TailGroups >= 1, "l2_tail_groups: 1 keeps every group");
   static constexpr bool kDqPostQueue = kCfg.dq_post_queue;
   static constexpr bool kSplitLastWave = kCfg.split_last_wave;
-  static constexpr bool kPersistent = kCfg.persistent;
-  static_assert(!kPersistent || (kCfg.pair_dq && kCfg.pair_ghost && kCfg.sdp_by_role && kCfg.q_atom_barriers &&
-                                 kCfg.dq_post_queue && !kCfg.dq_smem && !kCfg.stats_smem &&
-                                 !kCfg.stats_by_consumers && !kCfg.single_hand && !kCfg.timeline &&
-                                 !kCfg.split_last_wave),
-                "persistent: the d = 256 pair's default arrangement (the paths it carries across units)");
   static_assert(!kSplitLastWave || (kCfg.pair_dq && kCfg.dq_post_queue && !kCfg.timeline),
                 "split_last_wave: the pair (both warpgroups hold dV^T / dK^T) with the queue");
   // split_last_wave: a CTA's dV^T and dK^T partial, fp32 (kSplitSlotFloats per slot).
@@ -209,14 +203,7 @@ struct BwdSm90Traits {
   static_assert(!kQAtomBars || (!kStatsSmem && !kByKeys && !kStatsByConsumers),
                 "q_atom_barriers: split by head dim, no stats rows on the Q stage's barrier");
   static constexpr uint32_t kOffQAtomBar = kOffPairBar + (kPair ? 32 : 0);
-  // persistent: unit_full[4] (a unit's index in slot k & 3 of the ring), kv_free (K, V and the
-  // partner's K half read by no wgmma of the last unit), stage_free (the last unit's dV / dK
-  // staging over dO read out), partner_ready (the partner's pair barriers re-armed for the next
-  // unit), then the ring's four int slots.
-  static constexpr uint32_t kOffUnitBar = kOffQAtomBar + (kQAtomBars ? kQStages * kAtomCols * 8 : 0);
-  static constexpr int kUnitSlots = 4;
-  static constexpr int kUnitBars = kUnitSlots + 3;
-  static constexpr uint32_t kPlanBytes = kOffUnitBar + (kPersistent ? kUnitBars * 8 + kUnitSlots * 4 : 0);
+  static constexpr uint32_t kPlanBytes = kOffQAtomBar + (kQAtomBars ? kQStages * kAtomCols * 8 : 0);
   // 1 KB of slack lets align_smem round the dynamic window up to 1024 bytes.
   static constexpr size_t kSmemBytes = 1024 + kPlanBytes;
   static_assert(kSmemBytes <= 232448, "over the 227 KB a CTA may have");
@@ -229,11 +216,6 @@ struct BwdSm90Traits {
   static constexpr uint32_t kStageRowBytes = kHeadDim * 2 + 16;
   static constexpr uint32_t kStageBytes = kBlockN * kStageRowBytes;
   static_assert(2 * kStageBytes <= kOffDo, "dK/dV staging must fit over K, V and Q");
-  // persistent: one of dV / dK at a time over dO and the P^T buffers, so that K, V and the Q
-  // stage are free for the next unit's loads while the stores run.
-  static_assert(!kCfg.persistent || (kOffP == kOffDo + kDoStages * kQTileBytes &&
-                                     kStageBytes <= kDoStages * kQTileBytes + kHandBufs * kHandBytes),
-                "persistent: dV / dK staging over dO and the P^T buffers");
   // setmaxnreg budget: the pool is what the CTA got at entry (kEntryRegs per thread).
   static_assert(128 * kCfg.producer_regs + kConsumerThreads * kCfg.consumer_regs <=
                     kEntryRegs * kThreads,
@@ -290,20 +272,6 @@ struct BwdSm90Maps {
   const CUtensorMap* v;
   const CUtensorMap* dout;
   const CUtensorMap* stats;  // stage rows: the workspace's LSE then D rows, [row][64] fp32
-};
-
-// What a role's thread carries from one unit to the next (persistent; one unit per CTA
-// otherwise, where it stays as constructed): the Q / dO pipeline states run on, and the K / V
-// barriers complete once per unit that loads them. The pair's exchange does not carry: every
-// unit's steps count from 0, as a CTA's one unit does (bwd_sm90_pair_rearm), so that the step
-// loop is the one-unit kernel's.
-template <class T>
-struct BwdSm90Carry {
-  fh::PipelineState<T::kQStages> sq;
-  fh::PipelineState<T::kDoStages> sd;
-  bool persistent = false;
-  int k = 0;        // this unit's index among the CTA's (K completes once per unit)
-  int v_units = 0;  // the units before this one that loaded V (not as the pair's ghost)
 };
 
 // pair_ghost: whether the pair's upper block (2 j + 1) holds no key that the queries of Q block
@@ -389,21 +357,14 @@ __device__ __forceinline__ void timeline_cta_stamp(const BwdSm90Params& p, int w
 // stats_smem with the step's LSE * log2(e) or D rows, kStatBytes, copied on the same full
 // barrier).
 // Maps (sm90_common.h) give boxes of 64 d x block_m rows (Q, dO) or 64 d x block_n rows (K, V).
-// persistent (c.persistent): unit c.k's K waits for the consumers' kv_free of unit c.k - 1, its
-// first dO for their stage_free of it (the staging lies over dO).
 template <class T, bool kDet, bool kPart = false>
 __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const BwdSm90Maps& m,
                                                   const BwdSm90Work& w, uint8_t* smem,
                                                   uint64_t* kv_bar,
                                                   fh::TmaPipeline<T::kQStages>* pipe_q,
-                                                  fh::TmaPipeline<T::kDoStages>* pipe_do,
-                                                  BwdSm90Carry<T>& c) {
+                                                  fh::TmaPipeline<T::kDoStages>* pipe_do) {
   if (w.n_iters == 0) return;  // nobody would wait for the copies
   const int n0 = w.n_block * T::kBlockN;
-  [[maybe_unused]] uint64_t* unit_bar = reinterpret_cast<uint64_t*>(smem + T::kOffUnitBar);  // (persistent)
-  if constexpr (T::kPersistent) {
-    if (c.persistent && c.k > 0) fh::mbar_wait(unit_bar + 4, (c.k - 1) & 1);  // kv_free
-  }
   // l2_hints: Q / dO rows kept in L2, K / V (read once here) dropped first. Each site makes its
   // policy (one instruction) rather than holding one live in the 24-register producer.
   auto keep = [] { return T::kL2Hints ? fh::l2_policy_evict_last() : uint64_t{0}; };
@@ -445,10 +406,9 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
   // PDL (bwd_sm90_kernel): the stages carry the preprocess's LSE / D rows where kStatBytes > 0.
   // (The parts' launch, kPart, follows a launch whose CTAs all waited for the preprocess.)
   if constexpr (!kPart) fh::grid_dependency_wait();
-  auto sq = c.sq;  // copies (written back at the end): as locals, the other configs' code is unchanged
-  auto sd = c.sd;
+  fh::PipelineState<T::kQStages> sq;
+  fh::PipelineState<T::kDoStages> sd;
   bool v_pending = true;  // pair_ghost: V comes with the first step that is not a ghost's
-  [[maybe_unused]] bool do_pending = true;  // persistent: the first dO waits for the staging
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block;
     bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, it, head, m_block);
@@ -495,10 +455,6 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     }
     if (T::kPairGhost ? v_pending : it == 0) load_kv(T::kOffV, m.v, kv_bar + 1, p.head_inner & 4);
     v_pending = false;
-    if constexpr (T::kPersistent) {
-      if (c.persistent && do_pending && c.k > 0) fh::mbar_wait(unit_bar + 5, (c.k - 1) & 1);  // stage_free
-      do_pending = false;
-    }
     load_rows(pipe_do, sd, T::kOffDo, m.dout, p.head_inner & 8, T::kOffDsum, p.dsum_tile0);
     if constexpr (T::kTimeline) timeline_stamp<T>(p, it, 0, 0, kTlProducerDoIssued);
     if constexpr (T::kPrefetchNextRows) {
@@ -516,8 +472,6 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
       }
     }
   }
-  c.sq = sq;
-  c.sd = sd;
 }
 
 // ------------------------------------------------------------------- consumer helpers ---
@@ -991,88 +945,6 @@ __device__ __forceinline__ void copy_out_dkv(const BwdSm90Params& p, const BwdSm
   copy_out_staged<T>(w, p.dk, p.dk_strides, stage_dk, n0, seqlen_k);
 }
 
-// persistent: the pair's exchange barriers (full[2], free[2] at kOffPairBar) made as if fresh
-// for the next unit, by consumer thread 0 between two consumer barriers: after every consumer's
-// last wait of the unit (a completion after a slow thread's wait would hand it the next phase's
-// parity) and before any of the next unit's. Each barrier's phase parity goes back to 0 by one
-// local completion where the unit completed an odd number of its phases, so the next unit's
-// steps count from 0 with the one-unit kernel's parities: no run-time step base in the step
-// loop (the first persistent pair carried one; docs/perf-log.md, "Measured 2026-12-07, fifth
-// run", "The persistent pair, second form"). What may still land on them must have landed first: the lower waits for the upper's
-// free arrivals of its last two sends (the waits its steps n and n + 1 would make); every send
-// into this CTA was waited for by its steps. Then partner_ready tells the partner, whose next
-// unit sends or arrives nothing into this CTA before it (bwd_sm90_partner_ready_wait).
-// pair_ghost: the upper receives every step and the lower frees nothing of it; the lower
-// receives `received` sends per buffer and the upper frees each of its sends.
-template <class T>
-__device__ __forceinline__ void bwd_sm90_pair_rearm(uint8_t* smem, int n_iters, uint32_t pair_rank,
-                                                    int received0, int received1) {
-  static_assert(T::kPairGhost, "rearm: the pair_ghost protocol's barrier uses");
-  uint64_t* pair_bar = reinterpret_cast<uint64_t*>(smem + T::kOffPairBar);
-  uint64_t* unit_bar = reinterpret_cast<uint64_t*>(smem + T::kOffUnitBar);
-  const int steps0 = (n_iters + 1) >> 1, steps1 = n_iters >> 1;  // steps per buffer (recv_buf)
-  if (pair_rank == 0) {
-    for (int g = n_iters < 2 ? 2 : n_iters; g < n_iters + 2; ++g) {
-      fh::mbar_wait(pair_bar + 2 + (g & 1), ((g >> 1) - 1) & 1);
-    }
-    if (received0 & 1) fh::mbar_arrive(pair_bar);
-    if (received1 & 1) fh::mbar_arrive(pair_bar + 1);
-    for (int i = 0; i < ((steps0 & 1) ? T::kConsumerWarps : 0); ++i) fh::mbar_arrive(pair_bar + 2);
-    for (int i = 0; i < ((steps1 & 1) ? T::kConsumerWarps : 0); ++i) fh::mbar_arrive(pair_bar + 3);
-  } else {
-    if (steps0 & 1) fh::mbar_arrive(pair_bar);
-    if (steps1 & 1) fh::mbar_arrive(pair_bar + 1);
-  }
-  fh::mbar_arrive_cluster_release(unit_bar + 6, pair_rank ^ 1);  // partner_ready
-}
-
-// persistent, unit k >= 1: wait for the partner's bwd_sm90_pair_rearm of unit k - 1 (one
-// completion of partner_ready per unit) before this unit's first arm, store into the hand-off
-// buffers the partner may still read from, or send.
-template <class T>
-__device__ __forceinline__ void bwd_sm90_partner_ready_wait(uint8_t* smem, int k) {
-  uint64_t* unit_bar = reinterpret_cast<uint64_t*>(smem + T::kOffUnitBar);
-  fh::mbar_wait_cluster(unit_bar + 6, static_cast<uint32_t>(k - 1) & 1);
-}
-
-// persistent (BwdSm90Carry): a unit's epilogue that leaves K, V and the Q stage to the next
-// unit. Entered after kBarEpilogue (every consumer's last wgmma waited for). Thread 128 hands
-// K, V and K_peer to the producer (kv_free), whose next unit's K, Q and V then load under these
-// stores, and counts the unit's dQ adds (ordered before it by that barrier; the count warp
-// serves one unit per CTA only); dV, then dK, stage over dO and the P^T buffers (dO_i of the
-// last step was released: the producer's next dO waits for stage_free instead). Thread 128 also
-// re-arms the pair's exchange for the next unit (bwd_sm90_pair_rearm).
-template <class T, int kOwn, int kAcc>
-__device__ __forceinline__ void bwd_sm90_persistent_epilogue(const BwdSm90Params& p, const BwdSm90Work& w,
-                                                             uint8_t* smem,
-                                                             const float (&acc_dv)[kAcc][T::kBlockN / 2],
-                                                             const float (&acc_dk)[kAcc][T::kBlockN / 2],
-                                                             bool has_cols, int first, int t, int n0,
-                                                             int seqlen_k, uint32_t pair_rank, int received0,
-                                                             int received1) {
-  uint64_t* unit_bar = reinterpret_cast<uint64_t*>(smem + T::kOffUnitBar);
-  if (threadIdx.x == 128) {
-    fh::mbar_arrive(unit_bar + 4);  // kv_free, first: the next unit's K waits for it
-    dq_post_count(p, w, 1);
-    // After the consumers' barrier before this function, before the one below.
-    bwd_sm90_pair_rearm<T>(smem, w.n_iters, pair_rank, received0, received1);
-  }
-  uint8_t* stage = smem + T::kOffDo;
-  const PaddedRows rows{fh::smem_u32(stage), T::kStageRowBytes};
-  if (has_cols) stage_dkv_t<T::kBlockN, kOwn, T::kElem>(rows, acc_dv, 1.f, first, t);
-  fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
-  copy_out_staged<T>(w, p.dv, p.dv_strides, stage, n0, seqlen_k);
-  fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);  // dV's rows read out
-  if (has_cols) stage_dkv_t<T::kBlockN, kOwn, T::kElem>(rows, acc_dk, p.softmax_scale, first, t);
-  fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
-  copy_out_staged<T>(w, p.dk, p.dk_strides, stage, n0, seqlen_k);
-  fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);  // dK's rows read out
-  if (threadIdx.x == 128) {
-    fh::fence_proxy_async_shared();  // the staging's generic accesses before the next dO copy
-    fh::mbar_arrive(unit_bar + 5);   // stage_free
-  }
-}
-
 // P of one element: exp2(s * scale_log2 - lse), 0 where masked. Shared by the split by head dim
 // (p_values) and by keys (p_t_exps). The form exp2(masked ? -inf : ...) (same bits; no predicated
 // constant loads in SASS) measured -1.1..+1.4% (docs/perf-log.md, "Measured 2026-12-06, third run").
@@ -1138,7 +1010,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
                                                   uint8_t* smem, uint64_t* kv_bar,
                                                   fh::TmaPipeline<T::kQStages>* pipe_q,
                                                   fh::TmaPipeline<T::kDoStages>* pipe_do,
-                                                  const int wg, BwdSm90Carry<T>& c) {
+                                                  const int wg) {
   static_assert(kOwn == T::kOwn0 || kOwn == T::kOwn1, "an instance holds one warpgroup's share");
   static_assert(kOwn <= 2, "at most two dQ^T atom-columns per warpgroup (the loop below)");
   // Deterministic, the ordered adds stay in registers unless the dQ warps keep the turns.
@@ -1176,18 +1048,14 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     fh::zero_acc(acc_dv[u]);
     fh::zero_acc(acc_dk[u]);
   }
-  if (w.n_iters > 0) fh::mbar_wait(kv_bar, static_cast<uint32_t>(c.k) & 1);  // K
+  if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);  // K
 
   const BwdSm90StatRows<T, kDet> stat_rows{p, w, reinterpret_cast<float*>(smem + T::kOffRows), wg * 128 + t};
   if constexpr (T::kStatsByConsumers) stat_rows.prologue();
 
-  if constexpr (T::kPersistent && !kDet && !kPart) {
-    if (c.persistent && c.k > 0) bwd_sm90_partner_ready_wait<T>(smem, c.k);
-  }
-  auto sq = c.sq;  // copies, written back where a persistent unit ends (as bwd_sm90_producer's)
-  auto sd = c.sd;
+  fh::PipelineState<T::kQStages> sq;
+  fh::PipelineState<T::kDoStages> sd;
   for (int it = 0; it < w.n_iters; ++it) {
-    const int g = it;  // the pair's step count (persistent: from 0 in every unit, bwd_sm90_pair_rearm)
     int head, m_block;
     bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, it, head, m_block);
     const int m0 = m_block * T::kBlockM;
@@ -1201,7 +1069,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     if constexpr (T::kPairGhost) {
       if (ghost_step && pair_rank == 1) {
         // A ghost step; the hand-off barrier still marks it for the buffers' step parity.
-        pair_ghost_step<T, kDet>(p, smem, g, tile, wg, true);
+        pair_ghost_step<T, kDet>(p, smem, it, tile, wg, true);
         continue;  // no Q / dO stage was loaded for it
       }
     }
@@ -1223,9 +1091,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         dsum1 = p.dsum[stat_row + 8];
       }
     }
-    uint8_t* p_t = smem + T::kOffP + (T::kSingleHand ? 0 : (g & 1)) * T::kHandBytes;
-    uint8_t* ds_t = smem + T::kOffDs + (T::kSingleHand ? 0 : (g & 1)) * T::kHandBytes;
-    const int pb = recv_buf(g);
+    uint8_t* p_t = smem + T::kOffP + (T::kSingleHand ? 0 : (it & 1)) * T::kHandBytes;
+    uint8_t* ds_t = smem + T::kOffDs + (T::kSingleHand ? 0 : (it & 1)) * T::kHandBytes;
+    const int pb = recv_buf(it);
     if constexpr (kPairOn) {
       // This step's partner dS^T lands in buffer pb: arm its full barrier (the buffer's previous
       // phase has completed: every thread waited for it).
@@ -1251,7 +1119,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       if constexpr (T::kStatsSmem) {
         stage_rows<T>(smem, T::kOffLse, sq.stage, q_row, lse0, lse1);
       }
-      if (T::kPairGhost ? v_pending : it == 0) fh::mbar_wait(kv_bar + 1, static_cast<uint32_t>(c.v_units) & 1);  // V
+      if (T::kPairGhost ? v_pending : it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
       v_pending = false;
       pipe_do->consumer_wait(sd);
       fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
@@ -1273,7 +1141,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       // single_hand: the last step's (5)-(7) wgmmas of every warpgroup were waited for before it
       // gets here (wait<0> at the step's end), so the one buffer may be rewritten.
       if constexpr (T::kSingleHand) {
-        if (g > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
+        if (it > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
       }
       store_hand_t<T>(p_t, s, T::kWgKeys * wg, t);
 
@@ -1290,8 +1158,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         // pair_ghost, upper CTA: no wait. The lower sends every step, and its send of step it - 1
         // follows its hand-off barrier of it - 1, by which both its warpgroups retired their reads
         // of what this CTA sent before; this CTA waited for that send (full) before getting here.
-        if (g >= 2 && !(T::kPairGhost && pair_rank == 1)) {
-          fh::mbar_wait(pair_bar + 2 + (g & 1), ((g >> 1) - 1) & 1);
+        if (it >= 2 && !(T::kPairGhost && pair_rank == 1)) {
+          fh::mbar_wait(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
         }
       }
       store_hand_t<T>(ds_t, dp, T::kWgKeys * wg, t);
@@ -1330,7 +1198,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         fh::wgmma_fence_operand(acc);
         p_values_of_block<T>(p, acc, lse0, lse1, n0 + fh::acc_col(0, t), n0, m0, q_row, seqlen_k, diag);
         if constexpr (T::kSingleHand) {
-          if (g > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
+          if (it > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
         }
         store_hand_t<T, T::kBlockN>(p_t, acc, 0, t);
         // Warpgroup 1 reads P^T back with ldmatrix (generic proxy, like the stmatrix stores):
@@ -1341,7 +1209,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlCross);
       } else {
         float acc[T::kBlockN / 2];
-        if (T::kPairGhost ? v_pending : it == 0) fh::mbar_wait(kv_bar + 1, static_cast<uint32_t>(c.v_units) & 1);  // V
+        if (T::kPairGhost ? v_pending : it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
         pipe_do->consumer_wait(sd);
         if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlInput);
         if constexpr (T::kStatsSmem) {
@@ -1365,7 +1233,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlGemm2);
         fh::wgmma_fence_operand(acc);
         if constexpr (T::kSingleHand) {
-          if (g > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
+          if (it > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
         }
         fh::named_bar_sync(T::kBarPStored, T::kConsumerThreads);
         if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlCross);
@@ -1374,8 +1242,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
           // As in the split by keys (above): ds_t was sent at step it - 2; the partner has read it.
           // Warpgroup 0's thread 0, which issues the next copy into the partner's buffer, does
           // not wait here: this wait, then the hand-off barrier, orders its copy after it.
-          if (g >= 2 && !(T::kPairGhost && pair_rank == 1)) {
-            fh::mbar_wait(pair_bar + 2 + (g & 1), ((g >> 1) - 1) & 1);
+          if (it >= 2 && !(T::kPairGhost && pair_rank == 1)) {
+            fh::mbar_wait(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
           }
         }
         store_hand_t<T, T::kBlockN>(ds_t, acc, 0, t);
@@ -1448,7 +1316,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
           const int n = pb == 1 ? received1++ : received0++;
           fh::mbar_wait(pair_bar + pb, n & 1);
         } else {
-          fh::mbar_wait(pair_bar + pb, recv_phase(g));
+          fh::mbar_wait(pair_bar + pb, recv_phase(it));
         }
         if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlPartner);
         fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
@@ -1545,22 +1413,10 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     fh::wgmma_fence_operand(acc_dk[u]);
   }
 
-  if constexpr (!kPart) {
-    if (!c.persistent) dq_post_arrive<T, kDet>();  // the parts count in bwd_sm90_split_combine
-  }
+  if constexpr (!kPart) dq_post_arrive<T, kDet>();  // the parts count in bwd_sm90_split_combine
   // Epilogue: all warpgroups are done reading K, V, Q (their last wgmmas were waited for) once
   // all pass this barrier; then the staging tiles may overwrite them.
   fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
-  if constexpr (T::kPersistent && !kDet && !kPart) {
-    if (c.persistent) {
-      bwd_sm90_persistent_epilogue<T, kOwn, kAcc>(p, w, smem, acc_dv, acc_dk, has_cols, first, t, n0, seqlen_k,
-                                                  pair_rank, received0, received1);
-      c.sq = sq;
-      c.sd = sd;
-      ++c.v_units;
-      return;
-    }
-  }
   if constexpr (kPart) {
     if (!bwd_sm90_split_combine<T, true>(p, w, acc_dv, acc_dk)) {
       fh::cluster_sync();  // as below: the partner may still copy into this CTA
@@ -1586,32 +1442,13 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
 // buffer back, add. No dV / dK (its rows are past the keys), no stores.
 template <class T, bool kDet, bool kPart = false>
 __device__ __forceinline__ void bwd_sm90_consumer_ghost(const BwdSm90Params& p, const BwdSm90Work& w,
-                                                        uint8_t* smem, uint64_t* kv_bar, const int wg,
-                                                        BwdSm90Carry<T>& c) {
-  if constexpr (T::kPersistent && !kDet && !kPart) {
-    if (c.persistent && c.k > 0) bwd_sm90_partner_ready_wait<T>(smem, c.k);
-  }
-  if (w.n_iters > 0) fh::mbar_wait(kv_bar, static_cast<uint32_t>(c.k) & 1);  // the partner's K half
+                                                        uint8_t* smem, uint64_t* kv_bar, const int wg) {
+  if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);  // the partner's K half
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block;
     bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, it, head, m_block);
     const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block);
     pair_ghost_step<T, kDet>(p, smem, it, tile, wg, false);  // no hand-off buffers in use
-  }
-  if constexpr (T::kPersistent && !kDet && !kPart) {
-    if (c.persistent) {
-      // No staging: the unit's adds counted, K_peer and the (empty) staging handed back at once.
-      fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);
-      if (threadIdx.x == 128) {
-        uint64_t* unit_bar = reinterpret_cast<uint64_t*>(smem + T::kOffUnitBar);
-        fh::mbar_arrive(unit_bar + 4);  // kv_free
-        fh::mbar_arrive(unit_bar + 5);  // stage_free
-        dq_post_count(p, w, 1);
-        bwd_sm90_pair_rearm<T>(smem, w.n_iters, 1, 0, 0);  // the upper
-      }
-      fh::named_bar_sync(T::kBarEpilogue, T::kConsumerThreads);  // the rearm before the next unit's waits
-      return;
-    }
   }
   if constexpr (kPart) {
     // The parts meet without data (no dV / dK here); the last counts the ghost's adds.

@@ -79,31 +79,24 @@ struct BwdSm90Work {
 // (M the sequence's Q blocks; the plan keeps k <= M, so every part has a Q block), so the last
 // part, which sums the others' partials, has the shortest walk. The units before
 // p.split_first run in a launch of their own (kPart false).
-// Unit `cta` of the order above: its unit (K/V block, or the pair's two) of a (batch, kv head)
-// pair, before the deterministic mode's reversal.
-template <bool kDet, int kTailGroups>
-__device__ __forceinline__ GroupedTile bwd_sm90_grid_tile(const BwdSm90Params& p, int cta, int grid_units) {
-  if constexpr (kTailGroups > 1 && !kDet) {  // one tail group: grouped_tile's order
-    return grouped_tile_tail(cta, p.l2_group, grid_units, p.nheads_k * p.batch, p.causal ? kTailGroups : 1);
-  } else {
-    return grouped_tile(cta, p.l2_group, grid_units, p.nheads_k * p.batch);
-  }
-}
-
-// `cta`: the unit's index in the order (the launch's block_base + its cluster or CTA index, or
-// a persistent CTA's unit).
 template <int kBlockM, int kBlockN, bool kDet = false, bool kPair = false, bool kFromEnd = false,
           int kTailGroups = 1, bool kPart = false>
-__device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p, int cta) {
+__device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
   constexpr int kUnitBlocks = kPair ? 2 : 1;
   BwdSm90Work w;
+  int cta = p.block_base + static_cast<int>(kPair ? blockIdx.x / 2 : blockIdx.x);
   if constexpr (kPart) {
     w.split_unit = cta / p.split_parts;
     w.part = cta - w.split_unit * p.split_parts;
     cta = p.split_first + w.split_unit;
   }
   const int grid_units = (p.n_blocks + kUnitBlocks - 1) / kUnitBlocks;
-  const GroupedTile tile = bwd_sm90_grid_tile<kDet, kTailGroups>(p, cta, grid_units);
+  GroupedTile tile;
+  if constexpr (kTailGroups > 1 && !kDet) {  // one tail group: grouped_tile's order
+    tile = grouped_tile_tail(cta, p.l2_group, grid_units, p.nheads_k * p.batch, p.causal ? kTailGroups : 1);
+  } else {
+    tile = grouped_tile(cta, p.l2_group, grid_units, p.nheads_k * p.batch);
+  }
   w.unit = (kDet && p.causal && !kFromEnd) ? grid_units - 1 - tile.block : tile.block;
   w.n_block = kPair ? 2 * w.unit + static_cast<int>(blockIdx.x & 1) : w.unit;
   w.kv_head = tile.pair % p.nheads_k;
@@ -139,12 +132,6 @@ __device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p, int
     w.shift = (w.unit - w.det_lo) % w.m_blocks;
   }
   return w;
-}
-template <int kBlockM, int kBlockN, bool kDet = false, bool kPair = false, bool kFromEnd = false,
-          int kTailGroups = 1, bool kPart = false>
-__device__ __forceinline__ BwdSm90Work bwd_sm90_work(const BwdSm90Params& p) {
-  return bwd_sm90_work<kBlockM, kBlockN, kDet, kPair, kFromEnd, kTailGroups, kPart>(
-      p, p.block_base + static_cast<int>(kPair ? blockIdx.x / 2 : blockIdx.x));
 }
 
 // Iteration `it` of the walk -> (q head, Q block); `pos` gets the step's position in this

@@ -116,14 +116,3 @@ def test_d192_noncausal_row_is_the_causal_row_plus_lean_softmax():
     assert len(c) == 20 and len(b) == 18
     assert c[:18] == b and c[18:] == ["false", "true"]
 
-
-def test_persistent_candidate_is_the_row_made_persistent():
-    """kBwdSm90Hdim256Persistent is the d = 256 row with persistent on (the 30th field) and the
-    split last wave off (a persistent grid has no launch wave to split); nothing else, its
-    register split included (the step loop is to be the row's)."""
-    c, b = initializer("Bwd", "kBwdSm90Hdim256Persistent"), initializer("Bwd", "kBwdSm90Hdim256")
-    assert len(b) == 29 and len(c) == 30
-    assert c[:28] == b[:28]
-    assert b[28] == "true" and c[28:] == ["false", "true"]
-    r40 = initializer("Bwd", "kBwdSm90Hdim256PersistentR40")
-    assert r40[5:7] == ["40", "232"] and r40[:5] == c[:5] and r40[7:] == c[7:]
