@@ -117,7 +117,6 @@ def test_d192_noncausal_row_is_the_causal_row_plus_lean_softmax():
     assert c[:18] == b and c[18:] == ["false", "true"]
 
 
-
 def test_short_d256_forward_candidates_are_the_multi_row_plus_their_flags():
     """kFwdSm90Hdim256MultiSd / ...Ls / ...SdLs are kFwdSm90Hdim256Multi with s_desc_lo (the 18th
     field), lean_softmax (the 20th) or both, pingpong_across_tiles and rescale_between at their
