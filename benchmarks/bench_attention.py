@@ -195,16 +195,20 @@ def write_results(out_dir, payload):
     return path
 
 
+def row_gpu_mean(r, key):
+    """Mean of `key` over the GPU states of a result row's runs, or None where no run has it."""
+    vals = [g[key] for g in r.get("gpu") or [] if isinstance(g, dict) and g.get(key)]
+    return statistics.mean(vals) if vals else None
+
+
 def row_mj_per_call(r):
     """Mean NVML energy per call of a result row's runs (mJ), or None where it was not read."""
-    mj = [g["mj_per_call"] for g in r.get("gpu") or [] if isinstance(g, dict) and g.get("mj_per_call")]
-    return statistics.mean(mj) if mj else None
+    return row_gpu_mean(r, "mj_per_call")
 
 
 def row_clock_mhz(r):
     """Mean SM clock over a result row's runs while they ran (MHz, --sample-clock), or None."""
-    mhz = [g["sm_clock_mean_mhz"] for g in r.get("gpu") or [] if isinstance(g, dict) and g.get("sm_clock_mean_mhz")]
-    return statistics.mean(mhz) if mhz else None
+    return row_gpu_mean(r, "sm_clock_mean_mhz")
 
 
 # A ratio is marked when the repeats of either side spread by more than this (max / min): at
@@ -236,12 +240,12 @@ def format_table(payload):
     med = {(r["impl"],) + point(r): statistics.median(r["tflops"]) for r in rows}
     unsteady = {(r["impl"],) + point(r) for r in rows if spread(r["tflops"]) > UNSTEADY_SPREAD}
     marked = 0
-    energy = {(r["impl"],) + point(r): row_mj_per_call(r) for r in rows}
-    with_energy = any(energy.get(k) for k in energy if k[0] == "flashback") and any(
-        energy.get(k) for k in energy if k[0] == "fa3")
-    clock = {(r["impl"],) + point(r): row_clock_mhz(r) for r in rows}
-    with_clock = any(clock.get(k) for k in clock if k[0] == "flashback") and any(
-        clock.get(k) for k in clock if k[0] == "fa3")
+    def per_point(read):
+        """read(row) per (impl, point), and whether both flashback's and FA3's rows have it."""
+        values = {(r["impl"],) + point(r): read(r) for r in rows}
+        return values, all(any(v for k, v in values.items() if k[0] == impl) for impl in ("flashback", "fa3"))
+    energy, with_energy = per_point(row_mj_per_call)
+    clock, with_clock = per_point(row_clock_mhz)
     impls = [c for c in COLUMNS if any(r["impl"] == c for r in rows)]
     impls += sorted({r["impl"] for r in rows} - set(impls))
     order = {"bwd": 0, "fwd": 1, "train": 2}
