@@ -3,7 +3,6 @@
 // (the backward's in both modes) by the `flashback_candidates` target, which CI builds and
 // nothing links. So a change that breaks a candidate shows before anyone swaps it into a table.
 #include "bwd_sm90/bwd_sm90_launch.cuh"
-#include "fwd_sm90/fwd_sm90_launch.cuh"
 
 namespace flashback {
 namespace sm90 {
@@ -18,12 +17,5 @@ FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim256Timeline)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Tail2)
 FLASHBACK_BWD_CANDIDATE(kBwdSm90Hdim192Tail3)
 #undef FLASHBACK_BWD_CANDIDATE
-#define FLASHBACK_FWD_CANDIDATE(C)                                           \
-  template cudaError_t run_fwd_sm90_config<FwdSm90Traits<C, Dtype::kBf16>>( \
-      const flashback_fwd_params&, cudaStream_t);
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256MultiSd)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256MultiLs)
-FLASHBACK_FWD_CANDIDATE(kFwdSm90Hdim256MultiSdLs)
-#undef FLASHBACK_FWD_CANDIDATE
 }  // namespace sm90
 }  // namespace flashback

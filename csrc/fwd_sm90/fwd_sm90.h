@@ -284,21 +284,12 @@ constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, 
 // 16-byte stores draining (64 KB of O per tile); the bulk store hands the V stages back once it
 // has read them. Measured with copy_out_early and K ahead (H100, A B A B): causal +0.4 / +1.3 /
 // +2.1%, non-causal +2.0 / +2.3 / +3.1% at 512 / 1024 / 2048. At d = 192 the same read -1.5..+0.7%
-// (not taken; docs/perf-log.md, "Measured 2026-12-06, fifth run").
+// (not taken; docs/perf-log.md, "Measured 2026-12-06, fifth run"). s_desc_lo, lean_softmax and
+// both on this row (its loop 494 executed instructions per key block against FA3's 459; SASS
+// spans 656 / 655 / 638 against 666) read -1.7..-0.0%, -2.4..+1.4% and -1.1..+0.6% at 512-2048
+// (H100, GPU time, x 2): not taken (docs/perf-log.md, "Measured 2026-12-07, seventh run").
 constexpr FwdSm90Config kFwdSm90Hdim256Multi = {256, 80, 2, 2, 24, 240, false, true, true, true,
                                                true, true, false, true, true, true};
-// Candidates (docs/perf-log.md, "The short d = 256 forward's loop beside FA3's"): the Multi
-// config with s_desc_lo, with lean_softmax, and with both, the row otherwise as in the table.
-// ncu beside FA3 put this loop at 494 instructions per key block and consumer warp against
-// FA3's 459: +17 UIADD3 in the S issue, +13 in the guards and the mask test.
-constexpr FwdSm90Config kFwdSm90Hdim256MultiSd = {256, 80, 2, 2, 24, 240, false, true, true, true,
-                                                 true, true, false, true, true, true, false, true};
-constexpr FwdSm90Config kFwdSm90Hdim256MultiLs = {256, 80, 2, 2, 24, 240, false, true, true, true,
-                                                 true, true, false, true, true, true, false, false,
-                                                 false, true};
-constexpr FwdSm90Config kFwdSm90Hdim256MultiSdLs = {256, 80, 2, 2, 24, 240, false, true, true, true,
-                                                   true, true, false, true, true, true, false, true,
-                                                   false, true};
 // Which grid serves a head dim's calls, by seqlen_k (varlen: the longest sequence). Tiles are
 // (Q block, head, batch); a persistent grid (one CTA per SM) hides each tile's fixed costs (the
 // first Q and K loads, the epilogue) under the previous tile, +8..+21% at seqlen 512-1024 and

@@ -115,17 +115,3 @@ def test_d192_noncausal_row_is_the_causal_row_plus_lean_softmax():
     c, b = initializer("Fwd", "kFwdSm90Hdim192Full"), initializer("Fwd", "kFwdSm90Hdim192")
     assert len(c) == 20 and len(b) == 18
     assert c[:18] == b and c[18:] == ["false", "true"]
-
-
-def test_short_d256_forward_candidates_are_the_multi_row_plus_their_flags():
-    """kFwdSm90Hdim256MultiSd / ...Ls / ...SdLs are kFwdSm90Hdim256Multi with s_desc_lo (the 18th
-    field), lean_softmax (the 20th) or both, pingpong_across_tiles and rescale_between at their
-    defaults: an A/B against the row measures those flags alone."""
-    b = initializer("Fwd", "kFwdSm90Hdim256Multi")
-    assert len(b) == 16
-    want = {"kFwdSm90Hdim256MultiSd": ["false", "true"],
-            "kFwdSm90Hdim256MultiLs": ["false", "false", "false", "true"],
-            "kFwdSm90Hdim256MultiSdLs": ["false", "true", "false", "true"]}
-    for cand, tail in want.items():
-        c = initializer("Fwd", cand)
-        assert c[:16] == b and c[16:] == tail, cand
