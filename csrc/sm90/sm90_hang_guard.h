@@ -5,9 +5,10 @@
 // for 1e12 cycles (~8 minutes at 2 GHz): far beyond any legitimate wait, even with the GPU
 // time-sliced or the process stopped in a debugger, yet a hang still ends. The GPU tests build
 // the Hopper primitives with a ~2 s limit. The spin reads clock64 once before its first try
-// (one CS2R per wait in SASS, also when the phase is already complete) and then on each retry;
-// taking the first reading only after a failed try would save that instruction in every
-// kernel's waits (docs/perf-log.md, "The forward's S issue in uniform instructions").
+// (one CS2R per wait in SASS, also when the phase is already complete) and then on each retry.
+// Reading it only after a failed try, and retrying with a suspend-time hint as FA3's waits do,
+// measured no faster (d = 256 backward -1.0..+0.4% and -3.2..+1.2%, H100; docs/perf-log.md,
+// "Measured 2026-12-07, seventh run"), so the guard stays this simple.
 #pragma once
 
 #ifndef FLASHBACK_MBAR_TIMEOUT_CYCLES
