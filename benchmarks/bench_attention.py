@@ -495,6 +495,7 @@ class ClockSampler:
 
 
 SIDE_STREAM = False  # --side-stream: the sweep runs on a stream of its own
+ALTERNATE = False  # --alternate: implementations timed call by call in turn (time_alternating)
 COLD_L2_BYTES = 0  # --cold-l2: bytes zeroed before every timed call (0: none)
 
 
@@ -538,6 +539,91 @@ def time_ms(fn, iters, warmup, repeats):
             LAST_CLOCK_MHZ.append(round(mhz, 1))
         runs.append(statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)))
     return runs
+
+
+def alternation_order(names, i):
+    """The order of the implementations in round `i` of an alternating run: as given in round 0,
+    reversed in round 1, then a fixed shuffle per round (seeded by i, the same in every run), so
+    that over the rounds each one runs right after every other one and in every place of the
+    round (a kernel that leaves the card hot, or the L2 full of its own data, does not always
+    hand over to the same successor)."""
+    import random
+    names = list(names)
+    if i == 0:
+        return names
+    if i == 1:
+        return names[::-1]
+    return random.Random(i).sample(names, len(names))
+
+
+def time_alternating(fns, iters, warmup, repeats):
+    """{name: [median ms per repeat]} for several callables timed call by call in turn (--alternate):
+    each of `iters` rounds runs every callable once, each call bracketed by its own CUDA events,
+    in alternation_order. At a card's power cap the clock drifts over a run by more than the
+    differences being measured; calls microseconds apart share the clock, so the ratio between
+    implementations holds still even where each one's TFLOP/s does not. Each call also follows
+    another implementation's (its L2 holds their data, not its own): what a model that mixes
+    kernels sees. No energy or clock readings (the calls of all implementations share them)."""
+    import torch
+    names = list(fns)
+    for _ in range(warmup):
+        for n in names:
+            fns[n]()
+    torch.cuda.synchronize()
+    runs = {n: [] for n in names}
+    for _ in range(repeats):
+        ev = {n: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(iters)] for n in names}
+        if QUEUE_AHEAD:
+            torch.cuda._sleep(QUEUE_AHEAD_CYCLES_PER_CALL * iters * len(names))
+        for i in range(iters):
+            for n in alternation_order(names, i):
+                s, e = ev[n][i]
+                s.record()
+                fns[n]()
+                e.record()
+        torch.cuda.synchronize()
+        for n in names:
+            runs[n].append(statistics.median(s.elapsed_time(e) for s, e in ev[n]))
+    return runs
+
+
+def measure_alternating(impls, q, k, v, dout, causal, iters, warmup, repeats, notes, directions=DIRECTIONS):
+    """({impl: {direction: [ms per repeat]}}, {impl: {direction: path}}): every direction timed with
+    the implementations in alternation (time_alternating); an implementation that rejects the shape
+    is left out with a note. The paths are flashback's (either mode), read after one more untimed
+    call of that implementation alone, since the timed calls of the two modes interleave."""
+    import torch
+    fwds, outs = {}, {}
+    for impl in impls:
+        try:
+            fwd = _forward_fn(impl, causal)
+            out = fwd(q, k, v)
+            torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        except Exception as e:  # noqa: BLE001 - a backend that rejects the shape is skipped
+            notes.append(f"{impl} causal={causal} batch={q.shape[0]} seqlen={q.shape[1]} "
+                         f"d={q.shape[-1]} skipped: {_short(e)}")
+            print("note: " + notes[-1], flush=True)
+            continue
+        fwds[impl], outs[impl] = fwd, out
+    res, paths = {impl: {} for impl in fwds}, {}
+    for key in directions:
+        if key == "fwd":
+            fns = {i: (lambda f=f: f(q, k, v)) for i, f in fwds.items()}
+        elif key == "bwd":
+            fns = {i: (lambda o=o: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)) for i, o in outs.items()}
+        else:
+            fns = {i: (lambda f=f: torch.autograd.grad(f(q, k, v), (q, k, v), dout)) for i, f in fwds.items()}
+        for impl, ms in time_alternating(fns, iters, warmup, repeats).items():
+            res[impl][key] = ms
+        for impl in fns:
+            if impl in ("flashback", "flashback_det"):
+                import flashback
+                fns[impl]()
+                f, b = flashback.last_forward_path(), flashback.last_backward_path()
+                paths.setdefault(impl, {})[key] = {
+                    "fwd": f, "bwd": b, "train": "sm90" if f == b == "sm90" else f"forward {f}; backward {b}"}[key]
+    return res, paths
 
 
 def warm_gpu(seconds):
@@ -658,7 +744,12 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
                                              + ("; queue-ahead: the GPU sleeps until every timed call of a run "
                                                 "is queued (GPU time, no host time)" if QUEUE_AHEAD else "")
                                              + (f"; {preheat:g} s of matmuls before every implementation's run"
-                                                if preheat > 0 else "")
+                                                if preheat > 0 and not ALTERNATE else "")
+                                             + ("; alternate: the implementations timed call by call in turn "
+                                                "(each round every one once, every other round reversed), "
+                                                "no energy or clock readings"
+                                                + (f", {preheat:g} s of matmuls before every point" if preheat > 0 else "")
+                                                if ALTERNATE else "")
                                              + ("; every call on a side stream (not the default stream)"
                                                 if SIDE_STREAM else "")
                                              + (f"; {COLD_L2_BYTES >> 20} MB zeroed before every timed call "
@@ -694,7 +785,12 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
             # 578 TFLOP/s after SDPA, the next implementation's 620 / 557 / 569).
             point_impls = [i for i in impls if not (i == "fa3" and dtype_name != "bf16")]
             runs, paths_of, states_of = {}, {}, {}  # impl -> {key: [ms per repeat]}, ...
-            for rep in range(repeats):
+            if ALTERNATE:
+                warm_gpu(preheat)
+                runs, paths_of = measure_alternating(point_impls, q, k, v, dout, causal, iters, warmup, repeats,
+                                                     payload["notes"], directions)
+                torch.cuda.empty_cache()
+            for rep in range(repeats if not ALTERNATE else 0):
                 for impl in repeat_order(point_impls, rep):
                     if rep > 0 and impl not in runs:
                         continue  # skipped at its first repeat
@@ -784,6 +880,10 @@ def main(argv=None):
                    help="read the SM clock every MS milliseconds while a run's calls execute and record its "
                         "mean per run (the table then also gives ours/fa3/MHz); a Python thread, so keep "
                         "it off where the host bounds the calls (default 0: off)")
+    p.add_argument("--alternate", action="store_true",
+                   help="time the implementations call by call in turn instead of run by run, so that they "
+                        "share the clock (ratios steadier at the power cap; no energy or clock columns, no "
+                        "raw backward call row)")
     p.add_argument("--summarize", metavar="JSON", help="print the table of a result file (with --plot: its PNG) and exit")
     a = p.parse_args(argv)
 
@@ -836,6 +936,10 @@ def main(argv=None):
                                 "" if a.masks == "both" else a.masks) if t)
     global SIDE_STREAM
     SIDE_STREAM = a.side_stream
+    global ALTERNATE
+    ALTERNATE = a.alternate
+    if a.alternate:
+        tag = "-".join(t for t in (tag, "alt") if t)
     if a.side_stream:
         tag = "-".join(t for t in (tag, "side") if t)
     global COLD_L2_BYTES

@@ -340,3 +340,92 @@ def test_table_per_mhz_column(bench):
         assert row[-1] == f"{(ours_tf / 1500.0) / (400.0 / 1800.0):.3f}"
     assert bench.row_clock_mhz({"gpu": [{"sm_clock_mean_mhz": 1500.0}, {"sm_clock_mean_mhz": 1700.0}, {}]}) == 1600.0
     assert bench.row_clock_mhz({"gpu": [{"sm_clock_mhz": 1980}]}) is None
+
+
+def test_alternation_order_gives_every_predecessor_and_place(bench):
+    for names in (["flashback", "fa3"], ["flashback", "sdpa_flash", "fa3"],
+                  ["flashback", "flashback_det", "sdpa_flash", "fa3"]):
+        n = len(names)
+        rounds = [bench.alternation_order(names, i) for i in range(4 * n)]
+        assert rounds[0] == names and rounds[1] == names[::-1]
+        assert all(sorted(r) == sorted(names) for r in rounds)
+        # Over 4n rounds every implementation runs right after each other one (the last call
+        # of a round precedes the next round's first) and first in some round.
+        seq = [x for r in rounds for x in r]
+        preds = {m: {a for a, b in zip(seq, seq[1:]) if b == m and a != m} for m in names}
+        assert all(preds[m] == set(names) - {m} for m in names), (names, preds)
+        assert {r[0] for r in rounds} == set(names)
+    assert bench.alternation_order([], 3) == [] and bench.alternation_order(["a"], 5) == ["a"]
+
+
+class _FakeClock:
+    """Stands in for CUDA events on the CPU: time advances only inside the timed callables."""
+    now = 0.0
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = _FakeClock.now
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    _FakeClock.now = 0.0
+    monkeypatch.setattr(torch.cuda, "Event", _FakeClock.Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    return _FakeClock
+
+
+def test_time_alternating_times_each_call_in_turn(bench, fake_cuda):
+    order = []
+
+    def call(name, ms):
+        def fn():
+            order.append(name)
+            fake_cuda.now += ms
+        return fn
+    runs = bench.time_alternating({"a": call("a", 2.0), "b": call("b", 3.0)}, iters=4, warmup=1, repeats=2)
+    assert runs == {"a": [2.0, 2.0], "b": [3.0, 3.0]}
+    # warm-up a b; then per repeat the rounds in alternation_order.
+    rounds = [x for i in range(4) for x in bench.alternation_order(["a", "b"], i)]
+    assert order == ["a", "b"] + rounds * 2 and rounds[:4] == ["a", "b", "b", "a"]
+
+
+def test_measure_alternating_times_every_direction_and_skips_a_rejecting_backend(bench, fake_cuda, monkeypatch):
+    calls = []
+
+    def forward_fn(impl, causal):
+        if impl == "cudnn":
+            def reject(q, k, v):
+                raise RuntimeError("no kernel for this shape")
+            return reject
+
+        def fwd(q, k, v):
+            calls.append(impl)
+            fake_cuda.now += 1.0
+            return (q * k + v) * (2.0 if causal else 1.0)
+        return fwd
+    monkeypatch.setattr(bench, "_forward_fn", forward_fn)
+    q, k, v = (torch.randn(1, 8, 2, 4, requires_grad=True) for _ in range(3))
+    dout = torch.randn(1, 8, 2, 4)
+    notes = []
+    res, paths = bench.measure_alternating(["sdpa_flash", "cudnn", "fa3"], q, k, v, dout, True, iters=3, warmup=1,
+                                           repeats=2, notes=notes, directions=("fwd", "bwd", "train"))
+    assert sorted(res) == ["fa3", "sdpa_flash"] and paths == {}
+    assert len(notes) == 1 and "cudnn" in notes[0] and "skipped" in notes[0]
+    for impl in res:
+        assert sorted(res[impl]) == ["bwd", "fwd", "train"]
+        assert res[impl]["fwd"] == [1.0, 1.0] and res[impl]["train"] == [1.0, 1.0]
+        assert res[impl]["bwd"] == [0.0, 0.0]  # autograd on the CPU takes no fake time
+    # One check call each, then fwd and train alternate: (warm-up 1 + 3 rounds x 2 repeats) x 2.
+    assert calls.count("sdpa_flash") == calls.count("fa3") == 1 + 2 * (1 + 3 * 2)
+
+
+def test_alternate_is_an_option():
+    res = _run("--alternate", "--help")
+    assert res.returncode == 0 and "--alternate" in res.stdout
