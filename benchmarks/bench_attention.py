@@ -746,7 +746,7 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
                                              + (f"; {preheat:g} s of matmuls before every implementation's run"
                                                 if preheat > 0 and not ALTERNATE else "")
                                              + ("; alternate: the implementations timed call by call in turn "
-                                                "(each round every one once, every other round reversed), "
+                                                "(each round every one once, the order varied per round), "
                                                 "no energy or clock readings"
                                                 + (f", {preheat:g} s of matmuls before every point" if preheat > 0 else "")
                                                 if ALTERNATE else "")
