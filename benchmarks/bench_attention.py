@@ -541,59 +541,79 @@ def time_ms(fn, iters, warmup, repeats):
     return runs
 
 
-def alternation_order(names, i):
+def alternation_order(names, i, prev_last=None):
     """The order of the implementations in round `i` of an alternating run: as given in round 0,
-    reversed in round 1, then a fixed shuffle per round (seeded by i, the same in every run), so
-    that over the rounds each one runs right after every other one and in every place of the
-    round (a kernel that leaves the card hot, or the L2 full of its own data, does not always
-    hand over to the same successor)."""
+    then a fixed shuffle per round (seeded by i, the same in every run), turned so that it does not
+    start with `prev_last`, the previous round's last. So no call follows a call of its own
+    implementation (with two, strictly A B A B), and over the rounds each one follows every other
+    one: a kernel that leaves the card hot does not always hand over to the same successor."""
     import random
     names = list(names)
-    if i == 0:
-        return names
-    if i == 1:
-        return names[::-1]
-    return random.Random(i).sample(names, len(names))
+    order = names if i == 0 else random.Random(i).sample(names, len(names))
+    if len(order) > 1 and order[0] == prev_last:
+        order = order[1:] + order[:1]
+    return order
+
+
+def alternation_rounds(names, iters):
+    """The orders of rounds 0 .. iters - 1 (alternation_order, each round after the last)."""
+    rounds, last = [], None
+    for i in range(iters):
+        rounds.append(alternation_order(names, i, last))
+        last = rounds[-1][-1] if rounds[-1] else None
+    return rounds
 
 
 def time_alternating(fns, iters, warmup, repeats):
     """{name: [median ms per repeat]} for several callables timed call by call in turn (--alternate):
     each of `iters` rounds runs every callable once, each call bracketed by its own CUDA events,
-    in alternation_order. At a card's power cap the clock drifts over a run by more than the
-    differences being measured; calls microseconds apart share the clock, so the ratio between
-    implementations holds still even where each one's TFLOP/s does not. Each call also follows
-    another implementation's (its L2 holds their data, not its own): what a model that mixes
-    kernels sees. No energy or clock readings (the calls of all implementations share them)."""
+    in alternation_rounds' orders. At a card's power cap the clock drifts over a run by more than
+    the differences being measured; calls milliseconds apart share the clock, so the ratio between
+    implementations holds still even where each one's TFLOP/s does not. No energy or clock
+    readings (the calls of all implementations share them). --cold-l2 zeroes the flush buffer
+    before every call, outside its events; --queue-ahead sleeps before every chunk of rounds
+    holding about `iters` calls, as many as time_ms queues at once."""
     import torch
     names = list(fns)
+    flush = torch.empty(COLD_L2_BYTES // 4, dtype=torch.int32, device=DEVICE) if COLD_L2_BYTES else None
     for _ in range(warmup):
         for n in names:
             fns[n]()
     torch.cuda.synchronize()
+    rounds = alternation_rounds(names, iters)
+    per_chunk = max(1, iters // max(1, len(names))) if QUEUE_AHEAD else max(1, iters)
     runs = {n: [] for n in names}
     for _ in range(repeats):
         ev = {n: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(iters)] for n in names}
-        if QUEUE_AHEAD:
-            torch.cuda._sleep(QUEUE_AHEAD_CYCLES_PER_CALL * iters * len(names))
-        for i in range(iters):
-            for n in alternation_order(names, i):
-                s, e = ev[n][i]
-                s.record()
-                fns[n]()
-                e.record()
+        for c0 in range(0, iters, per_chunk):
+            c1 = min(iters, c0 + per_chunk)
+            if QUEUE_AHEAD:
+                torch.cuda._sleep(QUEUE_AHEAD_CYCLES_PER_CALL * (c1 - c0) * len(names))
+            for i in range(c0, c1):
+                for n in rounds[i]:
+                    if flush is not None:
+                        flush.zero_()
+                    s, e = ev[n][i]
+                    s.record()
+                    fns[n]()
+                    e.record()
         torch.cuda.synchronize()
         for n in names:
             runs[n].append(statistics.median(s.elapsed_time(e) for s, e in ev[n]))
     return runs
 
 
-def measure_alternating(impls, q, k, v, dout, causal, iters, warmup, repeats, notes, directions=DIRECTIONS):
+def measure_alternating(impls, q, k, v, dout, causal, iters, warmup, repeats, notes, directions=DIRECTIONS,
+                        dtype_name="bf16"):
     """({impl: {direction: [ms per repeat]}}, {impl: {direction: path}}): every direction timed with
-    the implementations in alternation (time_alternating); an implementation that rejects the shape
-    is left out with a note. The paths are flashback's (either mode), read after one more untimed
-    call of that implementation alone, since the timed calls of the two modes interleave."""
+    the implementations in alternation (time_alternating). An implementation that rejects the
+    shape is left out with a note; an error while a direction is timed drops that direction for
+    the point, with a note (the calls of all implementations are interleaved, so it cannot be
+    pinned on one). The paths are flashback's (either mode), read after one more untimed call of
+    that implementation alone, since the timed calls of the two modes interleave."""
     import torch
+    where = f"d={q.shape[-1]} {dtype_name} causal={causal} batch={q.shape[0]} seqlen={q.shape[1]}"
     fwds, outs = {}, {}
     for impl in impls:
         try:
@@ -601,8 +621,7 @@ def measure_alternating(impls, q, k, v, dout, causal, iters, warmup, repeats, no
             out = fwd(q, k, v)
             torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
         except Exception as e:  # noqa: BLE001 - a backend that rejects the shape is skipped
-            notes.append(f"{impl} causal={causal} batch={q.shape[0]} seqlen={q.shape[1]} "
-                         f"d={q.shape[-1]} skipped: {_short(e)}")
+            notes.append(f"{impl} {where} skipped: {_short(e)}")
             print("note: " + notes[-1], flush=True)
             continue
         fwds[impl], outs[impl] = fwd, out
@@ -614,7 +633,14 @@ def measure_alternating(impls, q, k, v, dout, causal, iters, warmup, repeats, no
             fns = {i: (lambda o=o: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)) for i, o in outs.items()}
         else:
             fns = {i: (lambda f=f: torch.autograd.grad(f(q, k, v), (q, k, v), dout)) for i, f in fwds.items()}
-        for impl, ms in time_alternating(fns, iters, warmup, repeats).items():
+        try:
+            timed = time_alternating(fns, iters, warmup, repeats)
+        except Exception as e:  # noqa: BLE001 - keep the point's other directions
+            notes.append(f"{key} {where} with {', '.join(fns)} alternating failed: {_short(e)}")
+            print("note: " + notes[-1], flush=True)
+            torch.cuda.empty_cache()
+            continue
+        for impl, ms in timed.items():
             res[impl][key] = ms
         for impl in fns:
             if impl in ("flashback", "flashback_det"):
@@ -623,7 +649,7 @@ def measure_alternating(impls, q, k, v, dout, causal, iters, warmup, repeats, no
                 f, b = flashback.last_forward_path(), flashback.last_backward_path()
                 paths.setdefault(impl, {})[key] = {
                     "fwd": f, "bwd": b, "train": "sm90" if f == b == "sm90" else f"forward {f}; backward {b}"}[key]
-    return res, paths
+    return {impl: r for impl, r in res.items() if r}, paths
 
 
 def warm_gpu(seconds):
@@ -735,10 +761,11 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
     payload = make_payload(device, git_commit(), datetime.date.today().isoformat(), torch.__version__, [],
                            notes=[], method=(f"FlashAttention FLOP convention (fwd 4*b*s^2*h*d, /2 causal; bwd 2.5x); "
                                              f"median of {iters} CUDA-event-timed calls after {warmup} warm-up, "
-                                             f"{repeats} repeats interleaved across implementations (on odd repeats all but "
-                                             f"the first in reverse order); "
-                                             f"bwd = autograd.grad after one forward; "
-                                             f"{BWD_CALL} = raw attention_backward call"
+                                             + (f"{repeats} repeats interleaved across implementations (on odd repeats "
+                                                f"all but the first in reverse order); " if not ALTERNATE else
+                                                f"{repeats} repeats; ")
+                                             + "bwd = autograd.grad after one forward"
+                                             + (f"; {BWD_CALL} = raw attention_backward call" if not ALTERNATE else "")
                                              + (f"; {warm_seconds:g} s of matmuls before the first row"
                                                 if warm_seconds > 0 else "")
                                              + ("; queue-ahead: the GPU sleeps until every timed call of a run "
@@ -746,8 +773,8 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
                                              + (f"; {preheat:g} s of matmuls before every implementation's run"
                                                 if preheat > 0 and not ALTERNATE else "")
                                              + ("; alternate: the implementations timed call by call in turn "
-                                                "(each round every one once, the order varied per round), "
-                                                "no energy or clock readings"
+                                                "(each round every one once, the order varied per round, no call "
+                                                "right after one of its own implementation), no energy or clock readings"
                                                 + (f", {preheat:g} s of matmuls before every point" if preheat > 0 else "")
                                                 if ALTERNATE else "")
                                              + ("; every call on a side stream (not the default stream)"
@@ -788,7 +815,7 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
             if ALTERNATE:
                 warm_gpu(preheat)
                 runs, paths_of = measure_alternating(point_impls, q, k, v, dout, causal, iters, warmup, repeats,
-                                                     payload["notes"], directions)
+                                                     payload["notes"], directions, dtype_name)
                 torch.cuda.empty_cache()
             for rep in range(repeats if not ALTERNATE else 0):
                 for impl in repeat_order(point_impls, rep):
@@ -922,6 +949,8 @@ def main(argv=None):
             p.error(f"--seqlens takes main, short, all or divisors of {TOKENS}, got {a.seqlens!r}")
     if not a.preheat >= 0:
         p.error(f"--preheat takes seconds >= 0, got {a.preheat!r}")
+    if a.alternate and a.sample_clock > 0:
+        p.error("--sample-clock does not combine with --alternate (the implementations' calls share the readings)")
     iters = a.iters if a.iters is not None else (10 if a.quick else 100)
     warmup = a.warmup if a.warmup is not None else (2 if a.quick else 10)
 

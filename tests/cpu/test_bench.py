@@ -342,20 +342,22 @@ def test_table_per_mhz_column(bench):
     assert bench.row_clock_mhz({"gpu": [{"sm_clock_mhz": 1980}]}) is None
 
 
-def test_alternation_order_gives_every_predecessor_and_place(bench):
+def test_alternation_never_repeats_an_implementation_and_varies_its_predecessor(bench):
     for names in (["flashback", "fa3"], ["flashback", "sdpa_flash", "fa3"],
                   ["flashback", "flashback_det", "sdpa_flash", "fa3"]):
         n = len(names)
-        rounds = [bench.alternation_order(names, i) for i in range(4 * n)]
-        assert rounds[0] == names and rounds[1] == names[::-1]
+        rounds = bench.alternation_rounds(names, 100)
+        assert rounds[0] == names
         assert all(sorted(r) == sorted(names) for r in rounds)
-        # Over 4n rounds every implementation runs right after each other one (the last call
-        # of a round precedes the next round's first) and first in some round.
         seq = [x for r in rounds for x in r]
-        preds = {m: {a for a, b in zip(seq, seq[1:]) if b == m and a != m} for m in names}
+        # No call right after one of its own implementation, across round boundaries too.
+        assert all(a != b for a, b in zip(seq, seq[1:])), names
+        # Within the first 4n rounds every implementation follows each other one.
+        head = [x for r in rounds[:4 * n] for x in r]
+        preds = {m: {a for a, b in zip(head, head[1:]) if b == m} for m in names}
         assert all(preds[m] == set(names) - {m} for m in names), (names, preds)
-        assert {r[0] for r in rounds} == set(names)
-    assert bench.alternation_order([], 3) == [] and bench.alternation_order(["a"], 5) == ["a"]
+    assert bench.alternation_rounds(["flashback", "fa3"], 4) == [["flashback", "fa3"]] * 4
+    assert bench.alternation_rounds([], 3) == [[], [], []] and bench.alternation_rounds(["a"], 2) == [["a"], ["a"]]
 
 
 class _FakeClock:
@@ -383,49 +385,102 @@ def fake_cuda(monkeypatch):
 
 def test_time_alternating_times_each_call_in_turn(bench, fake_cuda):
     order = []
+    calls = {"a": 0, "b": 0}
 
     def call(name, ms):
         def fn():
             order.append(name)
-            fake_cuda.now += ms
+            # The timed rounds' costs grow with the round (the 2 warm-up calls cost 0), so that
+            # events read from another round's calls would change the medians.
+            fake_cuda.now += 0.0 if calls[name] < 1 else ms * ((calls[name] - 1) % 3 + 1)
+            calls[name] += 1
         return fn
-    runs = bench.time_alternating({"a": call("a", 2.0), "b": call("b", 3.0)}, iters=4, warmup=1, repeats=2)
-    assert runs == {"a": [2.0, 2.0], "b": [3.0, 3.0]}
-    # warm-up a b; then per repeat the rounds in alternation_order.
-    rounds = [x for i in range(4) for x in bench.alternation_order(["a", "b"], i)]
-    assert order == ["a", "b"] + rounds * 2 and rounds[:4] == ["a", "b", "b", "a"]
+    runs = bench.time_alternating({"a": call("a", 2.0), "b": call("b", 3.0)}, iters=3, warmup=1, repeats=2)
+    # Per repeat each callable ran 1x, 2x and 3x its cost: the median is 2x.
+    assert runs == {"a": [4.0, 4.0], "b": [6.0, 6.0]}
+    assert order == ["a", "b"] + ["a", "b"] * 6
+
+
+def _fake_attention(fake_cuda, fwd_ms, bwd_ms):
+    class Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            fake_cuda.now += fwd_ms
+            return q * k + v
+
+        @staticmethod
+        def backward(ctx, g):
+            fake_cuda.now += bwd_ms
+            return g, g, g
+    return Fn.apply
 
 
 def test_measure_alternating_times_every_direction_and_skips_a_rejecting_backend(bench, fake_cuda, monkeypatch):
-    calls = []
+    cost = {"flashback": (1.0, 2.0), "fa3": (1.5, 2.5)}
 
     def forward_fn(impl, causal):
         if impl == "cudnn":
             def reject(q, k, v):
                 raise RuntimeError("no kernel for this shape")
             return reject
-
-        def fwd(q, k, v):
-            calls.append(impl)
-            fake_cuda.now += 1.0
-            return (q * k + v) * (2.0 if causal else 1.0)
-        return fwd
+        return _fake_attention(fake_cuda, *cost[impl])
     monkeypatch.setattr(bench, "_forward_fn", forward_fn)
+    fake = type(sys)("flashback")
+    fake.last_forward_path = lambda: "sm90"
+    fake.last_backward_path = lambda: "reference: test"
+    monkeypatch.setitem(sys.modules, "flashback", fake)
     q, k, v = (torch.randn(1, 8, 2, 4, requires_grad=True) for _ in range(3))
     dout = torch.randn(1, 8, 2, 4)
     notes = []
-    res, paths = bench.measure_alternating(["sdpa_flash", "cudnn", "fa3"], q, k, v, dout, True, iters=3, warmup=1,
-                                           repeats=2, notes=notes, directions=("fwd", "bwd", "train"))
-    assert sorted(res) == ["fa3", "sdpa_flash"] and paths == {}
-    assert len(notes) == 1 and "cudnn" in notes[0] and "skipped" in notes[0]
-    for impl in res:
-        assert sorted(res[impl]) == ["bwd", "fwd", "train"]
-        assert res[impl]["fwd"] == [1.0, 1.0] and res[impl]["train"] == [1.0, 1.0]
-        assert res[impl]["bwd"] == [0.0, 0.0]  # autograd on the CPU takes no fake time
-    # One check call each, then fwd and train alternate: (warm-up 1 + 3 rounds x 2 repeats) x 2.
-    assert calls.count("sdpa_flash") == calls.count("fa3") == 1 + 2 * (1 + 3 * 2)
+    res, paths = bench.measure_alternating(["flashback", "cudnn", "fa3"], q, k, v, dout, True, iters=3, warmup=1,
+                                           repeats=2, notes=notes, directions=("fwd", "bwd", "train"),
+                                           dtype_name="fp16")
+    assert sorted(res) == ["fa3", "flashback"]
+    assert notes == ["cudnn d=4 fp16 causal=True batch=1 seqlen=8 skipped: RuntimeError: no kernel for this shape"]
+    for impl, (f, b) in cost.items():
+        assert res[impl] == {"fwd": [f, f], "bwd": [b, b], "train": [f + b, f + b]}, impl
+    assert paths == {"flashback": {"fwd": "sm90", "bwd": "reference: test", "train": "forward sm90; backward reference: test"}}
+
+
+def test_measure_alternating_drops_a_direction_that_fails(bench, fake_cuda, monkeypatch):
+    def forward_fn(impl, causal):
+        attention = _fake_attention(fake_cuda, 1.0, 2.0)
+        if impl == "sdpa_flash":
+            return attention
+        state = {"calls": 0}
+
+        def flaky(q, k, v):  # takes the shape, then fails while the forward is timed
+            state["calls"] += 1
+            if state["calls"] > 2:
+                raise RuntimeError("out of memory")
+            return attention(q, k, v)
+        return flaky
+    monkeypatch.setattr(bench, "_forward_fn", forward_fn)
+    q, k, v = (torch.randn(1, 8, 2, 4, requires_grad=True) for _ in range(3))
+    notes = []
+    res, _ = bench.measure_alternating(["sdpa_flash", "fa3"], q, k, v, torch.randn(1, 8, 2, 4), False, iters=3,
+                                       warmup=1, repeats=1, notes=notes, directions=("fwd", "bwd"))
+    assert res == {"sdpa_flash": {"bwd": [2.0]}, "fa3": {"bwd": [2.0]}}
+    assert len(notes) == 1 and notes[0].startswith("fwd d=4 bf16 causal=False") and "out of memory" in notes[0]
 
 
 def test_alternate_is_an_option():
     res = _run("--alternate", "--help")
     assert res.returncode == 0 and "--alternate" in res.stdout
+    res = _run("--alternate", "--sample-clock", "5")
+    assert res.returncode == 2 and "--sample-clock does not combine with --alternate" in res.stderr
+
+
+def test_time_alternating_queues_ahead_in_chunks(bench, fake_cuda, monkeypatch):
+    """--queue-ahead: a sleep before every chunk of rounds, each chunk about `iters` calls (what
+    time_ms queues at once), so the launch queue holds as much as in the default mode."""
+    sleeps = []
+    monkeypatch.setattr(bench, "QUEUE_AHEAD", True)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: sleeps.append(cycles), raising=False)
+
+    def fn():
+        fake_cuda.now += 1.0
+    runs = bench.time_alternating({"a": fn, "b": fn}, iters=5, warmup=0, repeats=1)
+    assert runs == {"a": [1.0], "b": [1.0]}
+    per_call = bench.QUEUE_AHEAD_CYCLES_PER_CALL
+    assert sleeps == [per_call * 4, per_call * 4, per_call * 2]  # rounds 0-1, 2-3, 4; two calls a round
