@@ -16,16 +16,15 @@ times).
 """
 import argparse
 import collections
-import re
 
+import sass_loops
 from sass_hotspots import num, rows
-
-_PRED = re.compile(r"^@!?U?P\w+\s+")
 
 
 def opcode(sass: str) -> str:
-    s = _PRED.sub("", sass.strip())
-    return s.split()[0].replace(".FTZ", "") if s else "?"
+    """sass_loops' opcode (the predicate dropped), .FTZ ignored; "?" for an empty line."""
+    s = sass.strip()
+    return sass_loops.opcode(s).replace(".FTZ", "") if s else "?"
 
 
 def executed(path):
