@@ -26,6 +26,10 @@ kernels of a training step.
 With --sample-clock MS a thread reads the SM clock every MS milliseconds while a run's calls
 execute; each row records the mean per run and the table adds ours/fa3/MHz (at the power cap two
 runs of one kernel differ mostly by the clock they got).
+With --alternate the implementations of a point are timed call by call in turn instead of run by
+run, so that all meet the same clock (ratios within ~1% across repeats at the power cap, where
+runs move by 10%); with --builds A=PATH,B=PATH it times flashback once per build of the library,
+all loaded in one process, and adds B/A (an A/B of two builds at that resolution).
 Inputs are fresh torch.randn, stored (batch, seqlen, nheads, headdim); SDPA gets (b, h, s, d)
 views of the same memory (its causal mask is top-left: the same here, seqlen_q == seqlen_k).
 The yardstick is SDPA's flash backend; the table shows ours/yardstick and, where the run timed
@@ -82,6 +86,61 @@ DEFAULT_IMPLS = ("flashback", "sdpa_flash", "cudnn", "fa3")
 BWD_CALL = "flashback_bwd_call"  # extra rows of impl "flashback": the raw attention_backward call
 YARDSTICK = "sdpa_flash"
 COLUMNS = ("flashback", BWD_CALL, "flashback_det", "sdpa_flash", "cudnn", "sdpa_efficient", "fa3")  # table order
+OURS = ("flashback", "flashback_det")
+# --builds LABEL=PATH,...: flashback's implementations once per build of the library, named
+# "flashback@LABEL" (and "flashback_det@LABEL"), all in one process and timed call by call in turn
+# (--alternate), so that an A/B of two builds meets one clock. label -> path; the loaded
+# libraries in BUILD_LIBS.
+BUILDS = {}
+BUILD_LIBS = {}
+
+
+def base_impl(impl):
+    """The implementation without its build label: "flashback@B" -> "flashback"."""
+    return impl.split("@", 1)[0]
+
+
+def build_label(impl):
+    """The build label of "flashback@B" ("B"), or None."""
+    return impl.split("@", 1)[1] if "@" in impl else None
+
+
+def parse_builds(text):
+    """{label: path} from "A=path,B=path" (labels of letters, digits, '_', '-', '.'); ValueError
+    on a malformed entry or a repeated label."""
+    builds = {}
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        label, eq, path = item.partition("=")
+        if not eq or not path or not re.fullmatch(r"[A-Za-z0-9_.-]+", label):
+            raise ValueError(f"{item!r} is not LABEL=PATH")
+        if label in builds:
+            raise ValueError(f"build label {label!r} given twice")
+        builds[label] = path
+    if len(builds) < 2:
+        raise ValueError("--builds takes at least two LABEL=PATH entries")
+    return builds
+
+
+def expand_builds(impls, labels):
+    """flashback / flashback_det replaced by one implementation per build label, in order."""
+    out = []
+    for impl in impls:
+        out += [f"{impl}@{label}" for label in labels] if impl in OURS else [impl]
+    return out
+
+
+def in_build(impl, fn):
+    """fn, run under impl's build of the library where it names one (--builds)."""
+    label = build_label(impl)
+    if label is None:
+        return fn
+    from flashback import _lib
+    lib = BUILD_LIBS[label]
+
+    def call():
+        with _lib.using(lib):
+            return fn()
+    return call
 
 # ----------------------------------------------------------------------------------------------
 # Convention, naming and the result file (no GPU needed: unit-tested on the CPU)
@@ -246,8 +305,17 @@ def format_table(payload):
         return values, all(any(v for k, v in values.items() if k[0] == impl) for impl in ("flashback", "fa3"))
     energy, with_energy = per_point(row_mj_per_call)
     clock, with_clock = per_point(row_clock_mhz)
-    impls = [c for c in COLUMNS if any(r["impl"] == c for r in rows)]
+    built = list(dict.fromkeys(r["impl"] for r in rows if build_label(r["impl"])))  # --builds, in order
+    impls = [i for c in COLUMNS for i in [c] + [b for b in built if base_impl(b) == c] if any(r["impl"] == i for r in rows)]
     impls += sorted({r["impl"] for r in rows} - set(impls))
+    # "ours" in the ratios: flashback, or with --builds the first build's.
+    ours_impl = "flashback" if "flashback" in impls else next((i for i in impls if base_impl(i) == "flashback"),
+                                                              "flashback")
+    # --builds: each later build over the first, per implementation (a column "B/A").
+    firsts = {}
+    for i in impls:
+        if build_label(i):
+            firsts.setdefault(base_impl(i), i)
     order = {"bwd": 0, "fwd": 1, "train": 2}
     keys = sorted({point(r) for r in rows},
                   key=lambda k: (k[0], k[1], order.get(k[2], 3), not k[3], k[5]))
@@ -257,7 +325,11 @@ def format_table(payload):
         ratios.append(("ours/fa3", "fa3", True))
     if "flashback_det" in impls:
         ratios.append(("det/ours", "flashback_det", False))
-    head = ["dir", "d", "dtype", "causal", "batch", "seqlen"] + impls + [name for name, _, _ in ratios]
+    build_ratios = [(f"{build_label(i)}/{build_label(firsts[base_impl(i)])}"
+                     f"{'(det)' if base_impl(i) == 'flashback_det' else ''}", i, firsts[base_impl(i)])
+                    for i in impls if build_label(i) and i != firsts[base_impl(i)]]
+    head = (["dir", "d", "dtype", "causal", "batch", "seqlen"] + impls + [name for name, _, _ in ratios]
+            + [name for name, _, _ in build_ratios])
     if with_energy:
         head.append("mJ ours/fa3")
     if with_clock:
@@ -266,16 +338,21 @@ def format_table(payload):
     for d, dtype, direction, causal, batch, seqlen in keys:
         key = (d, dtype, direction, causal, batch, seqlen)
         vals = [med.get((i,) + key) for i in impls]
-        ours = med.get(("flashback",) + key)
+        ours = med.get((ours_impl,) + key)
         cells = []
         for _, other, ours_over_other in ratios:
             x = med.get((other,) + key)
             if not (ours and x):
                 cells.append("-")
                 continue
-            mark = "?" if {("flashback",) + key, (other,) + key} & unsteady else ""
+            mark = "?" if {(ours_impl,) + key, (other,) + key} & unsteady else ""
             marked += bool(mark)
             cells.append(f"{(ours / x if ours_over_other else x / ours):.3f}{mark}")
+        for _, later, first in build_ratios:
+            x, y = med.get((later,) + key), med.get((first,) + key)
+            mark = "?" if {(later,) + key, (first,) + key} & unsteady else ""
+            marked += bool(mark and x and y)
+            cells.append(f"{x / y:.3f}{mark}" if x and y else "-")
         line = ([direction, str(d), dtype, "yes" if causal else "no", str(batch), str(seqlen)]
                 + [f"{v:.1f}" if v is not None else "-" for v in vals] + cells)
         if with_energy:
@@ -381,7 +458,7 @@ def environment_problem(impls):
     major, minor = torch.cuda.get_device_capability()
     if (major, minor) != (9, 0):
         return f"{torch.cuda.get_device_name()} is sm_{major}{minor}; this benchmark needs an sm_90 (Hopper) GPU"
-    if "flashback" in impls or "flashback_det" in impls:
+    if any(base_impl(i) in OURS for i in impls):
         try:
             import flashback
         except Exception as e:  # noqa: BLE001 - any failure to import means: not available
@@ -389,6 +466,12 @@ def environment_problem(impls):
         if not flashback.is_available():
             return ("flashback is not available: its library was not found or did not load "
                     "(build it into build/ and set FLASHBACK_LIBRARY=build/libflashback.so)")
+        from flashback import _lib
+        for label, path in BUILDS.items():
+            try:
+                BUILD_LIBS[label] = _lib.load_file(path)
+            except _lib.LibraryNotFoundError as e:
+                return f"build {label} did not load: {e}"
     return None
 
 
@@ -411,9 +494,9 @@ def _forward_fn(impl, causal):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    if impl in ("flashback", "flashback_det"):
+    if base_impl(impl) in OURS:
         import flashback
-        det = impl == "flashback_det"
+        det = base_impl(impl) == "flashback_det"
         return lambda q, k, v: flashback.attention(q, k, v, causal=causal, deterministic=det)
     if impl == "fa3":
         from flash_attn_interface import flash_attn_func
@@ -618,8 +701,8 @@ def measure_alternating(impls, q, k, v, dout, causal, iters, warmup, repeats, no
     for impl in impls:
         try:
             fwd = _forward_fn(impl, causal)
-            out = fwd(q, k, v)
-            torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+            out = in_build(impl, lambda: fwd(q, k, v))()
+            in_build(impl, lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))()
         except Exception as e:  # noqa: BLE001 - a backend that rejects the shape is skipped
             notes.append(f"{impl} {where} skipped: {_short(e)}")
             print("note: " + notes[-1], flush=True)
@@ -633,6 +716,7 @@ def measure_alternating(impls, q, k, v, dout, causal, iters, warmup, repeats, no
             fns = {i: (lambda o=o: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)) for i, o in outs.items()}
         else:
             fns = {i: (lambda f=f: torch.autograd.grad(f(q, k, v), (q, k, v), dout)) for i, f in fwds.items()}
+        fns = {i: in_build(i, fn) for i, fn in fns.items()}
         try:
             timed = time_alternating(fns, iters, warmup, repeats)
         except Exception as e:  # noqa: BLE001 - keep the point's other directions
@@ -643,10 +727,10 @@ def measure_alternating(impls, q, k, v, dout, causal, iters, warmup, repeats, no
         for impl, ms in timed.items():
             res[impl][key] = ms
         for impl in fns:
-            if impl in ("flashback", "flashback_det"):
+            if base_impl(impl) in OURS:
                 import flashback
                 fns[impl]()
-                f, b = flashback.last_forward_path(), flashback.last_backward_path()
+                f, b = in_build(impl, lambda: (flashback.last_forward_path(), flashback.last_backward_path()))()
                 paths.setdefault(impl, {})[key] = {
                     "fwd": f, "bwd": b, "train": "sm90" if f == b == "sm90" else f"forward {f}; backward {b}"}[key]
     return {impl: r for impl, r in res.items() if r}, paths
@@ -783,6 +867,8 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
                                                 "(cold L2)" if COLD_L2_BYTES else "")))
     if tag:
         payload["tag"] = tag
+    if BUILDS:  # paths as given (relative to the checkout when run from it)
+        payload["builds"] = {k: os.path.relpath(v) if os.path.isabs(v) else v for k, v in BUILDS.items()}
     if "fa3" in impls:
         try:
             import flash_attn_interface  # noqa: F401
@@ -911,6 +997,11 @@ def main(argv=None):
                    help="time the implementations call by call in turn instead of run by run, so that they "
                         "share the clock (ratios steadier at the power cap; no energy or clock columns, no "
                         "raw backward call row)")
+    p.add_argument("--builds", metavar="LABEL=PATH,...",
+                   help="with --alternate: flashback (and flashback_det) once per build of the library, "
+                        "e.g. A=build/libflashback.so,B=build-x/libflashback.so, all timed call by call in "
+                        "turn in one process; the table adds each later build over the first (B/A). Builds "
+                        "of this tree only (the Python package checks each library's structs)")
     p.add_argument("--summarize", metavar="JSON", help="print the table of a result file (with --plot: its PNG) and exit")
     a = p.parse_args(argv)
 
@@ -928,6 +1019,17 @@ def main(argv=None):
     unknown = [i for i in impls if i not in IMPLS]
     if unknown:
         p.error(f"unknown implementation(s) {', '.join(unknown)} (choose from {', '.join(IMPLS)})")
+    if a.builds is not None:
+        if not a.alternate:
+            p.error("--builds needs --alternate (builds in one process are compared call by call; "
+                    "scripts/compare_builds.sh compares them run by run)")
+        if not any(i in OURS for i in impls):
+            p.error("--builds needs flashback or flashback_det in --impls")
+        try:
+            BUILDS.update(parse_builds(a.builds))
+        except ValueError as e:
+            p.error(f"--builds: {e}")
+        impls = expand_builds(impls, list(BUILDS))
     directions = tuple(d.strip() for d in a.directions.split(",") if d.strip())
     bad = [d for d in directions if d not in DIRECTIONS]
     if bad or not directions:
@@ -969,6 +1071,8 @@ def main(argv=None):
     ALTERNATE = a.alternate
     if a.alternate:
         tag = "-".join(t for t in (tag, "alt") if t)
+    if BUILDS:
+        tag = "-".join(t for t in (tag, "builds") if t)
     if a.side_stream:
         tag = "-".join(t for t in (tag, "side") if t)
     global COLD_L2_BYTES

@@ -140,9 +140,47 @@ def _bind_symbols(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
+# A library that load() returns instead of the global one while `using` holds it (one thread:
+# the benchmark's --builds times two builds in one process, call by call).
+_override: ctypes.CDLL | None = None
+
+
+def load_file(path) -> ctypes.CDLL:
+    """A build of the library at `path`, bound and checked against this package, loaded beside
+    the one load() returns (ctypes loads each file into its own namespace) and not made the
+    default. For A/B timing of builds of one tree in one process; use it with `using`."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise LibraryNotFoundError(f"{path} (not found)")
+    try:
+        return _bind(ctypes.CDLL(str(path.resolve())))
+    except OSError as e:
+        raise LibraryNotFoundError(f"{path} ({e})") from e
+
+
+class using:
+    """Context manager: every call into the native library inside it goes to `lib` (from
+    load_file). Not thread-safe, and a tensor's backward must run under the build that ran its
+    forward (the saved LSE and the workspace sizes are the build's)."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib, self.saved = lib, None
+
+    def __enter__(self) -> ctypes.CDLL:
+        global _override
+        self.saved, _override = _override, self.lib
+        return self.lib
+
+    def __exit__(self, *exc) -> None:
+        global _override
+        _override = self.saved
+
+
 def load() -> ctypes.CDLL:
     """The loaded library; raises LibraryNotFoundError saying where it looked."""
     global _lib
+    if _override is not None:
+        return _override
     if _lib is not None:
         return _lib
     with _lock:

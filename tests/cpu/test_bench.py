@@ -484,3 +484,97 @@ def test_time_alternating_queues_ahead_in_chunks(bench, fake_cuda, monkeypatch):
     assert runs == {"a": [1.0], "b": [1.0]}
     per_call = bench.QUEUE_AHEAD_CYCLES_PER_CALL
     assert sleeps == [per_call * 4, per_call * 4, per_call * 2]  # rounds 0-1, 2-3, 4; two calls a round
+
+
+def test_parse_builds(bench):
+    assert bench.parse_builds("A=build/libflashback.so, B-2=x/lib.so") == {
+        "A": "build/libflashback.so", "B-2": "x/lib.so"}
+    for bad, why in (("A=x", "at least two"), ("A=x,A=y", "given twice"), ("A=x,B", "not LABEL=PATH"),
+                     ("A=x,=y", "not LABEL=PATH"), ("A=x,B c=y", "not LABEL=PATH"), ("A=x,B=", "not LABEL=PATH")):
+        with pytest.raises(ValueError, match=why):
+            bench.parse_builds(bad)
+
+
+def test_expand_builds(bench):
+    assert bench.expand_builds(["flashback", "sdpa_flash", "flashback_det", "fa3"], ["A", "B"]) == [
+        "flashback@A", "flashback@B", "sdpa_flash", "flashback_det@A", "flashback_det@B", "fa3"]
+    assert (bench.base_impl("flashback_det@B"), bench.build_label("flashback_det@B")) == ("flashback_det", "B")
+    assert (bench.base_impl("fa3"), bench.build_label("fa3")) == ("fa3", None)
+
+
+def test_builds_need_alternate_and_flashback():
+    res = _run("--builds", "A=a.so,B=b.so")
+    assert res.returncode == 2 and "--builds needs --alternate" in res.stderr
+    res = _run("--alternate", "--impls", "fa3", "--builds", "A=a.so,B=b.so")
+    assert res.returncode == 2 and "needs flashback or flashback_det" in res.stderr
+    res = _run("--alternate", "--builds", "A=a.so")
+    assert res.returncode == 2 and "at least two" in res.stderr
+
+
+def test_measure_alternating_runs_each_build_under_its_library(bench, fake_cuda, monkeypatch):
+    """Every call of flashback@X, its forward, its backward and the path read after it, runs
+    while `using` holds X's library; the other implementations' calls under none."""
+    active = {"lib": None}
+    seen = []
+
+    class Using:
+        def __init__(self, lib):
+            self.lib = lib
+
+        def __enter__(self):
+            self.saved, active["lib"] = active["lib"], self.lib
+
+        def __exit__(self, *exc):
+            active["lib"] = self.saved
+    fake_lib = type(sys)("flashback._lib")
+    fake_lib.using = Using
+    fake = type(sys)("flashback")
+    fake._lib = fake_lib
+    fake.last_forward_path = lambda: f"sm90 {active['lib']}"
+    fake.last_backward_path = lambda: f"bwd {active['lib']}"
+    monkeypatch.setitem(sys.modules, "flashback", fake)
+    monkeypatch.setitem(sys.modules, "flashback._lib", fake_lib)
+    monkeypatch.setattr(bench, "BUILD_LIBS", {"A": "libA", "B": "libB"})
+
+    def forward_fn(impl, causal):
+        class Fn(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, q, k, v):
+                seen.append((impl, "fwd", active["lib"]))
+                fake_cuda.now += 1.0 if impl.endswith("A") else 2.0
+                return q * k + v
+
+            @staticmethod
+            def backward(ctx, g):
+                seen.append((impl, "bwd", active["lib"]))
+                fake_cuda.now += 3.0
+                return g, g, g
+        return Fn.apply
+    monkeypatch.setattr(bench, "_forward_fn", forward_fn)
+    q, k, v = (torch.randn(1, 8, 2, 4, requires_grad=True) for _ in range(3))
+    res, paths = bench.measure_alternating(["flashback@A", "flashback@B", "fa3"], q, k, v, torch.randn(1, 8, 2, 4),
+                                           True, iters=3, warmup=1, repeats=1, notes=[], directions=("fwd", "bwd"))
+    assert res == {"flashback@A": {"fwd": [1.0], "bwd": [3.0]}, "flashback@B": {"fwd": [2.0], "bwd": [3.0]},
+                   "fa3": {"fwd": [2.0], "bwd": [3.0]}}
+    expected = {"flashback@A": "libA", "flashback@B": "libB", "fa3": None}
+    assert seen and all(lib == expected[impl] for impl, _, lib in seen)
+    assert {(impl, d) for impl, d, _ in seen} == {(i, d) for i in expected for d in ("fwd", "bwd")}
+    assert paths == {"flashback@A": {"fwd": "sm90 libA", "bwd": "bwd libA"},
+                     "flashback@B": {"fwd": "sm90 libB", "bwd": "bwd libB"}}
+    assert active["lib"] is None
+
+
+def test_table_with_builds(bench):
+    rows = []
+    for impl, tf in (("flashback@A", 400.0), ("flashback@B", 420.0), ("fa3", 380.0), ("sdpa_flash", 200.0),
+                     ("flashback_det@A", 360.0), ("flashback_det@B", 350.0)):
+        ms = bench.attention_flops(4, 4096, 8, 256, True, "bwd") / (tf * 1e12) * 1e3
+        rows.append(bench.result_row(impl, "bwd", True, 4, 4096, 8, 256, [ms] * 3))
+    table = bench.format_table(bench.make_payload("NVIDIA H200", "abc1234", "2026-12-07", "2.11", rows))
+    head, line = table.splitlines()[1].split(), table.splitlines()[2].split()
+    assert head[6:12] == ["flashback@A", "flashback@B", "flashback_det@A", "flashback_det@B", "sdpa_flash", "fa3"]
+    cells = dict(zip(head, line))
+    assert cells["ours/fa3"] == f"{400 / 380:.3f}"  # the first build is "ours"
+    assert cells["ours/yardstick"] == "2.000"
+    assert cells["B/A"] == f"{420 / 400:.3f}"
+    assert cells["B/A(det)"] == f"{350 / 360:.3f}"
