@@ -142,16 +142,44 @@ static __device__ __noinline__ void mbar_timeout_trap() { __trap(); }
       if (clock64() - start_ > (long long)(FLASHBACK_MBAR_TIMEOUT_CYCLES)) mbar_timeout_trap(); \
     }                                                                                       \
   } while (0)
+// The same with the guard's clock read only after a failed try (mbar_wait<true>).
+#define FLASHBACK_MBAR_SPIN_LATE_CLOCK(try_wait_call)                                         \
+  do {                                                                                        \
+    if (!(try_wait_call)) {                                                                   \
+      const long long start_ = clock64();                                                     \
+      while (!(try_wait_call)) {                                                              \
+        if (clock64() - start_ > (long long)(FLASHBACK_MBAR_TIMEOUT_CYCLES)) mbar_timeout_trap(); \
+      }                                                                                       \
+    }                                                                                         \
+  } while (0)
 #else
 #define FLASHBACK_MBAR_SPIN(try_wait_call) \
   do {                                     \
     while (!(try_wait_call)) {             \
     }                                      \
   } while (0)
+#define FLASHBACK_MBAR_SPIN_LATE_CLOCK(try_wait_call) \
+  do {                                                \
+    if (!(try_wait_call)) {                           \
+      while (!(try_wait_call)) {                      \
+      }                                               \
+    }                                                 \
+  } while (0)
 #endif
 
+// kTryFirst: one try before the spin, whose guard then reads its clock only after a second
+// failed try, so a wait that is already satisfied costs a try and a branch (no clock64, no
+// compare). Which kernels take it is a per-config choice (FwdSm90Config::wait_try_first): the
+// schedule ptxas makes of the loop around the waits moved by more than the instructions saved
+// (docs/perf-log.md, "Measured 2026-12-07, eighth run").
+template <bool kTryFirst = false>
 FB_DEVICE void mbar_wait(uint64_t* bar, uint32_t parity) {
-  FLASHBACK_MBAR_SPIN(mbar_try_wait(bar, parity));
+  if constexpr (kTryFirst) {
+    if (mbar_try_wait(bar, parity)) return;
+    FLASHBACK_MBAR_SPIN_LATE_CLOCK(mbar_try_wait(bar, parity));
+  } else {
+    FLASHBACK_MBAR_SPIN(mbar_try_wait(bar, parity));
+  }
 }
 
 FB_DEVICE void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
@@ -197,8 +225,9 @@ struct TmaPipeline {
     fence_mbarrier_init();
   }
   // Producer: block until every consumer released this stage's previous contents.
+  template <bool kTryFirst = false>
   FB_DEVICE void producer_acquire(const PipelineState<Stages>& st) {
-    mbar_wait(&empty[st.stage], st.phase ^ 1);
+    mbar_wait<kTryFirst>(&empty[st.stage], st.phase ^ 1);
   }
   // Producer (the one issuing thread): announce the stage's bytes; issue the TMA copies with
   // &full[stage] as their completion barrier right after.
@@ -207,8 +236,9 @@ struct TmaPipeline {
   }
   FB_DEVICE uint64_t* full_barrier(const PipelineState<Stages>& st) { return &full[st.stage]; }
   // Consumer: block until the stage's data has landed.
+  template <bool kTryFirst = false>
   FB_DEVICE void consumer_wait(const PipelineState<Stages>& st) {
-    mbar_wait(&full[st.stage], st.phase);
+    mbar_wait<kTryFirst>(&full[st.stage], st.phase);
   }
   // Consumer: one arrival (call from one thread per arriving unit, after the last read of the
   // stage has finished -- for wgmma operands, after the covering wgmma_wait).
