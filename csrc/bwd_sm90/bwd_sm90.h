@@ -25,6 +25,7 @@
 
 #include "bwd_sm90/bwd_sm90_prepost.h"
 #include "flashback/flashback.h"
+#include "hopper/wait_style.h"
 
 namespace flashback {
 namespace sm90 {
@@ -243,6 +244,12 @@ struct BwdSm90Config {
   // the model picked three parts, -0.7..+0.6%: so at most two parts, and 4k / 8k do not split;
   // causal unchanged (docs/design.md section 5, "The split last wave"; docs/perf-log.md).
   bool split_last_wave = false;
+  // How the main kernel's mbarrier waits spin (hopper/wait_style.h). With every kernel on one
+  // style (H100, bf16, every build in one process, docs/perf-log.md "Measured 2026-12-07, eighth
+  // run"): kTryFirst d = 256 -0.3..+0.5%, d = 64 -0.1..+0.0%; kTryFirstSleep d = 256 -3.3..-0.2%,
+  // d = 64 +0.4..+1.2% (its pre / postprocess kernels on it too). Every config on kSpin until a
+  // per-config A/B.
+  hopper::WaitStyle wait_style = hopper::WaitStyle::kSpin;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role

@@ -120,6 +120,7 @@ struct BwdSm90Traits {
   // (single_hand).
   static constexpr uint32_t kOffP = kOffDo + kDoStages * kQTileBytes;
   static constexpr bool kSingleHand = kCfg.single_hand;
+  static constexpr fh::WaitStyle kWaitStyle = fh::effective_wait_style(kCfg.wait_style);
   static constexpr bool kDqBeforeDk = kCfg.dq_before_dk;
   static_assert(!kDqBeforeDk || kByKeys, "dq_before_dk: for the split by keys");
   static constexpr bool kDsInBranch = kCfg.ds_in_branch;
@@ -425,7 +426,7 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     // consecutive: LSE's or D's).
     auto load_rows = [&](auto* pipe, auto& st, uint32_t off, const CUtensorMap* map, bool inner,
                          uint32_t stat_off, int stat_row0) {
-      pipe->producer_acquire(st);
+      pipe->template producer_acquire<T::kWaitStyle>(st);
       pipe->producer_expect(st, T::kQTileBytes + T::kStatBytes);
       if constexpr (T::kStatBytes > 0) {
         const int64_t tile = dq_tile(p.dq_tiles, w.seq, head, m_block * T::kStepTiles);
@@ -439,7 +440,7 @@ __device__ __forceinline__ void bwd_sm90_producer(const BwdSm90Params& p, const 
     };
     if constexpr (T::kQAtomBars) {
       // Each atom-column box on its own barrier (q_atom_barriers).
-      pipe_q->producer_acquire(sq);
+      pipe_q->template producer_acquire<T::kWaitStyle>(sq);
       if constexpr (T::kTimeline) timeline_stamp<T>(p, it, 0, 0, kTlProducerQFree);
       uint64_t* qb = reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar) + sq.stage * T::kAtomCols;
 #pragma unroll
@@ -492,7 +493,7 @@ __device__ __forceinline__ void gemm_q_by_kv(float (&acc)[kN / 2], const uint8_t
 #pragma unroll
   for (int s = 0; s < T::kHeadDim / 16; ++s) {
     if (atom_bars != nullptr && s % kStepsPerAtom == 0) {
-      fh::mbar_wait(atom_bars + s / kStepsPerAtom, phase);
+      fh::mbar_wait<T::kWaitStyle>(atom_bars + s / kStepsPerAtom, phase);
       fh::wgmma_fence();
     }
     if (s == 0) {
@@ -692,7 +693,7 @@ __device__ __forceinline__ void pair_ghost_step(const BwdSm90Params& p, uint8_t*
   float dq[T::kBlockM / 2];
   fh::zero_acc(dq);  // overwritten by the first wgmma; defined for the "+f" operands
   fh::wgmma_fence_operand(dq);
-  fh::mbar_wait(pair_bar + b, recv_phase(it));
+  fh::mbar_wait<T::kWaitStyle>(pair_bar + b, recv_phase(it));
   fh::wgmma_fence();
   gemm_dq<T>(dq, smem + T::kOffKPeer + wg * T::kKvAtomBytes, smem + T::kOffDsPeer + b * T::kHandBytes);
   fh::wgmma_commit();
@@ -1048,7 +1049,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
     fh::zero_acc(acc_dv[u]);
     fh::zero_acc(acc_dk[u]);
   }
-  if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);  // K
+  if (w.n_iters > 0) fh::mbar_wait<T::kWaitStyle>(kv_bar, 0);  // K
 
   const BwdSm90StatRows<T, kDet> stat_rows{p, w, reinterpret_cast<float*>(smem + T::kOffRows), wg * 128 + t};
   if constexpr (T::kStatsByConsumers) stat_rows.prologue();
@@ -1111,7 +1112,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
                         reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar) + sq.stage * T::kAtomCols,
                         sq.phase);
       } else {
-        pipe_q->consumer_wait(sq);
+        pipe_q->template consumer_wait<T::kWaitStyle>(sq);
         fh::wgmma_fence();
         gemm_q_by_kv<T>(s, q_s, k_half);
       }
@@ -1119,9 +1120,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       if constexpr (T::kStatsSmem) {
         stage_rows<T>(smem, T::kOffLse, sq.stage, q_row, lse0, lse1);
       }
-      if (T::kPairGhost ? v_pending : it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
+      if (T::kPairGhost ? v_pending : it == 0) fh::mbar_wait<T::kWaitStyle>(kv_bar + 1, 0);  // V
       v_pending = false;
-      pipe_do->consumer_wait(sd);
+      pipe_do->template consumer_wait<T::kWaitStyle>(sd);
       fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
       gemm_q_by_kv<T>(dp, do_s, v_half);
       fh::wgmma_commit();
@@ -1159,7 +1160,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         // follows its hand-off barrier of it - 1, by which both its warpgroups retired their reads
         // of what this CTA sent before; this CTA waited for that send (full) before getting here.
         if (it >= 2 && !(T::kPairGhost && pair_rank == 1)) {
-          fh::mbar_wait(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
+          fh::mbar_wait<T::kWaitStyle>(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
         }
       }
       store_hand_t<T>(ds_t, dp, T::kWgKeys * wg, t);
@@ -1171,7 +1172,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         if constexpr (T::kQAtomBars) {
           if constexpr (T::kTimeline) {
             // Q_i's first atom-column in (the GEMM's own wait for it then passes at once).
-            fh::mbar_wait(reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar) + sq.stage * T::kAtomCols,
+            fh::mbar_wait<T::kWaitStyle>(reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar) + sq.stage * T::kAtomCols,
                           sq.phase);
             timeline_stamp<T>(p, it, wg, t, kTlInput);
           }
@@ -1180,7 +1181,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
                                           sq.stage * T::kAtomCols,
                                       sq.phase);
         } else {
-          pipe_q->consumer_wait(sq);
+          pipe_q->template consumer_wait<T::kWaitStyle>(sq);
           if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlInput);
           fh::wgmma_fence();
           gemm_q_by_kv<T, T::kBlockN>(acc, q_s, smem + T::kOffK);
@@ -1205,12 +1206,12 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         // the named barrier orders them.
         fh::named_bar_arrive(T::kBarPStored, T::kConsumerThreads);
         if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlGemm2);
-        pipe_do->consumer_wait(sd);  // dO_i, for (5) dV^T
+        pipe_do->template consumer_wait<T::kWaitStyle>(sd);  // dO_i, for (5) dV^T
         if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlCross);
       } else {
         float acc[T::kBlockN / 2];
-        if (T::kPairGhost ? v_pending : it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
-        pipe_do->consumer_wait(sd);
+        if (T::kPairGhost ? v_pending : it == 0) fh::mbar_wait<T::kWaitStyle>(kv_bar + 1, 0);  // V
+        pipe_do->template consumer_wait<T::kWaitStyle>(sd);
         if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlInput);
         if constexpr (T::kStatsSmem) {
           stage_rows<T>(smem, T::kOffDsum, sd.stage, q_row, dsum0, dsum1);
@@ -1225,9 +1226,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         if constexpr (T::kQAtomBars) {
           uint64_t* qb = reinterpret_cast<uint64_t*>(smem + T::kOffQAtomBar) + sq.stage * T::kAtomCols;
 #pragma unroll
-          for (int a = 0; a < T::kAtomCols; ++a) fh::mbar_wait(qb + a, sq.phase);
+          for (int a = 0; a < T::kAtomCols; ++a) fh::mbar_wait<T::kWaitStyle>(qb + a, sq.phase);
         } else {
-          pipe_q->consumer_wait(sq);
+          pipe_q->template consumer_wait<T::kWaitStyle>(sq);
         }
         fh::wgmma_wait<0>();
         if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlGemm2);
@@ -1243,7 +1244,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
           // Warpgroup 0's thread 0, which issues the next copy into the partner's buffer, does
           // not wait here: this wait, then the hand-off barrier, orders its copy after it.
           if (it >= 2 && !(T::kPairGhost && pair_rank == 1)) {
-            fh::mbar_wait(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
+            fh::mbar_wait<T::kWaitStyle>(pair_bar + 2 + (it & 1), ((it >> 1) - 1) & 1);
           }
         }
         store_hand_t<T, T::kBlockN>(ds_t, acc, 0, t);
@@ -1314,9 +1315,9 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         if (T::kPairGhost && pair_rank == 0) {
           // The phase of this buffer's full barrier: the upper's sends into it so far.
           const int n = pb == 1 ? received1++ : received0++;
-          fh::mbar_wait(pair_bar + pb, n & 1);
+          fh::mbar_wait<T::kWaitStyle>(pair_bar + pb, n & 1);
         } else {
-          fh::mbar_wait(pair_bar + pb, recv_phase(it));
+          fh::mbar_wait<T::kWaitStyle>(pair_bar + pb, recv_phase(it));
         }
         if constexpr (T::kTimeline) timeline_stamp<T>(p, it, wg, t, kTlPartner);
         fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
@@ -1443,7 +1444,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
 template <class T, bool kDet, bool kPart = false>
 __device__ __forceinline__ void bwd_sm90_consumer_ghost(const BwdSm90Params& p, const BwdSm90Work& w,
                                                         uint8_t* smem, uint64_t* kv_bar, const int wg) {
-  if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);  // the partner's K half
+  if (w.n_iters > 0) fh::mbar_wait<T::kWaitStyle>(kv_bar, 0);  // the partner's K half
   for (int it = 0; it < w.n_iters; ++it) {
     int head, m_block;
     bwd_sm90_iter<kDet, T::kDetFromEnd>(p, w, it, head, m_block);

@@ -215,7 +215,7 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
   float acc_dk[T::kHeadDim / 2];
   fh::zero_acc(acc_dv);
   fh::zero_acc(acc_dk);
-  if (w.n_iters > 0) fh::mbar_wait(kv_bar, 0);  // K
+  if (w.n_iters > 0) fh::mbar_wait<T::kWaitStyle>(kv_bar, 0);  // K
   const BwdSm90StatRows<T, kDet> stat_rows{p, w, reinterpret_cast<float*>(smem + T::kOffRows), wg * 128 + t};
   if constexpr (T::kStatsByConsumers) stat_rows.prologue();
 
@@ -246,12 +246,12 @@ __device__ __forceinline__ void bwd_sm90_consumer_by_keys(const BwdSm90Params& p
 
     // (1) S^T = K_w Q_i^T  then  (3) dP^T = V_w dO_i^T, two commit groups.
     float s[kS], dp[kS];
-    pipe_q->consumer_wait(sq);
+    pipe_q->template consumer_wait<T::kWaitStyle>(sq);
     fh::wgmma_fence();
     gemm_kv_by_q<T>(s, k_w, q_s);
     fh::wgmma_commit();
-    if (it == 0) fh::mbar_wait(kv_bar + 1, 0);  // V
-    pipe_do->consumer_wait(sd);
+    if (it == 0) fh::mbar_wait<T::kWaitStyle>(kv_bar + 1, 0);  // V
+    pipe_do->template consumer_wait<T::kWaitStyle>(sd);
     fh::wgmma_fence();  // a wgmma after the wait loop's branch needs its own fence (C7519)
     gemm_kv_by_q<T>(dp, v_w, do_s);
     fh::wgmma_commit();

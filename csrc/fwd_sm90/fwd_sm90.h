@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include "common/fast_div.h"
+#include "hopper/wait_style.h"
 #include "flashback/flashback.h"
 
 namespace flashback {
@@ -138,15 +139,17 @@ struct FwdSm90Config {
   // instructions per key block against 449; the math and the wgmmas equal) put +8 on the guards
   // and +9 on the mask test (docs/perf-log.md, "Ideas not built (after the fourteenth run)").
   bool lean_softmax = false;
-  // The pipeline waits try once before their spin (hopper::mbar_wait<true>): a wait already
-  // satisfied then skips the hang guard's clock read and compare. Measured with every build of
+  // How the pipeline waits spin (hopper/wait_style.h). kTryFirst: one try before the spin, so a
+  // wait already satisfied skips the hang guard's clock read and compare. Measured with every build of
   // the library in one process, call by call in turn (bench_attention.py --builds; H100, bf16,
   // 3 repeats, a copy of the same build at 0.999-1.008, docs/perf-log.md "Measured 2026-12-07,
   // eighth run"): d = 64 forward +0.2..+0.6% at 4k-16k, causal and not (every repeat above); the
   // d = 256 non-causal rows above 4096 keys (FullLong) +1.3..+2.0%; but the d = 256 causal rows
   // -0.2..-0.5% and the non-causal to 4096 keys -0.4%, and the backward -0.3..+0.5%: on at
   // d = 64 (its Multi row, to 2048 keys, not measured: off) and the d = 256 FullLong row.
-  bool wait_try_first = false;
+  // kTryFirstSleep (the retries with a suspend-time hint) measured below kTryFirst on both rows
+  // (d = 64 -3.0..+0.3%, FullLong +0.7..+1.0%).
+  hopper::WaitStyle wait_style = hopper::WaitStyle::kSpin;
   // Measured and removed (H100, bf16, GPU time, A B C x 2; docs/perf-log.md, "Measured
   // 2026-12-07, fourth run"): under ping-pong only the first warpgroup waiting for K_j / V_j (the
   // others' turns follow its wait), d = 64 -2.8..-6.5%; with the turns' barrier ids taken once per
@@ -175,7 +178,7 @@ struct FwdSm90Config {
 // docs/perf-log.md, "Measured 2026-12-06, eighth run").
 constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true, true, false, false,
                                          false, false, true, false, false, false, true, true,
-                                         false, false, true};
+                                         false, false, hopper::WaitStyle::kTryFirst};
 // d = 128 (causal, and its Multi): the statistics in the last P V's shadow and the tile decode
 // without divisions, the d = 64 tail changes on top of O by TMA. Measured against the config
 // without them (H100, bf16, GPU time, A B A B): causal +2.8 / +2.4 / +1.5 / +0.8 / +0.5 / +0.5%
@@ -235,7 +238,7 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim192FullLong = kFwdSm90Hdim192F
 // s_desc_lo and rescale_between, which read +3.1% at 4096 and -2.2% at 8k there (above).
 constexpr FwdSm90Config kFwdSm90Hdim256FullLong = {256, 80, 2, 2, 24, 240, false, true, true, false,
                                                   true, true, false, false, false, false, false, false,
-                                                  false, false, true};
+                                                  false, false, hopper::WaitStyle::kTryFirst};
 // Measured slower and removed: d = 128 with 176-key blocks on the causal config's flags
 // (-1.2..-1.8% non-causal, docs/perf-log.md, "Five candidates measured"); the non-causal forward
 // on a persistent grid at every length (+1.7 / +2.4% at 8k / 16k, below kFwdSm90Hdim128FullLong).

@@ -81,7 +81,7 @@ __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
     fh::PipelineState<T::kStages> st;
     int id = static_cast<int>(blockIdx.x);
     for (;;) {
-      pipe_tile->template producer_acquire<T::kWaitTryFirst>(sr);
+      pipe_tile->template producer_acquire<T::kWaitStyle>(sr);
       atomicExch(ids_rw + sr.stage, id);
       fh::mbar_arrive(pipe_tile->full_barrier(sr));  // releases the id's store
       sr.advance();
@@ -97,7 +97,7 @@ __device__ __forceinline__ void fwd_sm90_dynamic_tiles(const FwdSm90Params& p,
     fh::setmaxnreg_inc<T::kConsumerRegs>();
     const bool warp_leader = (threadIdx.x % 32) == 0;
     auto next_id = [&] {
-      pipe_tile->template consumer_wait<T::kWaitTryFirst>(sr);
+      pipe_tile->template consumer_wait<T::kWaitStyle>(sr);
       // One read per warp (same-address atomics of a warp's lanes serialize), broadcast.
       int id = 0;
       if (warp_leader) id = atomicAdd(ids_rw + sr.stage, 0);

@@ -71,7 +71,7 @@ struct FwdSm90Traits {
   static constexpr bool kDynamic = kCfg.dynamic_tiles;
   static constexpr bool kPvWaitBelow = kCfg.pv_wait_below;
   static constexpr bool kLateTileFetch = kCfg.late_tile_fetch;
-  static constexpr bool kWaitTryFirst = kCfg.wait_try_first;
+  static constexpr fh::WaitStyle kWaitStyle = fh::effective_wait_style(kCfg.wait_style);
   static constexpr bool kTmaStoreO = kCfg.tma_store_o;
   static constexpr bool kSplitMaskLoop = kCfg.split_mask_loop;
   static constexpr bool kFinalizeInPv = kCfg.finalize_in_pv;
@@ -146,14 +146,14 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
   using State = fh::PipelineState<T::kStages>;
   // K_j / V_j into stage `at`.
   auto load_k = [&](int j, const State& at) {
-    pipe_k->template producer_acquire<T::kWaitTryFirst>(at);
+    pipe_k->template producer_acquire<T::kWaitStyle>(at);
     pipe_k->producer_expect(at, T::kKvTileBytes);
     tma_tile<T::kAtomCols>(smem + T::kOffK + at.stage * T::kKvTileBytes, T::kKvAtomBytes, m.k,
                            pipe_k->full_barrier(at), p.head_inner & 2, w.row_k + j * T::kBlockN, kv_head,
                            w.map_batch);
   };
   auto load_v = [&](int j, const State& at) {
-    pipe_v->template producer_acquire<T::kWaitTryFirst>(at);
+    pipe_v->template producer_acquire<T::kWaitStyle>(at);
     pipe_v->producer_expect(at, T::kKvTileBytes);
     tma_tile<T::kAtomCols>(smem + T::kOffV + at.stage * T::kKvTileBytes, T::kKvAtomBytes, m.v,
                            pipe_v->full_barrier(at), p.head_inner & 4, w.row_k + j * T::kBlockN, kv_head,
@@ -179,20 +179,20 @@ __device__ __forceinline__ void fwd_sm90_producer(const FwdSm90Params& p, const 
       sk.advance();
     }
     if constexpr (T::kOOverV) {
-      if (w.n_count == 0) pipe_o->template producer_acquire<T::kWaitTryFirst>(sq);
+      if (w.n_count == 0) pipe_o->template producer_acquire<T::kWaitStyle>(sq);
     }
   } else {
     if (w.n_count > 0) load_kv(0);
   }
   // Q even when no key is seen (n_count = 0): the consumers stage that tile's O too. (Inline:
   // a lambda here reorders the d = 128 kernel's SASS.)
-  pipe_q->template producer_acquire<T::kWaitTryFirst>(sq);
+  pipe_q->template producer_acquire<T::kWaitStyle>(sq);
   pipe_q->producer_expect(sq, T::kQBytes);
   tma_tile<T::kAtomCols>(smem + T::kOffQ + sq.stage * T::kQBytes, T::kQAtomBytes, m.q,
                          pipe_q->full_barrier(sq), p.head_inner & 1, w.row_q + w.m_block * T::kBlockM,
                          w.head, w.map_batch);
   if constexpr (T::kOOverV) {
-    if (w.n_count > 0) pipe_o->template producer_acquire<T::kWaitTryFirst>(sq);
+    if (w.n_count > 0) pipe_o->template producer_acquire<T::kWaitStyle>(sq);
   }
   sq.advance();
   if (k_ahead) {
@@ -285,7 +285,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   fh::zero_acc(o);
   float m_raw[2] = {-INFINITY, -INFINITY};  // running row max of S (unscaled)
   float l_part[2] = {0.f, 0.f};             // this thread's part of the row sums
-  pipe_q->template consumer_wait<T::kWaitTryFirst>(sq);
+  pipe_q->template consumer_wait<T::kWaitStyle>(sq);
   // o_over_v: the Q stage is read by this tile's S wgmmas only, so each warp frees it once its
   // last S has been waited for.
   auto release_q_after_last_s = [&](bool last) {
@@ -311,7 +311,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
                      const uint8_t* q_rows) {
     fh::zero_acc(acc);
     fh::wgmma_fence_operand(acc);
-    pipe_k->template consumer_wait<T::kWaitTryFirst>(at);
+    pipe_k->template consumer_wait<T::kWaitStyle>(at);
     fh::wgmma_fence();
     if constexpr (T::kSDescLo) {
       const uint64_t da = fh::make_smem_desc_sw128(q_w_addr, 16, 1024);
@@ -338,7 +338,7 @@ __device__ __forceinline__ void fwd_sm90_consumer(const FwdSm90Params& p, const 
   // O += P V_j (one commit group): B = V_j [key][d] read N-major; N = d spans its
   // atom-columns.
   auto issue_pv = [&](const uint32_t (&a)[T::kBlockN / 16][4], const fh::PipelineState<T::kStages>& at) {
-    pipe_v->template consumer_wait<T::kWaitTryFirst>(at);
+    pipe_v->template consumer_wait<T::kWaitStyle>(at);
     fh::wgmma_fence();  // also after the wait loop's branch (C7519)
     const uint8_t* v_s = smem + T::kOffV + at.stage * T::kKvTileBytes;
     const uint64_t db = fh::desc_mnmajor_sw128(v_s, T::kKvAtomBytes);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "hopper/common.h"
+#include "hopper/wait_style.h"
 
 namespace flashback {
 namespace hopper {
@@ -105,6 +106,25 @@ FB_DEVICE bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
   return done != 0;
 }
 
+#ifndef FLASHBACK_MBAR_SUSPEND_NS
+#define FLASHBACK_MBAR_SUSPEND_NS 10000000
+#endif
+// mbar_try_wait with a suspend-time hint: the thread may sleep in the try up to
+// FLASHBACK_MBAR_SUSPEND_NS nanoseconds, waking when the phase completes (WaitStyle::kTryFirstSleep).
+FB_DEVICE bool mbar_try_wait_sleep(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(smem_u32(bar)), "r"(parity), "n"(FLASHBACK_MBAR_SUSPEND_NS)
+      : "memory");
+  return done != 0;
+}
+
 // Same with acquire at cluster scope: needed when the phase publishes data that other CTAs
 // wrote with ordinary (generic) stores, e.g. DSMEM st.shared::cluster + a release arrive.
 // Costs an L1 invalidate (CCTL.IVALL in SASS) after every successful wait. Not needed for TMA
@@ -135,14 +155,14 @@ FB_DEVICE bool mbar_try_wait_cluster(uint64_t* bar, uint32_t parity) {
 // same kernel compiles spill-free (SASS up to R215); the call is on the cold path only.
 #if defined(FLASHBACK_MBAR_TIMEOUT_CYCLES)
 static __device__ __noinline__ void mbar_timeout_trap() { __trap(); }
-#define FLASHBACK_MBAR_SPIN(try_wait_call)                                                  \
+#define FLASHBACK_MBAR_SPIN_EARLY_CLOCK(try_wait_call)                                      \
   do {                                                                                      \
     const long long start_ = clock64();                                                     \
     while (!(try_wait_call)) {                                                              \
       if (clock64() - start_ > (long long)(FLASHBACK_MBAR_TIMEOUT_CYCLES)) mbar_timeout_trap(); \
     }                                                                                       \
   } while (0)
-// The same with the guard's clock read only after a failed try (mbar_wait<true>).
+// The same with the guard's clock read only after a failed try.
 #define FLASHBACK_MBAR_SPIN_LATE_CLOCK(try_wait_call)                                         \
   do {                                                                                        \
     if (!(try_wait_call)) {                                                                   \
@@ -153,37 +173,44 @@ static __device__ __noinline__ void mbar_timeout_trap() { __trap(); }
     }                                                                                         \
   } while (0)
 #else
-#define FLASHBACK_MBAR_SPIN(try_wait_call) \
-  do {                                     \
-    while (!(try_wait_call)) {             \
-    }                                      \
+#define FLASHBACK_MBAR_SPIN_EARLY_CLOCK(try_wait_call) \
+  do {                                                 \
+    while (!(try_wait_call)) {                         \
+    }                                                  \
   } while (0)
-#define FLASHBACK_MBAR_SPIN_LATE_CLOCK(try_wait_call) \
-  do {                                                \
-    if (!(try_wait_call)) {                           \
-      while (!(try_wait_call)) {                      \
-      }                                               \
-    }                                                 \
-  } while (0)
+#define FLASHBACK_MBAR_SPIN_LATE_CLOCK(try_wait_call) FLASHBACK_MBAR_SPIN_EARLY_CLOCK(try_wait_call)
+#endif
+// The raw spins outside mbar_wait (global-memory counters): the late clock where a build forces a
+// try-first style on every kernel (so that such a build measures that style everywhere).
+#if defined(FLASHBACK_WAIT_STYLE) && FLASHBACK_WAIT_STYLE > 0
+#define FLASHBACK_MBAR_SPIN(try_wait_call) FLASHBACK_MBAR_SPIN_LATE_CLOCK(try_wait_call)
+#else
+#define FLASHBACK_MBAR_SPIN(try_wait_call) FLASHBACK_MBAR_SPIN_EARLY_CLOCK(try_wait_call)
 #endif
 
-// kTryFirst: one try before the spin, whose guard then reads its clock only after a second
-// failed try, so a wait that is already satisfied costs a try and a branch (no clock64, no
-// compare). Which kernels take it is a per-config choice (FwdSm90Config::wait_try_first): the
-// schedule ptxas makes of the loop around the waits moved by more than the instructions saved
-// (docs/perf-log.md, "Measured 2026-12-07, eighth run").
-template <bool kTryFirst = false>
+// S: the config's WaitStyle (hopper/wait_style.h), as effective_wait_style gives it.
+template <WaitStyle S = WaitStyle::kSpin>
 FB_DEVICE void mbar_wait(uint64_t* bar, uint32_t parity) {
-  if constexpr (kTryFirst) {
-    if (mbar_try_wait(bar, parity)) return;
-    FLASHBACK_MBAR_SPIN_LATE_CLOCK(mbar_try_wait(bar, parity));
-  } else {
+  if constexpr (S == WaitStyle::kSpin) {
     FLASHBACK_MBAR_SPIN(mbar_try_wait(bar, parity));
+  } else {
+    if (mbar_try_wait(bar, parity)) return;
+    if constexpr (S == WaitStyle::kTryFirstSleep) {
+      FLASHBACK_MBAR_SPIN_LATE_CLOCK(mbar_try_wait_sleep(bar, parity));
+    } else {
+      FLASHBACK_MBAR_SPIN_LATE_CLOCK(mbar_try_wait(bar, parity));
+    }
   }
 }
 
+// The try-first styles change only the spin's clock read here (what the measured builds did).
+template <WaitStyle S = WaitStyle::kSpin>
 FB_DEVICE void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
-  FLASHBACK_MBAR_SPIN(mbar_try_wait_cluster(bar, parity));
+  if constexpr (S == WaitStyle::kSpin) {
+    FLASHBACK_MBAR_SPIN(mbar_try_wait_cluster(bar, parity));
+  } else {
+    FLASHBACK_MBAR_SPIN_LATE_CLOCK(mbar_try_wait_cluster(bar, parity));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -225,9 +252,9 @@ struct TmaPipeline {
     fence_mbarrier_init();
   }
   // Producer: block until every consumer released this stage's previous contents.
-  template <bool kTryFirst = false>
+  template <WaitStyle S = WaitStyle::kSpin>
   FB_DEVICE void producer_acquire(const PipelineState<Stages>& st) {
-    mbar_wait<kTryFirst>(&empty[st.stage], st.phase ^ 1);
+    mbar_wait<S>(&empty[st.stage], st.phase ^ 1);
   }
   // Producer (the one issuing thread): announce the stage's bytes; issue the TMA copies with
   // &full[stage] as their completion barrier right after.
@@ -236,9 +263,9 @@ struct TmaPipeline {
   }
   FB_DEVICE uint64_t* full_barrier(const PipelineState<Stages>& st) { return &full[st.stage]; }
   // Consumer: block until the stage's data has landed.
-  template <bool kTryFirst = false>
+  template <WaitStyle S = WaitStyle::kSpin>
   FB_DEVICE void consumer_wait(const PipelineState<Stages>& st) {
-    mbar_wait<kTryFirst>(&full[st.stage], st.phase);
+    mbar_wait<S>(&full[st.stage], st.phase);
   }
   // Consumer: one arrival (call from one thread per arriving unit, after the last read of the
   // stage has finished -- for wgmma operands, after the covering wgmma_wait).

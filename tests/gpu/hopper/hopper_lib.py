@@ -28,7 +28,7 @@ _SIGNATURES = {
     "fbh_tma_multicast": [c_void_p, c_void_p, c_int, c_int, c_int, c_int],
     "fbh_tma_multicast_4d": [c_void_p, c_void_p, c_int, c_int, c_int, c_int, c_longlong],
     "fbh_mbarrier_phases": [c_void_p],
-    "fbh_pipeline_copy": [c_void_p, c_void_p, c_int, c_int],
+    "fbh_pipeline_copy": [c_void_p, c_void_p, c_int, c_int, c_int],
     "fbh_named_barrier": [c_void_p, c_void_p, c_int],
     "fbh_wgmma": [c_void_p, c_void_p, c_void_p, c_int, c_int, c_int, c_int],
     "fbh_wgmma_supported_n": [POINTER(c_int), c_int],

@@ -1,5 +1,7 @@
 // mbarrier tests: phase/parity rules and tx accounting, an N-stage TMA producer/consumer ring
 // (TmaPipeline) with two consumer warpgroups, and named barriers between warpgroups.
+#include <type_traits>
+
 #include "test_common.h"
 
 namespace fh = flashback::hopper;
@@ -73,7 +75,9 @@ __global__ void mbarrier_phase_kernel(int* out) {
 // Streams `ntiles` fp32 tiles of 64 x 32 through a ring of Stages buffers: warp 0 of warpgroup 0
 // is the TMA producer, warpgroups 1 and 2 each copy half of every tile to dst. Consumers dawdle
 // on some tiles so that a producer that refilled a stage too early would corrupt the output.
-template <int Stages>
+// Both sides wait in style S (hopper/wait_style.h): the dawdling makes waits that find their
+// phase complete and waits that spin (and, with kTryFirstSleep, sleep in the try).
+template <int Stages, fh::WaitStyle S>
 __global__ void __launch_bounds__(384, 1)
     pipeline_kernel(const __grid_constant__ CUtensorMap map, float* dst, int ntiles) {
   constexpr uint32_t kTileBytes = 64 * 32 * 4;
@@ -87,7 +91,7 @@ __global__ void __launch_bounds__(384, 1)
     if (threadIdx.x < 32 && fh::elect_one()) {
       fh::PipelineState<Stages> st;
       for (int t = 0; t < ntiles; ++t) {
-        pipe.producer_acquire(st);
+        pipe.template producer_acquire<S>(st);
         pipe.producer_expect(st, kTileBytes);
         fh::tma_load_2d(stages + st.stage * kTileBytes, &map, pipe.full_barrier(st), 0, t * 64);
         st.advance();
@@ -98,7 +102,7 @@ __global__ void __launch_bounds__(384, 1)
     const int i = threadIdx.x % 128;
     fh::PipelineState<Stages> st;
     for (int t = 0; t < ntiles; ++t) {
-      pipe.consumer_wait(st);
+      pipe.template consumer_wait<S>(st);
       if ((t + c) % 3 == 0) spin_cycles(2000);
       const float* tile = reinterpret_cast<const float*>(stages + st.stage * kTileBytes);
 #pragma unroll
@@ -144,8 +148,9 @@ FBH_EXPORT int fbh_mbarrier_phases(int* out) {
   return (int)cudaGetLastError();
 }
 
-// src: fp32 [ntiles * 64][32] -> dst, same shape, through a ring of `stages` (1..4) buffers.
-FBH_EXPORT int fbh_pipeline_copy(const float* src, float* dst, int ntiles, int stages) {
+// src: fp32 [ntiles * 64][32] -> dst, same shape, through a ring of `stages` (1..4) buffers,
+// waiting in WaitStyle `style` (0..2).
+FBH_EXPORT int fbh_pipeline_copy(const float* src, float* dst, int ntiles, int stages, int style) {
   CUtensorMap map;
   FBH_TRY(fh::make_tensor_map_2d(&map, src, fh::TmaType::kF32, (uint64_t)ntiles * 64, 32, 32, 64,
                                  32, fh::TmaSwizzle::kNone));
@@ -155,11 +160,20 @@ FBH_EXPORT int fbh_pipeline_copy(const float* src, float* dst, int ntiles, int s
     kernel<<<1, 384, smem>>>(map, dst, ntiles);
     return (int)cudaGetLastError();
   };
+  auto of_style = [&](auto stages_c) -> int {
+    constexpr int kStages = decltype(stages_c)::value;
+    switch (style) {
+      case 0: return go(pipeline_kernel<kStages, fh::WaitStyle::kSpin>);
+      case 1: return go(pipeline_kernel<kStages, fh::WaitStyle::kTryFirst>);
+      case 2: return go(pipeline_kernel<kStages, fh::WaitStyle::kTryFirstSleep>);
+      default: return (int)cudaErrorInvalidValue;
+    }
+  };
   switch (stages) {
-    case 1: return go(pipeline_kernel<1>);
-    case 2: return go(pipeline_kernel<2>);
-    case 3: return go(pipeline_kernel<3>);
-    case 4: return go(pipeline_kernel<4>);
+    case 1: return of_style(std::integral_constant<int, 1>{});
+    case 2: return of_style(std::integral_constant<int, 2>{});
+    case 3: return of_style(std::integral_constant<int, 3>{});
+    case 4: return of_style(std::integral_constant<int, 4>{});
     default: return (int)cudaErrorInvalidValue;
   }
 }

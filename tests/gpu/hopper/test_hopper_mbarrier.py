@@ -22,12 +22,13 @@ def test_mbarrier_phase_parity_and_tx(hlib):
     assert got[15:18] == [0, 0, 1]
 
 
+@pytest.mark.parametrize("style", [0, 1, 2], ids=["spin", "try_first", "try_first_sleep"])
 @pytest.mark.parametrize("stages", [1, 2, 3, 4])
-def test_tma_pipeline_ring(hlib, stages):
+def test_tma_pipeline_ring(hlib, stages, style):
     ntiles = 37  # not a multiple of any stage count: phases wrap mid-ring
     src = torch.randn(ntiles * 64, 32, device="cuda")
     dst = torch.full_like(src, float("nan"))
-    check(hlib, hlib.fbh_pipeline_copy(ptr(src), ptr(dst), ntiles, stages), "fbh_pipeline_copy")
+    check(hlib, hlib.fbh_pipeline_copy(ptr(src), ptr(dst), ntiles, stages, style), "fbh_pipeline_copy")
     assert torch.equal(dst, src)
 
 
