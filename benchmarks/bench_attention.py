@@ -129,6 +129,19 @@ def expand_builds(impls, labels):
     return out
 
 
+def paired_ratio(first_ms, later_ms):
+    """later's speed over first's at one point: the median over repeats of first_ms[r] /
+    later_ms[r] (both timed in the same alternated rounds, so each repeat's pair shares the
+    clock); the ratio of the medians where the repeat counts differ."""
+    pairs = [a / b for a, b in zip(first_ms, later_ms) if a and b]
+    if pairs and len(first_ms) == len(later_ms):
+        return statistics.median(pairs)
+    if not (first_ms and later_ms):
+        return None
+    a, b = statistics.median(first_ms), statistics.median(later_ms)
+    return a / b if a and b else None
+
+
 def in_build(impl, fn):
     """fn, run under impl's build of the library where it names one (--builds)."""
     label = build_label(impl)
@@ -297,6 +310,7 @@ def format_table(payload):
         return (r["headdim"], r.get("dtype", "bf16"), r["direction"], bool(r["causal"]), r["batch"], r["seqlen"])
 
     med = {(r["impl"],) + point(r): statistics.median(r["tflops"]) for r in rows}
+    ms_of = {(r["impl"],) + point(r): r.get("ms") or [] for r in rows}
     unsteady = {(r["impl"],) + point(r) for r in rows if spread(r["tflops"]) > UNSTEADY_SPREAD}
     marked = 0
     def per_point(read):
@@ -305,7 +319,9 @@ def format_table(payload):
         return values, all(any(v for k, v in values.items() if k[0] == impl) for impl in ("flashback", "fa3"))
     energy, with_energy = per_point(row_mj_per_call)
     clock, with_clock = per_point(row_clock_mhz)
-    built = list(dict.fromkeys(r["impl"] for r in rows if build_label(r["impl"])))  # --builds, in order
+    order_of = {label: i for i, label in enumerate(payload.get("builds", {}))}  # --builds, as given
+    built = sorted(dict.fromkeys(r["impl"] for r in rows if build_label(r["impl"])),
+                   key=lambda i: order_of.get(build_label(i), len(order_of)))
     impls = [i for c in COLUMNS for i in [c] + [b for b in built if base_impl(b) == c] if any(r["impl"] == i for r in rows)]
     impls += sorted({r["impl"] for r in rows} - set(impls))
     # "ours" in the ratios: flashback, or with --builds the first build's.
@@ -349,10 +365,10 @@ def format_table(payload):
             marked += bool(mark)
             cells.append(f"{(ours / x if ours_over_other else x / ours):.3f}{mark}")
         for _, later, first in build_ratios:
-            x, y = med.get((later,) + key), med.get((first,) + key)
-            mark = "?" if {(later,) + key, (first,) + key} & unsteady else ""
-            marked += bool(mark and x and y)
-            cells.append(f"{x / y:.3f}{mark}" if x and y else "-")
+            ratio = paired_ratio(ms_of.get((first,) + key, []), ms_of.get((later,) + key, []))
+            mark = "?" if ratio and {(later,) + key, (first,) + key} & unsteady else ""
+            marked += bool(mark)
+            cells.append(f"{ratio:.3f}{mark}" if ratio else "-")
         line = ([direction, str(d), dtype, "yes" if causal else "no", str(batch), str(seqlen)]
                 + [f"{v:.1f}" if v is not None else "-" for v in vals] + cells)
         if with_energy:
@@ -467,11 +483,16 @@ def environment_problem(impls):
             return ("flashback is not available: its library was not found or did not load "
                     "(build it into build/ and set FLASHBACK_LIBRARY=build/libflashback.so)")
         from flashback import _lib
+        handles = {}
         for label, path in BUILDS.items():
             try:
                 BUILD_LIBS[label] = _lib.load_file(path)
             except _lib.LibraryNotFoundError as e:
                 return f"build {label} did not load: {e}"
+            # The same file twice (or a link to it) loads once: its "A/B" would time one build.
+            other = handles.setdefault(BUILD_LIBS[label]._handle, label)
+            if other != label:
+                return f"builds {other} and {label} are the same loaded file ({path}): copy it to compare a build with itself"
     return None
 
 
@@ -867,8 +888,10 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
                                                 "(cold L2)" if COLD_L2_BYTES else "")))
     if tag:
         payload["tag"] = tag
-    if BUILDS:  # paths as given (relative to the checkout when run from it)
+    if BUILDS:  # paths as given (relative to the checkout when run from it), and each build's commit
         payload["builds"] = {k: os.path.relpath(v) if os.path.isabs(v) else v for k, v in BUILDS.items()}
+        payload["build_commits"] = {k: lib.flashback_build_commit().decode("utf-8", "replace")
+                                    for k, lib in BUILD_LIBS.items()}
     if "fa3" in impls:
         try:
             import flash_attn_interface  # noqa: F401

@@ -247,8 +247,8 @@ struct BwdSm90Config {
   // How the main kernel's mbarrier waits spin (hopper/wait_style.h). With every kernel on one
   // style (H100, bf16, every build in one process, docs/perf-log.md "Measured 2026-12-07, eighth
   // run"): kTryFirst d = 256 -0.3..+0.5%, d = 64 -0.1..+0.0%; kTryFirstSleep d = 256 -3.3..-0.2%,
-  // d = 64 +0.4..+1.2% (its pre / postprocess kernels on it too). Every config on kSpin until a
-  // per-config A/B.
+  // d = 64 +0.4..+1.2% (its pre / postprocess kernels on it too: their spin follows only the
+  // build-wide FLASHBACK_WAIT_STYLE). Every config on kSpin until a per-config A/B.
   hopper::WaitStyle wait_style = hopper::WaitStyle::kSpin;
 };
 

@@ -81,13 +81,14 @@ __device__ __forceinline__ void store_dq_partial(uint8_t* buf, int t, const floa
 // of its own chunk, which fits on the GPU at once (bwd_sm90_scheduler.cuh) -- assuming, as
 // FA2/FA3's deterministic modes do, that CTAs are dispatched in blockIdx order (observed
 // behaviour, not documented by CUDA) and that the kernel can have every SM.
-// Spins until `turn` holds `n`, with the mbarrier waits' hang guard (FLASHBACK_MBAR_SPIN): a
-// broken order traps instead of hanging.
+// Spins until `turn` holds `n`, with the mbarrier waits' hang guard in the config's wait style
+// S: a broken order traps instead of hanging.
+template <hopper::WaitStyle S>
 __device__ __forceinline__ void dq_turn_acquire(const int* turn, int n) {
 #if defined(FLASHBACK_MBAR_TIMEOUT_CYCLES)
   using hopper::mbar_timeout_trap;  // named by the macro
 #endif
-  FLASHBACK_MBAR_SPIN(hopper::ld_acquire_gpu(turn) == n);
+  FLASHBACK_MBAR_SPIN_STYLED(S, hopper::ld_acquire_gpu(turn) == n);
 }
 
 __device__ __forceinline__ void dq_turn_release(int* turn) { hopper::red_release_gpu_add(turn, 1); }

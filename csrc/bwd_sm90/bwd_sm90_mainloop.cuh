@@ -780,7 +780,7 @@ __device__ __forceinline__ void bwd_sm90_turn_warp(const BwdSm90Params& p, const
     constexpr int kUnitKeys = (T::kPair ? 2 : 1) * T::kBlockN;
     if (leader) {
       const int rank = bwd_sm90_dq_rank<T::kBlockM, kUnitKeys, T::kDetFromEnd>(p, w, m_block, pos);
-      dq_turn_acquire(turn, rank);
+      dq_turn_acquire<T::kWaitStyle>(turn, rank);
     }
     __syncwarp();
     fh::named_bar_arrive(T::kBarTurn0 + h, T::kTurnThreads);
@@ -817,7 +817,7 @@ __device__ __forceinline__ void bwd_sm90_dq_warp(const BwdSm90Params& p, const B
     fh::named_bar_sync(T::kBarDqFull0 + wg, T::kDqThreads);
     if (leader) {
       if constexpr (kDet) {
-        dq_turn_acquire(turn, bwd_sm90_dq_rank<T::kBlockM, T::kBlockN, T::kDetFromEnd>(p, w, m_block, pos));
+        dq_turn_acquire<T::kWaitStyle>(turn, bwd_sm90_dq_rank<T::kBlockM, T::kBlockN, T::kDetFromEnd>(p, w, m_block, pos));
         fh::fence_proxy_async_global();
       }
       // By keys warpgroup w's partial is all of step tile w; by head dim its atom-column of
@@ -900,7 +900,7 @@ __device__ __forceinline__ bool bwd_sm90_split_combine(const BwdSm90Params& p, c
 #if defined(FLASHBACK_MBAR_TIMEOUT_CYCLES)
     using hopper::mbar_timeout_trap;  // named by the macro
 #endif
-    FLASHBACK_MBAR_SPIN(fh::ld_acquire_gpu(done) == k - 1);
+    FLASHBACK_MBAR_SPIN_STYLED(T::kWaitStyle, fh::ld_acquire_gpu(done) == k - 1);
     dq_post_count(p, w, 1);
   }
   __syncwarp();  // the spinning lane's warp converged before the aligned barrier below

@@ -188,6 +188,17 @@ static __device__ __noinline__ void mbar_timeout_trap() { __trap(); }
 #define FLASHBACK_MBAR_SPIN(try_wait_call) FLASHBACK_MBAR_SPIN_EARLY_CLOCK(try_wait_call)
 #endif
 
+// A raw spin (a global counter's acquire load, not an mbarrier) in WaitStyle S: the early clock
+// for kSpin, the late one for the try-first styles (no suspend hint: there is no try to carry it).
+#define FLASHBACK_MBAR_SPIN_STYLED(S, try_wait_call)                       \
+  do {                                                                     \
+    if constexpr ((S) == ::flashback::hopper::WaitStyle::kSpin) {          \
+      FLASHBACK_MBAR_SPIN(try_wait_call);                                  \
+    } else {                                                               \
+      FLASHBACK_MBAR_SPIN_LATE_CLOCK(try_wait_call);                       \
+    }                                                                      \
+  } while (0)
+
 // S: the config's WaitStyle (hopper/wait_style.h), as effective_wait_style gives it.
 template <WaitStyle S = WaitStyle::kSpin>
 FB_DEVICE void mbar_wait(uint64_t* bar, uint32_t parity) {

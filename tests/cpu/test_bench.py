@@ -565,16 +565,26 @@ def test_measure_alternating_runs_each_build_under_its_library(bench, fake_cuda,
 
 
 def test_table_with_builds(bench):
+    """B/A is the median of the per-repeat ratios (each repeat's pair timed in the same rounds),
+    not the ratio of the medians; the first build is "ours"; columns follow the builds' order."""
     rows = []
-    for impl, tf in (("flashback@A", 400.0), ("flashback@B", 420.0), ("fa3", 380.0), ("sdpa_flash", 200.0),
-                     ("flashback_det@A", 360.0), ("flashback_det@B", 350.0)):
-        ms = bench.attention_flops(4, 4096, 8, 256, True, "bwd") / (tf * 1e12) * 1e3
-        rows.append(bench.result_row(impl, "bwd", True, 4, 4096, 8, 256, [ms] * 3))
-    table = bench.format_table(bench.make_payload("NVIDIA H200", "abc1234", "2026-12-07", "2.11", rows))
+    for impl, ms in (("flashback@B", [1.0, 1.2, 1.188]), ("flashback@A", [1.0, 1.2, 1.1]), ("fa3", [1.2] * 3),
+                     ("sdpa_flash", [2.2] * 3), ("flashback_det@A", [1.1] * 3), ("flashback_det@B", [1.2] * 3)):
+        rows.append(bench.result_row(impl, "bwd", True, 4, 4096, 8, 256, ms))
+    payload = bench.make_payload("NVIDIA H200", "abc1234", "2026-12-07", "2.11", rows,
+                                 builds={"A": "a.so", "B": "b.so"})
+    table = bench.format_table(payload)
     head, line = table.splitlines()[1].split(), table.splitlines()[2].split()
     assert head[6:12] == ["flashback@A", "flashback@B", "flashback_det@A", "flashback_det@B", "sdpa_flash", "fa3"]
     cells = dict(zip(head, line))
-    assert cells["ours/fa3"] == f"{400 / 380:.3f}"  # the first build is "ours"
+    # Per repeat A/B: 1.0, 1.0, 1.1 / 1.188 = 0.926 -> median 1.000; the medians' ratio would be 1.1 / 1.188.
+    assert cells["B/A"] == "1.000"
+    assert cells["B/A(det)"] == f"{1.1 / 1.2:.3f}"
+    assert cells["ours/fa3"] == f"{1.2 / 1.1:.3f}"  # the first build is "ours" (median 1.1 ms)
     assert cells["ours/yardstick"] == "2.000"
-    assert cells["B/A"] == f"{420 / 400:.3f}"
-    assert cells["B/A(det)"] == f"{350 / 360:.3f}"
+
+
+def test_paired_ratio(bench):
+    assert bench.paired_ratio([1.0, 2.0, 3.0], [1.0, 1.0, 1.0]) == 2.0
+    assert bench.paired_ratio([1.0, 2.0], [1.0, 1.0, 4.0]) == pytest.approx(1.5 / 1.0)  # unequal: medians
+    assert bench.paired_ratio([], []) is None
