@@ -19,6 +19,13 @@
 # With the same build first and last (A B C A), a second table gives each build between against
 # the mean of the two A runs, with their spread (this run's noise). With builds named more than
 # once (A B A B), a third gives each distinct build's mean against the first build's mean.
+#
+# ALTERNATE=1: the tests per distinct build as above, then ONE benchmark process that loads every
+# distinct build and a copy of the first (the A/A floor) and times them call by call in turn
+# (bench_attention.py --alternate --builds; labels b1, b2, ... and b1copy; ITERS default 100,
+# REPEATS 3). Its table gives each build over b1 per point, the median of per-repeat ratios:
+# differences of ~0.5% resolve there, where the run-by-run tables above see ~4% of noise. The
+# VAR=value:LIB form is refused in this mode (one process, one environment).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -26,6 +33,37 @@ IMPL=${IMPL:-flashback}
 OUT_DIR=${OUT:-$PWD/logs}
 mkdir -p "$OUT_DIR"
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+if [ "${ALTERNATE:-0}" = 1 ]; then
+  distinct=()
+  for arg in "$@"; do
+    [ "${arg##*:}" = "$arg" ] || { echo "ALTERNATE=1 takes library paths only, not VAR=value:LIB ($arg)"; exit 2; }
+    [[ " ${distinct[*]-} " == *" $arg "* ]] || distinct+=("$arg")
+  done
+  [ ${#distinct[@]} -ge 1 ] || { echo "usage: ALTERNATE=1 $0 LIB [LIB...]"; exit 2; }
+  spec="" n=0
+  for lib in "${distinct[@]}"; do
+    n=$((n + 1))
+    if [ "${TESTS:-1}" != 0 ]; then
+      # shellcheck disable=SC2086  # TEST_ARGS is a list of pytest flags
+      FLASHBACK_LIBRARY="$lib" timeout -k 10 300 $PY -m pytest tests/gpu/test_attention.py -q -x ${TEST_ARGS:--k 256} \
+        -p no:cacheprovider > "$OUT_DIR/$n-tests.log" 2>&1
+      echo "[b$n] $lib: $(tail -n 1 "$OUT_DIR/$n-tests.log")"
+    fi
+    spec+="${spec:+,}b$n=$lib"
+  done
+  # The copy: a second file, so the loader maps it apart (the same path twice would load once).
+  copy=$(mktemp -d "$PWD/build-copy.XXXXXX")
+  cp "${distinct[0]}" "$copy/libflashback.so"
+  spec+=",b1copy=${copy#"$PWD"/}/libflashback.so"
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of benchmark flags
+  timeout -k 10 "${ALT_TIMEOUT:-540}" $PY benchmarks/bench_attention.py --impls "$IMPL" --builds "$spec" --alternate \
+    --iters "${ITERS:-100}" --repeats "${REPEATS:-3}" --out "$OUT_DIR/alternate" ${BENCH_ARGS:-} > "$OUT_DIR/alternate.log" 2>&1
+  rc=$?
+  rm -rf "$copy"
+  [ $rc = 0 ] || echo "the alternated benchmark failed (rc $rc): see $OUT_DIR/alternate.log"
+  sed -n '/^$/,$p' "$OUT_DIR/alternate.log"
+  exit $rc
+fi
 n=0
 for arg in "$@"; do
   n=$((n + 1))

@@ -96,3 +96,44 @@ def test_energy_table(tmp_path):
 def test_no_energy_no_table(tmp_path):
     out = run_summary(tmp_path, ["a.so", "b.so"], [(100, 50), (110, 50)])
     assert "mJ per call" not in out
+
+
+def _compare(tmp_path, *args, **env):
+    return subprocess.run(["bash", os.path.join(ROOT, "scripts", "compare_builds.sh"), *args], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "OUT": str(tmp_path / "out"), **env})
+
+
+def test_alternate_refuses_environment_switches(tmp_path):
+    res = _compare(tmp_path, "X=1:a.so", ALTERNATE="1", TESTS="0")
+    assert res.returncode == 2 and "library paths only" in res.stdout
+
+
+def test_alternate_runs_one_process_with_every_distinct_build_and_a_copy(tmp_path):
+    """ALTERNATE=1: one benchmark call whose --builds names each distinct library once (b1, b2)
+    and a copy of the first (b1copy) that exists during the call and is removed after it."""
+    a, b = tmp_path / "a.so", tmp_path / "b.so"
+    a.write_bytes(b"first build")
+    b.write_bytes(b"second build")
+    record = tmp_path / "call.json"
+    stub = tmp_path / "python"
+    stub.write_text(f"""#!{sys.executable}
+import json, os, sys
+argv = sys.argv[1:]
+spec = argv[argv.index("--builds") + 1]
+builds = dict(item.split("=", 1) for item in spec.split(","))
+copy = builds.get("b1copy", "")
+json.dump({{"argv": argv, "builds": builds, "copy_bytes": open(copy, "rb").read().decode() if os.path.isfile(copy) else None}},
+          open({str(record)!r}, "w"))
+print("\\ntable")
+""")
+    stub.chmod(0o755)
+    res = _compare(tmp_path, str(a), str(b), str(a), str(b), ALTERNATE="1", TESTS="0", PYTHON=str(stub),
+                   BENCH_ARGS="--headdims 64")
+    assert res.returncode == 0, res.stdout + res.stderr
+    call = json.load(open(record))
+    assert call["builds"]["b1"] == str(a) and call["builds"]["b2"] == str(b) and len(call["builds"]) == 3
+    assert call["copy_bytes"] == "first build"  # a copy of b1, present while the benchmark ran
+    assert not os.path.exists(os.path.join(ROOT, call["builds"]["b1copy"]))  # and removed after
+    assert {"--alternate", "--headdims", "64"} <= set(call["argv"])
+    assert call["argv"][call["argv"].index("--iters") + 1] == "100"
+    assert "table" in res.stdout
