@@ -432,6 +432,16 @@ constexpr BwdSm90Config kBwdSm90Hdim192Tail2 = {192, 64, 96, 2, 1, 24, 160, true
 constexpr BwdSm90Config kBwdSm90Hdim192Tail3 = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
                                                false, true, false, false, true, false, false, true,
                                                false, false, false, false, false, false, 3};
+// Candidate, not yet measured in this form: the d = 64 config with its waits in kTryFirstSleep.
+// A build with every kernel on that style read the d = 64 backward +0.4..+1.2% (H100, bf16,
+// --builds; docs/perf-log.md, "Measured 2026-12-07, eighth run"); this form leaves the pre /
+// postprocess kernels on kSpin, so it is a different build: measure it before adopting
+// (scripts/build_candidates.sh kBwdSm90Hdim64=kBwdSm90Hdim64Sleep; the deterministic mode, same
+// config, takes it too).
+constexpr BwdSm90Config kBwdSm90Hdim64Sleep = {64, 128, 128, 2, 2, 24, 240, true, 2, true, false, false,
+                                              false, false, false, false, false, true, true, false, true,
+                                              false, false, false, false, false, 1, false, false,
+                                              hopper::WaitStyle::kTryFirstSleep};
 // Measured and not adopted (H100, bf16, A Q A Q; docs/perf-log.md, "Measured 2026-12-07"): the
 // dQ conversion under the main kernel's tail (dq_post_queue) at d = 64 / 128 / 192, -1.4..+2.7%
 // on the main sweep, d = 128 at 512 -2.4 / -2.0%.
