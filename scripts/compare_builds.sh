@@ -33,6 +33,14 @@ IMPL=${IMPL:-flashback}
 OUT_DIR=${OUT:-$PWD/logs}
 mkdir -p "$OUT_DIR"
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# run_tests N LIB [VAR=value...]: the GPU tests of build N into $OUT_DIR/N-tests.log.
+run_tests() {
+  local n=$1 lib=$2
+  shift 2
+  # shellcheck disable=SC2086  # TEST_ARGS is a list of pytest flags
+  env "$@" FLASHBACK_LIBRARY="$lib" timeout -k 10 300 $PY -m pytest tests/gpu/test_attention.py -q -x ${TEST_ARGS:--k 256} \
+    -p no:cacheprovider > "$OUT_DIR/$n-tests.log" 2>&1
+}
 if [ "${ALTERNATE:-0}" = 1 ]; then
   distinct=()
   for arg in "$@"; do
@@ -44,9 +52,7 @@ if [ "${ALTERNATE:-0}" = 1 ]; then
   for lib in "${distinct[@]}"; do
     n=$((n + 1))
     if [ "${TESTS:-1}" != 0 ]; then
-      # shellcheck disable=SC2086  # TEST_ARGS is a list of pytest flags
-      FLASHBACK_LIBRARY="$lib" timeout -k 10 300 $PY -m pytest tests/gpu/test_attention.py -q -x ${TEST_ARGS:--k 256} \
-        -p no:cacheprovider > "$OUT_DIR/$n-tests.log" 2>&1
+      run_tests "$n" "$lib"
       echo "[b$n] $lib: $(tail -n 1 "$OUT_DIR/$n-tests.log")"
     fi
     spec+="${spec:+,}b$n=$lib"
@@ -72,9 +78,7 @@ for arg in "$@"; do
   envs=()
   [ "$lib" != "$arg" ] && IFS=, read -r -a envs <<< "${arg%:*}"
   if [ "${TESTS:-1}" != 0 ]; then
-    # shellcheck disable=SC2086  # TEST_ARGS is a list of pytest flags
-    env "${envs[@]}" FLASHBACK_LIBRARY="$lib" timeout -k 10 300 $PY -m pytest tests/gpu/test_attention.py -q -x ${TEST_ARGS:--k 256} \
-      -p no:cacheprovider > "$OUT_DIR/$n-tests.log" 2>&1
+    run_tests "$n" "$lib" "${envs[@]}"
     tail -n 1 "$OUT_DIR/$n-tests.log"
   fi
   env "${envs[@]}" FLASHBACK_LIBRARY="$lib" timeout -k 10 300 $PY benchmarks/bench_attention.py --impls "$IMPL",sdpa_flash \
