@@ -25,6 +25,9 @@
 #                      tests left; cut short, it keeps the shapes it finished (written per shape).
 #   BREAKDOWN=1        before the benchmark, scripts/call_breakdown.py at d = 256 (causal 4k,
 #                      non-causal 512; ours and FA3's)     -> $OUT/breakdown.log
+#   SANITIZE=1         after the tests, compute-sanitizer on scripts/sanitize_family.py: memcheck
+#                      over every head dim and dtype, racecheck over every head dim in bf16
+#                      (~1-2 min together)     -> $OUT/memcheck.log, $OUT/racecheck.log
 # Exit status: 0 when the tests passed and the benchmark finished, else 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -69,6 +72,23 @@ else
     -p no:cacheprovider -k d256 > "$OUT_DIR/tests-pair.log" 2>&1
   pair_rc=$?
   tail -n 1 "$OUT_DIR/tests-pair.log"
+fi
+
+san_summary=()
+if [ "${SANITIZE:-0}" = 1 ]; then
+  echo
+  echo "== compute-sanitizer (logs: $OUT_DIR/memcheck.log, $OUT_DIR/racecheck.log)"
+  for tool in memcheck racecheck; do
+    dtypes=bf16,fp16
+    [ $tool = racecheck ] && dtypes=bf16  # racecheck is ~10x slower; the kernels are one source
+    timeout -k 10 240 compute-sanitizer --tool $tool --error-exitcode 3 $PY scripts/sanitize_family.py \
+      --dtypes $dtypes > "$OUT_DIR/$tool.log" 2>&1
+    rc=$?
+    line="$tool: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT_DIR/$tool.log" | tail -n 1)"
+    echo "$line"
+    san_summary+=("$line")
+    [ $rc -eq 0 ] || test_rc=1
+  done
 fi
 
 if [ "${BREAKDOWN:-0}" = 1 ]; then
@@ -117,6 +137,7 @@ pair_counts=$(grep -E '[0-9]+ (passed|failed|error|errors|skipped|deselected)|no
 [ "${TESTS:-1}" = 0 ] && pair_counts="skipped (TESTS=0)"
 echo "tests with FLASHBACK_BWD_PAIR=1 (d256): ${pair_counts:-no summary line} [exit $pair_rc] (log: $OUT_DIR/tests-pair.log)"
 grep -E '^(FAILED|ERROR) ' "$OUT_DIR/tests-pair.log" | head -n 10
+for line in "${san_summary[@]+"${san_summary[@]}"}"; do echo "compute-sanitizer $line"; done
 case $bench_rc in
   0) status="ok" ;;
   124|137) status="TIMED OUT after ${left}s: partial results" ;;
