@@ -28,7 +28,8 @@
 #   SANITIZE=1         after the tests, compute-sanitizer on scripts/sanitize_family.py: memcheck
 #                      over every head dim and dtype, racecheck over every head dim in bf16
 #                      (~1-2 min together)     -> $OUT/memcheck.log, $OUT/racecheck.log
-# Exit status: 0 when the tests passed and the benchmark finished, else 1.
+# Exit status: 0 when the tests (and with SANITIZE=1 both sanitizers) passed and the benchmark
+# finished, else 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
