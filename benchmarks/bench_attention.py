@@ -391,7 +391,9 @@ def format_table(payload):
         text.append(f"?: {marked} ratio(s) with a side whose repeats spread by more than "
                     f"{UNSTEADY_SPREAD:.2f}x (max / min): a moving host, clock or neighbour, not a "
                     f"steady measurement; rerun, or time the GPU alone with --queue-ahead")
-    for note in payload.get("notes", []):
+    notes = payload.get("notes", [])
+    # Some committed result files carry one note as a plain string, not a list.
+    for note in [notes] if isinstance(notes, str) else notes:
         text.append("note: " + note)
     return "\n".join(text)
 

@@ -134,6 +134,14 @@ def test_table_and_summarize(bench, tmp_path):
     assert res.stdout.strip() == table.strip()
 
 
+def test_table_takes_a_note_given_as_one_string(bench):
+    payload = _payload(bench)
+    payload["notes"] = "one note, written by hand"
+    lines = bench.format_table(payload).splitlines()
+    assert "note: one note, written by hand" in lines
+    assert "note: o" not in lines  # not one line per character
+
+
 def test_table_energy_column(bench):
     import copy
 
