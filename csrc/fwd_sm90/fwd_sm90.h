@@ -212,13 +212,7 @@ static constexpr const FwdSm90Config& kFwdSm90Hdim64Full = kFwdSm90Hdim64;
 constexpr FwdSm90Config kFwdSm90Hdim128Full = {128, 128, 2, 2, 24, 240, false, true, false, false,
                                               false, false, false, false, true, false, false,
                                               true, false, true};
-// lean_softmax on the d = 192 non-causal row too: against it (H100, bf16, GPU time, A B A B)
-// +1.3 / +1.4 / +1.5 / +2.0 / +2.4 / +3.7% at 512-16k; on the causal (Multi) row -0.6..+0.7%
-// (noise), at d = 64 -0.9..-3.2% both masks: not there (docs/perf-log.md, "Measured 2026-12-07,
-// fifth run").
-constexpr FwdSm90Config kFwdSm90Hdim192Full = {192, 112, 2, 2, 24, 240, false, true, true, false, true,
-                                              true, false, false, false, false, false, true, false,
-                                              true};
+static constexpr const FwdSm90Config& kFwdSm90Hdim192Full = kFwdSm90Hdim192;
 static constexpr const FwdSm90Config& kFwdSm90Hdim256Full = kFwdSm90Hdim256;
 // The config of a head dim's non-causal calls past full_long_keys (FwdSm90Grid; one CTA per
 // tile); where it is the Full config's object, Full serves them. d = 128: FA3's public arrangement for
@@ -288,8 +282,15 @@ constexpr FwdSm90Config kFwdSm90Hdim256FullLong = {256, 80, 2, 2, 24, 240, false
 constexpr FwdSm90Config kFwdSm90Hdim64Multi = {64, 128, 3, 2, 24, 160, true, true, false, false,
                                               false, true, true, true, false, true, true, true};
 static constexpr const FwdSm90Config& kFwdSm90Hdim128Multi = kFwdSm90Hdim128;
+// d = 192 with lean_softmax (the softmax without its -inf guards and per-block mask products):
+// every d = 192 call runs this config (kFwdSm90Hdim192Grid). Against it (H100, bf16, GPU time,
+// A B A B) non-causal +1.3 / +1.4 / +1.5 / +2.0 / +2.4 / +3.7% at 512-16k, causal -0.6 / +0.4 /
+// +0.7 / +0.7 / -0.3 / +0.4% (noise); at d = 64 -0.9..-3.2% both masks: not there
+// (docs/perf-log.md, "Measured 2026-12-07, fifth run", and "lean_softmax on the config d = 192
+// runs").
 constexpr FwdSm90Config kFwdSm90Hdim192Multi = {192, 112, 2, 2, 24, 240, false, true, true, true, true,
-                                               false, true, false, false, false, false, true};
+                                               false, true, false, false, false, false, true, false,
+                                               true};
 // d = 256 with finalize_in_pv, copy_out_early and fast_tile_decode (the tile's tail ~450
 // instructions shorter), on the counter to 2048 keys causal: +1.9% at causal 2048 (one CTA per
 // tile before), +0.1 / +0.3% at causal 512 / 1024, +0.1 / +0.3 / -0.5% non-causal 512-2048; to

@@ -109,9 +109,16 @@ def initializer(kind, name):
     return [t.strip() for t in m.group(1).split(",")]
 
 
-def test_d192_noncausal_row_is_the_causal_row_plus_lean_softmax():
-    """kFwdSm90Hdim192Full is kFwdSm90Hdim192 with rescale_between at its default and lean_softmax
-    on (FwdSm90Config's 19th and 20th fields), nothing else: the measured candidate's kernel."""
-    c, b = initializer("Fwd", "kFwdSm90Hdim192Full"), initializer("Fwd", "kFwdSm90Hdim192")
-    assert len(c) == 20 and len(b) == 18
-    assert c[:18] == b and c[18:] == ["false", "true"]
+def test_d192_runs_the_measured_lean_softmax_config():
+    """Every d = 192 forward runs kFwdSm90Hdim192Multi (its grid row sends non-causal calls of
+    any length to the persistent grid and causal ones to the counter), and that config is the
+    measured candidate kFwdSm90Hdim192MultiLs (e5523ee): lean_softmax on (the 20th field),
+    rescale_between at its default, nothing else changed."""
+    text = open(os.path.join(ROOT, HEADERS["Fwd"])).read()
+    grid = re.search(r"constexpr FwdSm90Grid kFwdSm90Hdim192Grid = \{([^}]*)\};", text)
+    assert grid, "kFwdSm90Hdim192Grid"
+    full_persistent_keys, _, causal_multi_keys = (t.strip() for t in grid.group(1).split(",")[:3])
+    assert full_persistent_keys == causal_multi_keys == "kAllKeys"
+    measured = ("192, 112, 2, 2, 24, 240, false, true, true, true, true, false, true, false, false, "
+                "false, false, true, false, true").split(", ")
+    assert initializer("Fwd", "kFwdSm90Hdim192Multi") == measured
