@@ -252,8 +252,9 @@ struct BwdSm90Config {
   hopper::WaitStyle wait_style = hopper::WaitStyle::kSpin;
 };
 
-// The consumer warpgroups (consumer_wgs of them, W below) split the work by data, not by role
-// (docs/design.md section 5):
+// The consumer warpgroups (consumer_wgs of them, W below) split the work by data (docs/design.md
+// section 7.2, "By data"; the d = 256 pair takes (1)-(4) by role instead, sdp_by_role, section
+// 7.1):
 //   (1)-(4) warpgroup w computes S, dP, P, dS for all 64 queries and keys (block_n / W) w ..
 //           (64 x block_n / W each) and stores P^T and dS^T in 16 bits to shared memory;
 //   one barrier: every warpgroup's part of P^T and dS^T is there;

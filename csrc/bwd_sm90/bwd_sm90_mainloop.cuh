@@ -1005,7 +1005,8 @@ __device__ __forceinline__ void ds_values(const float (&s)[kN], float (&dp)[kN],
 // no table row uses since d = 64 went by keys), all run one instance
 // (BwdSm90Traits::kSharedConsumer): one copy of the step loop, measured no faster than two but
 // smaller and without the d = 128 deterministic instance's spills (docs/design.md section 7.2).
-// Otherwise (d = 192: 2 / 1) each warpgroup has its own.
+// Otherwise (a split such as 2 / 1, which only the candidate kBwdSm90Hdim192Wg2 has; production
+// d = 192 runs three warpgroups of one atom-column each) each warpgroup has its own.
 template <class T, bool kDet, int kOwn, bool kPart = false>
 __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const BwdSm90Work& w,
                                                   uint8_t* smem, uint64_t* kv_bar,
