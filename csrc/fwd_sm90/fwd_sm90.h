@@ -187,6 +187,9 @@ constexpr FwdSm90Config kFwdSm90Hdim64 = {64, 128, 3, 2, 24, 160, true, true, fa
 // (docs/perf-log.md, "Measured 2026-12-06, tenth run").
 constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false, true, false, false, true, true,
                                           true, true, false, true, false, true};
+// d = 192: the row's causal (and Full) config, whose values can_implement reads; no call runs it
+// (kFwdSm90Hdim192Grid sends every call to kFwdSm90Hdim192Multi), so no kernel of it is compiled
+// (run_fwd_sm90_entry).
 constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false, true, true, false, true, true,
                                           false, false, false, false, false, true};
 // d = 256 causal from 4096 keys (one CTA per tile): s_desc_lo with rescale_between (above).
@@ -390,6 +393,11 @@ struct FwdSm90L2 {
   int short_keys;
 };
 constexpr FwdSm90L2 kFwdSm90L2 = {16, 8, 512};
+// Whether a grid row sends every call, causal or not and of any length, to its Multi config
+// (fwd_sm90_multi_tile is then true for every call).
+constexpr bool fwd_sm90_multi_takes_all(const FwdSm90Grid& g) {
+  return g.full_persistent_keys == kAllKeys && g.causal_multi_keys == kAllKeys;
+}
 // A head dim's row, at compile time (the producer keeps one load order where its row has k_ahead
 // nowhere).
 constexpr FwdSm90Grid fwd_sm90_grid_row(int head_dim) {

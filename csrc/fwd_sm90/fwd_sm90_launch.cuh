@@ -266,21 +266,36 @@ cudaError_t run_fwd_sm90_config(const flashback_fwd_params& p, cudaStream_t stre
   return cudaGetLastError();
 }
 
+// The config that serves a call of one head dim (its row's configs: causal, Full, FullLong and
+// Multi, references where two are one config): the Multi config for calls a persistent grid
+// serves, where it is a config of its own; else the causal config for calls with the mask, the
+// FullLong config past the grid row's full_long_keys, and Full. A template, so that branches
+// its configs rule out are not compiled: where two configs are one object they are one instance,
+// and where the grid row sends every call to the Multi config (d = 192) only that one exists.
+template <const FwdSm90Config& kCausal, const FwdSm90Config& kFull, const FwdSm90Config& kFullLong,
+          const FwdSm90Config& kMulti, Dtype kDtype>
+cudaError_t run_fwd_sm90_entry(const flashback_fwd_params& p, cudaStream_t stream) {
+  constexpr bool kOwnMulti = &kMulti != &kCausal;
+  if constexpr (kOwnMulti && fwd_sm90_multi_takes_all(fwd_sm90_grid_row(kCausal.head_dim))) {
+    return run_fwd_sm90_config<FwdSm90Traits<kMulti, kDtype>>(p, stream);
+  } else {
+    if constexpr (kOwnMulti) {
+      if (fwd_sm90_multi_tile(p)) return run_fwd_sm90_config<FwdSm90Traits<kMulti, kDtype>>(p, stream);
+    }
+    if (p.causal) return run_fwd_sm90_config<FwdSm90Traits<kCausal, kDtype>>(p, stream);
+    if constexpr (&kFullLong != &kFull) {
+      if (fwd_sm90_full_long(p)) return run_fwd_sm90_config<FwdSm90Traits<kFullLong, kDtype>>(p, stream);
+    }
+    return run_fwd_sm90_config<FwdSm90Traits<kFull, kDtype>>(p, stream);
+  }
+}
+
 // The entry points of head dim D's instances, bf16 and fp16 (in fwd_sm90_hdim<D>.cu; the table in
-// fwd_sm90_launch.cu declares them): the Multi config for calls a persistent grid serves, where
-// it is a config of its own; else the non-causal configs for calls without the mask, FullLong
-// above the grid row's full_long_keys (where configs are one object, the branches are one
-// instance).
-#define FLASHBACK_FWD_SM90_ENTRY(D, DT, DTYPE)                                                       \
-  cudaError_t run_fwd_sm90_hdim##D##_##DT(const flashback_fwd_params& p, cudaStream_t stream) {   \
-    if constexpr (&kFwdSm90Hdim##D##Multi != &kFwdSm90Hdim##D) {                                   \
-      if (fwd_sm90_multi_tile(p)) return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D##Multi, DTYPE>>(p, stream); \
-    }                                                                                              \
-    if (p.causal) return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D, DTYPE>>(p, stream);    \
-    if constexpr (&kFwdSm90Hdim##D##FullLong != &kFwdSm90Hdim##D##Full) {                          \
-      if (fwd_sm90_full_long(p)) return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D##FullLong, DTYPE>>(p, stream); \
-    }                                                                                              \
-    return run_fwd_sm90_config<FwdSm90Traits<kFwdSm90Hdim##D##Full, DTYPE>>(p, stream);            \
+// fwd_sm90_launch.cu declares them).
+#define FLASHBACK_FWD_SM90_ENTRY(D, DT, DTYPE)                                                     \
+  cudaError_t run_fwd_sm90_hdim##D##_##DT(const flashback_fwd_params& p, cudaStream_t stream) { \
+    return run_fwd_sm90_entry<kFwdSm90Hdim##D, kFwdSm90Hdim##D##Full, kFwdSm90Hdim##D##FullLong, \
+                              kFwdSm90Hdim##D##Multi, DTYPE>(p, stream);                         \
   }
 #define FLASHBACK_FWD_SM90_INSTANCES(D)                                                   \
   static_assert(kFwdSm90Hdim##D##Full.consumer_wgs == kFwdSm90Hdim##D.consumer_wgs &&      \
