@@ -146,7 +146,8 @@ struct FwdSm90Config {
   // eighth run"): d = 64 forward +0.2..+0.6% at 4k-16k, causal and not (every repeat above); the
   // d = 256 non-causal rows above 4096 keys (FullLong) +1.3..+2.0%; but the d = 256 causal rows
   // -0.2..-0.5% and the non-causal to 4096 keys -0.4%, and the backward -0.3..+0.5%: on at
-  // d = 64 (its Multi row, to 2048 keys, not measured: off) and the d = 256 FullLong row.
+  // d = 64 and the d = 256 FullLong row. The d = 64 Multi row (causal to 2048 keys, non-causal
+  // to 4096) stays off: of its calls only the non-causal 4k point was timed (+0.4%).
   // kTryFirstSleep (the retries with a suspend-time hint) measured below kTryFirst on both rows
   // (d = 64 -3.0..+0.3%, FullLong +0.7..+1.0%).
   hopper::WaitStyle wait_style = hopper::WaitStyle::kSpin;
