@@ -41,7 +41,8 @@ struct FwdSm90Config {
   // softmax, which then never overlaps P_j V_j (ncu, d = 256 non-causal 8k: 11% of the stall
   // samples on the wait; FA3's kernel keeps about half its exponentials above it). Measured
   // (H200, bf16): d = 256 +1.0..+3.2%, d = 192 -2.6..+9.1% (+1.4% mean), d = 128 -5.6..+0.7%,
-  // d = 64 -1.3..-6.3%: on at d = 192 and 256 (docs/perf-log.md).
+  // d = 64 -1.3..-6.3%: on at d = 192 and 256, and in the d = 128 FullLong config (176-key
+  // blocks with ping-pong, below) (docs/perf-log.md).
   bool pv_wait_below = false;
   // One Q stage (d >= 192): the tile's O staged over the V stages instead of its Q stage, so Q is
   // freed once the tile's last S has been waited for and the next tile's Q (and K_0) load during
@@ -69,9 +70,11 @@ struct FwdSm90Config {
   // warpgroup whose 64 rows run past seqlen_q (a varlen map would write into the next sequence)
   // or an out whose layout TMA cannot take keeps the per-thread copy. Measured (H200, bf16,
   // docs/perf-log.md "O by TMA"): d = 128 +0.5..+3.1% (every call), d = 256 one CTA per tile
-  // +0.7..+2.0%, d = 192 one CTA per tile +0.3..+1.2%; with o_over_v (the d = 192 / 256 Multi
-  // configs) -0.3..-1.1%, at d = 64 -0.4..-0.6% causal: on where it gained, except the d = 128
-  // non-causal calls (kFwdSm90Hdim128Full).
+  // +0.7..+2.0%, d = 192 one CTA per tile +0.3..+1.2% (no d = 192 call runs one CTA per tile
+  // since: its grid row sends every call to the Multi config); with o_over_v (the d = 192 Multi
+  // config) -0.3..-1.1%, at d = 64 -0.4..-0.6% causal: on where it gained, except the d = 128
+  // non-causal calls (kFwdSm90Hdim128Full); the d = 256 Multi config has it since, measured
+  // there with copy_out_early (below).
   bool tma_store_o = false;
   // The key blocks a warpgroup's 64 rows see whole (no key past seqlen_k, none after a row's
   // diagonal) run in a loop of their own whose softmax has no mask code, then the blocks that
@@ -80,7 +83,8 @@ struct FwdSm90Config {
   // against our one loop of 771 with a 238-instruction mask block); ptxas does not schedule
   // across the branch, so the split gives it the unmasked step as straight-line code. Measured
   // (H200, per call): d = 128 causal +3.5..+8.1%, d = 64 +0.1..+2.6%, d = 192 -2.9..+2.5% (its
-  // short calls +0.3..+1.0%), d = 256 mixed: on at d = 64-192.
+  // short calls +0.3..+1.0%), d = 256 mixed: on at d = 64-192 but the d = 128 non-causal
+  // configs (-2.7..+1.9% there, docs/perf-log.md "Measured 2026-12-07, fifth run").
   bool split_mask_loop = false;
   // The row sums, 1 / l and LSE computed between the issue of the tile's last P V and the wait
   // for it (the row statistics are final after the last softmax), instead of after the wait,
@@ -126,7 +130,8 @@ struct FwdSm90Config {
   // 4k-16k in both runs, non-causal +3.1 / -2.2% at 4k / 8k (16k -6.3 / -0.6%, with 4-7%
   // spreads), on the
   // persistent grid (the Multi config, to 2048 keys) -1.4..+0.2%; d = 192 -1.4..+0.7%. So the
-  // d = 256 causal config alone (docs/perf-log.md, "Measured 2026-12-06, fourteenth run"). At
+  // d = 256 causal config alone, which also serves the non-causal calls of 2049-4096 keys (as
+  // kFwdSm90Hdim256Full; docs/perf-log.md, "Measured 2026-12-06, fourteenth run"). At
   // d = 128 with ping-pong it read -0.7..-5.0% (ninth run).
   bool rescale_between = false;
   // The softmax without its -inf guards and the per-block mask test from a per-tile bound. A row
@@ -193,7 +198,8 @@ constexpr FwdSm90Config kFwdSm90Hdim128 = {128, 128, 2, 2, 24, 240, false, true,
 // (run_fwd_sm90_entry).
 constexpr FwdSm90Config kFwdSm90Hdim192 = {192, 112, 2, 2, 24, 240, false, true, true, false, true, true,
                                           false, false, false, false, false, true};
-// d = 256 causal from 4096 keys (one CTA per tile): s_desc_lo with rescale_between (above).
+// d = 256 causal above 2048 keys and, as kFwdSm90Hdim256Full, non-causal 2049-4096 (one CTA per
+// tile): s_desc_lo with rescale_between (above).
 constexpr FwdSm90Config kFwdSm90Hdim256 = {256, 80, 2, 2, 24, 240, false, true, true, false, true, true,
                                           false, false, false, false, false, true, true};
 // The config of a head dim's non-causal calls: the tile shape may differ with the mask (FA3's
@@ -263,10 +269,11 @@ constexpr FwdSm90Config kFwdSm90Hdim256FullLong = {256, 80, 2, 2, 24, 240, false
 // backward pair's prefetch_next_rows): non-causal d = 256 -10.0 / -6.9 / -3.2% at 512 / 1k / 2k,
 // d = 128 -3.8..-1.6% to 4096, d = 64 -1.1..+0.9%; causal calls unchanged (docs/perf-log.md,
 // "Measured 2026-12-06, twelfth run").
-// The config of a head dim's calls whose tiles a persistent grid walks (fwd_sm90_multi_tile:
-// non-causal up to 2048 keys, 4096 at d = 64 / 128, every length at d = 192; causal up to 2048 keys
-// at d = 64 / 256, every length at d = 192, where the counter feeds the tiles), causal or not; where it
-// is the causal config's object, the two configs above serve those calls. d = 192 / 256: o_over_v,
+// The config of a head dim's calls that fwd_sm90_multi_tile picks (non-causal up to 2048 keys,
+// 4096 at d = 64 / 128, every length at d = 192; causal up to 2048 keys at d = 64 / 256, every
+// length at d = 128 / 192; the grid row's causal_multi_keys), causal or not; where it is the
+// causal config's object (d = 128), the two configs above serve those calls. Longer causal
+// d = 64 calls are counter-fed too but run kFwdSm90Hdim64. d = 192 / 256: o_over_v,
 // so a CTA's next Q loads during its tile's end. Measured (H200, bf16, A B A B, 16384 tokens)
 // against the configs above: d = 192 +5.7 / +4.2% causal 512 / 1024, +6.0 / +2.9 / +2.0% non-causal
 // 512 / 1024 / 2048; d = 256 +4.5 / +2.9% causal, +4.9 / +3.3 / +1.9% non-causal. On the counter at
@@ -274,13 +281,14 @@ constexpr FwdSm90Config kFwdSm90Hdim256FullLong = {256, 80, 2, 2, 24, 240, false
 // the late fetch and the shortened tail: +1.9% now), and -5..-10% causal at 4k-16k while the
 // counter fetched early; with the late fetch d = 192 +0.2..+2.2% at 2k-16k, so d = 192 takes it at
 // every length (docs/perf-log.md, "o_over_v at short sequences, measured", "O by TMA"). O by TMA:
-// -0.3..-1.1% with o_over_v, so not here.
+// -0.3..-1.1% with o_over_v, so not at d = 192 (the d = 256 Multi config has it since, below).
 // d = 64 with O by TMA, the statistics in the last P V's shadow and the fast tile decode (the
 // tile's tail shorter; ncu of the causal 512 forward beside FA3 put ~1035 instructions per tile
 // on the per-thread copy-out of O). Measured against kFwdSm90Hdim64 at every length (H100, bf16,
 // GPU time, A B C x 2): causal +4.4 / +3.9 / +1.9% at 512 / 1024 / 2048, +0.5 / -0.2 / -1.8% at
 // 4k / 8k / 16k; non-causal +3.9 / +0.4 / -0.4 / -0.1% at 512-4096, -0.8 / -2.8% at 8k / 16k.
-// So it serves the persistent grid's calls only (causal to 2048 keys, kFwdSm90Hdim64Grid). O by
+// So it serves the persistent grid's calls only (causal to 2048 keys, non-causal to 4096,
+// kFwdSm90Hdim64Grid). O by
 // TMA alone read -0.3..+1.2% to 8k and -2.5 / -3.0% at 16k (not kept; docs/perf-log.md,
 // "Measured 2026-12-06, ninth run").
 constexpr FwdSm90Config kFwdSm90Hdim64Multi = {64, 128, 3, 2, 24, 160, true, true, false, false,
@@ -476,8 +484,9 @@ bool fwd_sm90_k_ahead(const flashback_fwd_params& p);
 // Whether a non-causal call runs the head dim's FullLong config (the head dim's FwdSm90Grid).
 bool fwd_sm90_full_long(const flashback_fwd_params& p);
 
-// Whether a CTA of this call walks more than one tile (persistent or counter-fed): the head
-// dim's Multi config serves it.
+// Whether the head dim's Multi config serves this call: the persistent grid's calls, and causal
+// ones up to the grid row's causal_multi_keys (counter-fed; a longer counter-fed call, d = 64
+// causal above 2048 keys, runs the causal config).
 bool fwd_sm90_multi_tile(const flashback_fwd_params& p);
 
 // Runs the forward on `stream`. Returns cudaErrorNotSupported without launching anything when
