@@ -354,7 +354,8 @@ constexpr BwdSm90Config kBwdSm90Hdim256Det = {256, 64, 80, 1, 1, 24, 240, false,
 // The single-CTA config of a head dim whose configs are pairs: it runs both modes where the
 // pair does not pay (short walks: fewer than kBwdSm90PairMinRows query rows per CTA, measured
 // 2.0-5.6% faster than the pair at seqlen 512) or cannot run (no 2-CTA cluster fits, or
-// FLASHBACK_BWD_PAIR=0), and the deterministic non-causal calls under FLASHBACK_DET_COOPERATIVE. d = 256: the second Q stage back, 216 KB, as measured before the
+// FLASHBACK_BWD_PAIR=0), and the deterministic non-causal calls under
+// FLASHBACK_DET_COOPERATIVE. d = 256: the second Q stage back, 216 KB, as measured before the
 // pair. Where no config is a pair it is the default's and never runs on its own.
 static constexpr const BwdSm90Config& kBwdSm90Hdim64Single = kBwdSm90Hdim64;
 static constexpr const BwdSm90Config& kBwdSm90Hdim128Single = kBwdSm90Hdim128;
