@@ -100,6 +100,13 @@ def base_impl(impl):
     return impl.split("@", 1)[0]
 
 
+def split_dtype(label):
+    """(impl, dtype) of "impl#dtype" (--alternate with several --dtypes: a point's dtypes timed in
+    turn, each implementation once per dtype), (label, None) without one."""
+    impl, _, dtype = label.partition("#")
+    return impl, dtype or None
+
+
 def build_label(impl):
     """The build label of "flashback@B" ("B"), or None."""
     return impl.split("@", 1)[1] if "@" in impl else None
@@ -344,8 +351,12 @@ def format_table(payload):
     build_ratios = [(f"{build_label(i)}/{build_label(firsts[base_impl(i)])}"
                      f"{'(det)' if base_impl(i) == 'flashback_det' else ''}", i, firsts[base_impl(i)])
                     for i in impls if build_label(i) and i != firsts[base_impl(i)]]
+    # Both dtypes at a point: fp16 over bf16 per implementation named here, per repeat (paired_ratio,
+    # so with the dtypes timed in turn each repeat's pair shares the clock), on the fp16 row.
+    dtype_ratios = [(name, impl) for name, impl in (("fp16/bf16", ours_impl), (f"fp16/bf16({YARDSTICK})", YARDSTICK))
+                    if {k[2] for k in med if k[0] == impl} >= {"bf16", "fp16"}]
     head = (["dir", "d", "dtype", "causal", "batch", "seqlen"] + impls + [name for name, _, _ in ratios]
-            + [name for name, _, _ in build_ratios])
+            + [name for name, _, _ in build_ratios] + [name for name, _ in dtype_ratios])
     if with_energy:
         head.append("mJ ours/fa3")
     if with_clock:
@@ -369,6 +380,11 @@ def format_table(payload):
             mark = "?" if ratio and {(later,) + key, (first,) + key} & unsteady else ""
             marked += bool(mark)
             cells.append(f"{ratio:.3f}{mark}" if ratio else "-")
+        for _, impl in dtype_ratios:
+            bf16_key = (impl, d, "bf16") + key[2:]
+            ratio = (paired_ratio(ms_of.get(bf16_key, []), ms_of.get((impl,) + key, []))
+                     if dtype == "fp16" else None)
+            cells.append(f"{ratio:.3f}" if ratio else "-")
         line = ([direction, str(d), dtype, "yes" if causal else "no", str(batch), str(seqlen)]
                 + [f"{v:.1f}" if v is not None else "-" for v in vals] + cells)
         if with_energy:
@@ -711,35 +727,41 @@ def time_alternating(fns, iters, warmup, repeats):
 
 
 def measure_alternating(impls, q, k, v, dout, causal, iters, warmup, repeats, notes, directions=DIRECTIONS,
-                        dtype_name="bf16"):
+                        dtype_name="bf16", inputs=None):
     """({impl: {direction: [ms per repeat]}}, {impl: {direction: path}}): every direction timed with
     the implementations in alternation (time_alternating). An implementation that rejects the
     shape is left out with a note; an error while a direction is timed drops that direction for
     the point, with a note (the calls of all implementations are interleaved, so it cannot be
     pinned on one). The paths are flashback's (either mode), read after one more untimed call of
-    that implementation alone, since the timed calls of the two modes interleave."""
+    that implementation alone, since the timed calls of the two modes interleave.
+    `inputs` ({label: (q, k, v, dout)}, --alternate with several --dtypes) gives each label of
+    `impls` ("impl#dtype", split_dtype) its own tensors, so that dtypes are timed in turn too."""
     import torch
     where = f"d={q.shape[-1]} {dtype_name} causal={causal} batch={q.shape[0]} seqlen={q.shape[1]}"
+    args = {i: (inputs[i] if inputs else (q, k, v, dout)) for i in impls}
     fwds, outs = {}, {}
-    for impl in impls:
+    for label in impls:
+        impl = split_dtype(label)[0]
+        q_, k_, v_, g_ = args[label]
         try:
             fwd = _forward_fn(impl, causal)
-            out = in_build(impl, lambda: fwd(q, k, v))()
-            in_build(impl, lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))()
+            out = in_build(impl, lambda: fwd(q_, k_, v_))()
+            in_build(impl, lambda: torch.autograd.grad(out, (q_, k_, v_), g_, retain_graph=True))()
         except Exception as e:  # noqa: BLE001 - a backend that rejects the shape is skipped
-            notes.append(f"{impl} {where} skipped: {_short(e)}")
+            notes.append(f"{label} {where} skipped: {_short(e)}")
             print("note: " + notes[-1], flush=True)
             continue
-        fwds[impl], outs[impl] = fwd, out
-    res, paths = {impl: {} for impl in fwds}, {}
+        fwds[label], outs[label] = fwd, out
+    res, paths = {label: {} for label in fwds}, {}
     for key in directions:
         if key == "fwd":
-            fns = {i: (lambda f=f: f(q, k, v)) for i, f in fwds.items()}
+            fns = {i: (lambda f=f, a=args[i]: f(*a[:3])) for i, f in fwds.items()}
         elif key == "bwd":
-            fns = {i: (lambda o=o: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)) for i, o in outs.items()}
+            fns = {i: (lambda o=o, a=args[i]: torch.autograd.grad(o, a[:3], a[3], retain_graph=True))
+                   for i, o in outs.items()}
         else:
-            fns = {i: (lambda f=f: torch.autograd.grad(f(q, k, v), (q, k, v), dout)) for i, f in fwds.items()}
-        fns = {i: in_build(i, fn) for i, fn in fns.items()}
+            fns = {i: (lambda f=f, a=args[i]: torch.autograd.grad(f(*a[:3]), a[:3], a[3])) for i, f in fwds.items()}
+        fns = {i: in_build(split_dtype(i)[0], fn) for i, fn in fns.items()}
         try:
             timed = time_alternating(fns, iters, warmup, repeats)
         except Exception as e:  # noqa: BLE001 - keep the point's other directions
@@ -750,10 +772,11 @@ def measure_alternating(impls, q, k, v, dout, causal, iters, warmup, repeats, no
         for impl, ms in timed.items():
             res[impl][key] = ms
         for impl in fns:
-            if base_impl(impl) in OURS:
+            if base_impl(split_dtype(impl)[0]) in OURS:
                 import flashback
                 fns[impl]()
-                f, b = in_build(impl, lambda: (flashback.last_forward_path(), flashback.last_backward_path()))()
+                f, b = in_build(split_dtype(impl)[0],
+                                lambda: (flashback.last_forward_path(), flashback.last_backward_path()))()
                 paths.setdefault(impl, {})[key] = {
                     "fwd": f, "bwd": b, "train": "sm90" if f == b == "sm90" else f"forward {f}; backward {b}"}[key]
     return {impl: r for impl, r in res.items() if r}, paths
@@ -883,6 +906,8 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
                                                 "(each round every one once, the order varied per round, no call "
                                                 "right after one of its own implementation), no energy or clock readings"
                                                 + (f", {preheat:g} s of matmuls before every point" if preheat > 0 else "")
+                                                + (f"; the dtypes ({', '.join(dtypes)}) of a point timed in turn too"
+                                                   if len(dtypes) > 1 else "")
                                                 if ALTERNATE else "")
                                              + ("; every call on a side stream (not the default stream)"
                                                 if SIDE_STREAM else "")
@@ -907,26 +932,39 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
     path = None
     warm_gpu(warm_seconds)
     gen = torch.Generator(device=DEVICE).manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
-    for headdim, dtype_name, causal, (batch, seqlen) in ((d, t, c, bs) for d in headdims for t in dtypes
-                                                          for c in causals for bs in shapes):
+    # --alternate with several dtypes: one point per (head dim, mask, shape), its dtypes timed in
+    # turn like its implementations (a run-by-run fp16 / bf16 ratio carries the clock's drift).
+    dtype_groups = [tuple(dtypes)] if ALTERNATE and len(dtypes) > 1 else [(t,) for t in dtypes]
+    for headdim, group, causal, (batch, seqlen) in ((d, g, c, bs) for d in headdims for g in dtype_groups
+                                                     for c in causals for bs in shapes):
             nheads = nheads_for(headdim)
-            dtype = torch.float16 if dtype_name == "fp16" else torch.bfloat16
+            dtype_name = "+".join(group)
             shape = (batch, seqlen, nheads, headdim)
-            q, k, v, dout = (torch.randn(shape, generator=gen, device=DEVICE, dtype=dtype) for _ in range(4))
-            for t in (q, k, v):
-                t.requires_grad_()
+            draws = [torch.randn(shape, generator=gen, device=DEVICE) for _ in range(4)]
+            inputs_of = {}  # dtype -> (q, k, v, dout), the same values in each dtype
+            for t in group:
+                ts = [x.to(torch.float16 if t == "fp16" else torch.bfloat16) for x in draws]
+                for x in ts[:3]:
+                    x.requires_grad_()
+                inputs_of[t] = tuple(ts)
+            del draws
+            q, k, v, dout = inputs_of[group[0]]
             # The repeats are interleaved: repeat r times every implementation once, in the order
             # of repeat_order, so that no implementation always runs right after the same other one.
             # A card at its power cap runs faster for a fraction of a second after a lighter
             # load; with all repeats of one implementation back to back, that boost lands on
             # whichever one follows a slower implementation (seen: three repeats 706 / 705 /
             # 578 TFLOP/s after SDPA, the next implementation's 620 / 557 / 569).
-            point_impls = [i for i in impls if not (i == "fa3" and dtype_name != "bf16")]
+            # fa3 (its build here) takes bf16 only; with several dtypes a label is "impl#dtype".
+            point_impls = [i if len(group) == 1 else f"{i}#{t}" for t in group for i in impls
+                           if not (i == "fa3" and t != "bf16")]
             runs, paths_of, states_of = {}, {}, {}  # impl -> {key: [ms per repeat]}, ...
             if ALTERNATE:
                 warm_gpu(preheat)
-                runs, paths_of = measure_alternating(point_impls, q, k, v, dout, causal, iters, warmup, repeats,
-                                                     payload["notes"], directions, dtype_name)
+                runs, paths_of = measure_alternating(
+                    point_impls, q, k, v, dout, causal, iters, warmup, repeats, payload["notes"], directions,
+                    dtype_name, inputs={i: inputs_of[split_dtype(i)[1]] for i in point_impls} if len(group) > 1
+                    else None)
                 torch.cuda.empty_cache()
             for rep in range(repeats if not ALTERNATE else 0):
                 for impl in repeat_order(point_impls, rep):
@@ -955,18 +993,19 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
                         states_of.setdefault(impl, {}).setdefault(key, []).append(st)
                     torch.cuda.empty_cache()
             for impl in point_impls:
+                base, row_dtype = split_dtype(impl)
                 for key, ms_runs in runs.get(impl, {}).items():
-                    row_impl, direction = (BWD_CALL, "bwd") if key == BWD_CALL else (impl, key)
+                    row_impl, direction = (BWD_CALL, "bwd") if key == BWD_CALL else (base, key)
                     row = result_row(row_impl, direction, causal, batch, seqlen, nheads, headdim, ms_runs,
-                                     dtype_name)
+                                     row_dtype or dtype_name)
                     if key in paths_of.get(impl, {}):
                         row["path"] = paths_of[impl][key]
                     if any(states_of.get(impl, {}).get(key, [])):
                         row["gpu"] = states_of[impl][key]
                     payload["results"].append(row)
-                    print(f"{row_impl:>18} {direction} d={headdim} {dtype_name} causal={causal!s:5} "
+                    print(f"{row_impl:>18} {direction} d={headdim} {row['dtype']} causal={causal!s:5} "
                           f"{batch}x{seqlen:<6} TFLOP/s {'/'.join(f'{t:.1f}' for t in row['tflops'])}", flush=True)
-            del q, k, v, dout
+            del q, k, v, dout, inputs_of
             torch.cuda.empty_cache()
             path = write_results(out_dir, payload)
     print()

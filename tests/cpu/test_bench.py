@@ -596,3 +596,82 @@ def test_paired_ratio(bench):
     assert bench.paired_ratio([1.0, 2.0, 3.0], [1.0, 1.0, 1.0]) == 2.0
     assert bench.paired_ratio([1.0, 2.0], [1.0, 1.0, 4.0]) == pytest.approx(1.5 / 1.0)  # unequal: medians
     assert bench.paired_ratio([], []) is None
+
+
+def test_measure_alternating_gives_each_dtype_label_its_own_inputs(bench, fake_cuda, monkeypatch):
+    """--alternate with several dtypes: "impl#dtype" labels, each called on its dtype's tensors,
+    the results keyed by label; the implementation is the label's part before '#'."""
+    seen = []
+
+    def forward_fn(impl, causal):
+        class Fn(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, q, k, v):
+                seen.append((impl, q.dtype, k.dtype, v.dtype))
+                fake_cuda.now += 1.0 if q.dtype == torch.bfloat16 else 2.0
+                return q * k + v
+
+            @staticmethod
+            def backward(ctx, g):
+                fake_cuda.now += 4.0 if g.dtype == torch.bfloat16 else 5.0
+                return g, g, g
+        return Fn.apply
+    monkeypatch.setattr(bench, "_forward_fn", forward_fn)
+    inputs = {}
+    for t in (torch.bfloat16, torch.float16):
+        q, k, v = (torch.randn(1, 8, 2, 4, dtype=t, requires_grad=True) for _ in range(3))
+        inputs[t] = (q, k, v, torch.randn(1, 8, 2, 4, dtype=t))
+    labels = ["sdpa_flash#bf16", "sdpa_flash#fp16", "fa3#bf16"]
+    by_label = {lab: inputs[torch.float16 if lab.endswith("fp16") else torch.bfloat16] for lab in labels}
+    res, _ = bench.measure_alternating(labels, *by_label["sdpa_flash#bf16"], False, iters=3, warmup=1, repeats=1,
+                                       notes=[], directions=("fwd", "bwd"), dtype_name="bf16+fp16",
+                                       inputs=by_label)
+    assert res == {"sdpa_flash#bf16": {"fwd": [1.0], "bwd": [4.0]}, "sdpa_flash#fp16": {"fwd": [2.0], "bwd": [5.0]},
+                   "fa3#bf16": {"fwd": [1.0], "bwd": [4.0]}}
+    assert {(i, q) for i, q, k, v in seen} == {("sdpa_flash", torch.bfloat16), ("sdpa_flash", torch.float16),
+                                              ("fa3", torch.bfloat16)}
+    assert all(q == k == v for _, q, k, v in seen)
+    assert bench.split_dtype("flashback@B#fp16") == ("flashback@B", "fp16")
+    assert bench.split_dtype("fa3") == ("fa3", None)
+
+
+def test_sweep_alternates_dtypes_within_a_point(bench, monkeypatch, tmp_path):
+    """run_sweep with --alternate and two dtypes: one alternated measurement per (head dim, mask,
+    shape) holding both dtypes (fa3 in bf16 only), the same values in each dtype, rows written per
+    dtype, and the table's fp16/bf16 columns paired per repeat."""
+    calls = []
+
+    def fake_measure(impls, q, k, v, dout, causal, iters, warmup, repeats, notes, directions, dtype_name,
+                     inputs=None):
+        calls.append((list(impls), dtype_name, {i: tuple(x.dtype for x in inputs[i]) for i in impls}))
+        a, b = inputs["flashback#bf16"][0], inputs["flashback#fp16"][0]
+        assert torch.allclose(a.float(), b.float(), atol=1e-2, rtol=1e-2)  # one draw, two dtypes
+        ms = {"flashback#bf16": [1.0, 1.2, 1.0], "flashback#fp16": [1.1, 1.2, 1.25],
+              "sdpa_flash#bf16": [2.0] * 3, "sdpa_flash#fp16": [2.0, 2.5, 2.0], "fa3#bf16": [1.2] * 3}
+        return {i: {"fwd": [t / 100 for t in ms[i]]} for i in impls}, {}
+    monkeypatch.setattr(bench, "measure_alternating", fake_measure)
+    monkeypatch.setattr(bench, "ALTERNATE", True)
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "warm_gpu", lambda s: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", type(sys)("flash_attn_interface"))
+    path = bench.run_sweep(["flashback", "sdpa_flash", "fa3"], 3, 1, 3, str(tmp_path), False, ("fwd",), (64,),
+                           ("bf16", "fp16"), ((1, 1024),), "t", warm_seconds=0.0, causals=(True,))
+    assert [c[0] for c in calls] == [["flashback#bf16", "sdpa_flash#bf16", "fa3#bf16",
+                                      "flashback#fp16", "sdpa_flash#fp16"]]
+    assert calls[0][1] == "bf16+fp16"
+    assert calls[0][2]["fa3#bf16"] == (torch.bfloat16,) * 4
+    assert calls[0][2]["flashback#fp16"] == (torch.float16,) * 4
+    with open(path) as f:
+        payload = json.load(f)
+    assert sorted((r["impl"], r["dtype"]) for r in payload["results"]) == [
+        ("fa3", "bf16"), ("flashback", "bf16"), ("flashback", "fp16"), ("sdpa_flash", "bf16"), ("sdpa_flash", "fp16")]
+    assert "dtypes (bf16, fp16) of a point timed in turn" in payload["method"]
+    lines = bench.format_table(payload).splitlines()
+    head = lines[1].split()
+    rows = {ln.split()[2]: dict(zip(head, ln.split())) for ln in lines[2:4]}
+    # Per repeat fp16 / bf16 speed: 1/1.1, 1.2/1.2, 1/1.25 -> median 0.909 (the medians' ratio: 1/1.2).
+    assert rows["fp16"]["fp16/bf16"] == "0.909"
+    assert rows["fp16"]["fp16/bf16(sdpa_flash)"] == "1.000"
+    assert rows["bf16"]["fp16/bf16"] == "-"
