@@ -25,11 +25,14 @@
 #                      tests left; cut short, it keeps the shapes it finished (written per shape).
 #   BREAKDOWN=1        before the benchmark, scripts/call_breakdown.py at d = 256 (causal 4k,
 #                      non-causal 512; ours and FA3's)     -> $OUT/breakdown.log
+#   REQUIRE_GPU        run only on a card whose name contains this (e.g. H200): on another card,
+#                      or none, say so and exit 3 before anything else (a measurement that must be
+#                      the H200's costs nothing on an H100 then)
 #   SANITIZE=1         after the tests, compute-sanitizer on scripts/sanitize_family.py: memcheck
 #                      over every head dim and dtype, racecheck over every head dim in bf16
 #                      (~1-2 min together)     -> $OUT/memcheck.log, $OUT/racecheck.log
 # Exit status: 0 when the tests (and with SANITIZE=1 both sanitizers) passed and the benchmark
-# finished, else 1.
+# finished, 3 when REQUIRE_GPU did not match the card, else 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -42,6 +45,14 @@ BENCH_IMPLS=${BENCH_IMPLS:-flashback,sdpa_flash,cudnn,fa3}
 TEST_TIMEOUT=${TEST_TIMEOUT:-300}
 PAIR_TEST_TIMEOUT=${PAIR_TEST_TIMEOUT:-120}
 TIME_BUDGET=${TIME_BUDGET:-570}
+
+if [ -n "${REQUIRE_GPU:-}" ]; then
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+  case $card in
+    *"$REQUIRE_GPU"*) ;;
+    *) echo "REQUIRE_GPU=$REQUIRE_GPU: this machine's card is '${card:-none}': nothing run"; exit 3 ;;
+  esac
+fi
 
 echo "== environment (also in $OUT_DIR/env.txt)"
 {
