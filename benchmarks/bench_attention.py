@@ -351,8 +351,12 @@ def format_table(payload):
     build_ratios = [(f"{build_label(i)}/{build_label(firsts[base_impl(i)])}"
                      f"{'(det)' if base_impl(i) == 'flashback_det' else ''}", i, firsts[base_impl(i)])
                     for i in impls if build_label(i) and i != firsts[base_impl(i)]]
-    # Both dtypes at a point: fp16 over bf16 per implementation named here, per repeat (paired_ratio,
-    # so with the dtypes timed in turn each repeat's pair shares the clock), on the fp16 row.
+    # Both dtypes at a point: fp16 over bf16 per implementation named here, on the fp16 row; per
+    # repeat (paired_ratio) where the dtypes were timed in turn (each repeat's pair shares the
+    # clock), else the medians' ratio (run by run the repeats of two dtypes share nothing).
+    # (Files written before the key was: their method says so.)
+    dtypes_in_turn = bool(payload.get("dtypes_alternated")) or "of a point timed in turn too" in str(
+        payload.get("method", ""))
     dtype_ratios = [(name, impl) for name, impl in (("fp16/bf16", ours_impl), (f"fp16/bf16({YARDSTICK})", YARDSTICK))
                     if {k[2] for k in med if k[0] == impl} >= {"bf16", "fp16"}]
     head = (["dir", "d", "dtype", "causal", "batch", "seqlen"] + impls + [name for name, _, _ in ratios]
@@ -382,8 +386,12 @@ def format_table(payload):
             cells.append(f"{ratio:.3f}{mark}" if ratio else "-")
         for _, impl in dtype_ratios:
             bf16_key = (impl, d, "bf16") + key[2:]
-            ratio = (paired_ratio(ms_of.get(bf16_key, []), ms_of.get((impl,) + key, []))
-                     if dtype == "fp16" else None)
+            if dtype != "fp16":
+                ratio = None
+            elif dtypes_in_turn:
+                ratio = paired_ratio(ms_of.get(bf16_key, []), ms_of.get((impl,) + key, []))
+            else:
+                ratio = (med.get((impl,) + key) or 0) / med[bf16_key] if med.get(bf16_key) else None
             cells.append(f"{ratio:.3f}" if ratio else "-")
         line = ([direction, str(d), dtype, "yes" if causal else "no", str(batch), str(seqlen)]
                 + [f"{v:.1f}" if v is not None else "-" for v in vals] + cells)
@@ -915,6 +923,8 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
                                                 "(cold L2)" if COLD_L2_BYTES else "")))
     if tag:
         payload["tag"] = tag
+    if ALTERNATE and len(dtypes) > 1:
+        payload["dtypes_alternated"] = True  # format_table pairs fp16 / bf16 per repeat
     if BUILDS:  # paths as given (relative to the checkout when run from it), and each build's commit
         payload["builds"] = {k: os.path.relpath(v) if os.path.isabs(v) else v for k, v in BUILDS.items()}
         payload["build_commits"] = {k: lib.flashback_build_commit().decode("utf-8", "replace")
@@ -1101,7 +1111,7 @@ def main(argv=None):
     headdims = HEADDIMS if a.headdims.strip() == "all" else tuple(int(d) for d in a.headdims.split(",") if d.strip())
     if not headdims or any(d not in HEADDIMS for d in headdims):
         p.error(f"--headdims takes a subset of {','.join(map(str, HEADDIMS))}, got {a.headdims!r}")
-    dtypes = tuple(t.strip() for t in a.dtypes.split(",") if t.strip())
+    dtypes = tuple(dict.fromkeys(t.strip() for t in a.dtypes.split(",") if t.strip()))
     if not dtypes or any(t not in DTYPES for t in dtypes):
         p.error(f"--dtypes takes a subset of {','.join(DTYPES)}, got {a.dtypes!r}")
     if a.seqlens.strip() in SEQLEN_SETS:

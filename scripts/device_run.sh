@@ -25,7 +25,7 @@
 #                      tests left; cut short, it keeps the shapes it finished (written per shape).
 #   BREAKDOWN=1        before the benchmark, scripts/call_breakdown.py at d = 256 (causal 4k,
 #                      non-causal 512; ours and FA3's)     -> $OUT/breakdown.log
-#   REQUIRE_GPU        run only on a card whose name contains this (e.g. H200): on another card,
+#   REQUIRE_GPU        run only on a card whose name contains this (any case; e.g. H200): on another card,
 #                      or none, say so and exit 3 before anything else (a measurement that must be
 #                      the H200's costs nothing on an H100 then)
 #   SANITIZE=1         after the tests, compute-sanitizer on scripts/sanitize_family.py: memcheck
@@ -48,8 +48,8 @@ TIME_BUDGET=${TIME_BUDGET:-570}
 
 if [ -n "${REQUIRE_GPU:-}" ]; then
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
-  case $card in
-    *"$REQUIRE_GPU"*) ;;
+  case ${card,,} in  # any case: REQUIRE_GPU=h200 takes an "NVIDIA H200"
+    *"${REQUIRE_GPU,,}"*) ;;
     *) echo "REQUIRE_GPU=$REQUIRE_GPU: this machine's card is '${card:-none}': nothing run"; exit 3 ;;
   esac
 fi

@@ -667,7 +667,7 @@ def test_sweep_alternates_dtypes_within_a_point(bench, monkeypatch, tmp_path):
         payload = json.load(f)
     assert sorted((r["impl"], r["dtype"]) for r in payload["results"]) == [
         ("fa3", "bf16"), ("flashback", "bf16"), ("flashback", "fp16"), ("sdpa_flash", "bf16"), ("sdpa_flash", "fp16")]
-    assert "dtypes (bf16, fp16) of a point timed in turn" in payload["method"]
+    assert "dtypes (bf16, fp16) of a point timed in turn" in payload["method"] and payload["dtypes_alternated"]
     lines = bench.format_table(payload).splitlines()
     head = lines[1].split()
     rows = {ln.split()[2]: dict(zip(head, ln.split())) for ln in lines[2:4]}
@@ -675,3 +675,16 @@ def test_sweep_alternates_dtypes_within_a_point(bench, monkeypatch, tmp_path):
     assert rows["fp16"]["fp16/bf16"] == "0.909"
     assert rows["fp16"]["fp16/bf16(sdpa_flash)"] == "1.000"
     assert rows["bf16"]["fp16/bf16"] == "-"
+
+
+def test_table_fp16_over_bf16_run_by_run_is_the_medians_ratio(bench):
+    """Without the dtypes timed in turn the repeats of the two dtypes share nothing: the column is
+    the ratio of the medians, not paired per repeat."""
+    rows = [bench.result_row("flashback", "fwd", True, 1, 1024, 32, 64, ms, dtype)
+            for dtype, ms in (("bf16", [1.0, 1.2, 1.0]), ("fp16", [1.1, 1.2, 1.25]))]
+    table = bench.format_table(bench.make_payload("NVIDIA H100", "abc1234", "2026-12-07", "2.11", rows))
+    head, fp16_line = table.splitlines()[1].split(), table.splitlines()[3].split()
+    cells = dict(zip(head, fp16_line))
+    assert cells["dtype"] == "fp16"
+    # Medians 1.0 and 1.2 ms (TFLOP/s rounded to 0.01 in the rows); paired per repeat would be 0.909.
+    assert float(cells["fp16/bf16"]) == pytest.approx(1.0 / 1.2, abs=2e-3)
