@@ -436,8 +436,8 @@ def path_summary(rows):
 
 
 def plot(payload, png_path):
-    """Grouped bars: TFLOP/s per shape per implementation (backward above, forward below);
-    the whiskers span the three runs."""
+    """Grouped bars: TFLOP/s per shape per implementation, one panel per direction, head dim and
+    dtype in the file (backward, forward, training step); the whiskers span the runs."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -449,19 +449,23 @@ def plot(payload, png_path):
     impls = [c for c in COLUMNS if any(r["impl"] == c for r in rows)]
     impls += sorted({r["impl"] for r in rows} - set(impls))
     colors = {impl: plt.get_cmap("tab10")(i % 10) for i, impl in enumerate(impls)}
-    directions = [d for d in ("bwd", "fwd", "train") if any(r["direction"] == d for r in rows)] or ["bwd"]
-    fig, axes = plt.subplots(len(directions), 1, figsize=(13, 4.5 * len(directions)), squeeze=False)
-    for ax, direction in zip(axes[:, 0], directions):
-        keys = sorted({(bool(r["causal"]), r["batch"], r["seqlen"]) for r in rows if r["direction"] == direction},
-                      key=lambda k: (not k[0], k[2]))
-        present = [i for i in impls if any(r["impl"] == i and r["direction"] == direction for r in rows)]
+    order = {"bwd": 0, "fwd": 1, "train": 2}
+    # A panel per (direction, head dim, dtype): a file of several head dims or dtypes (--headdims,
+    # --dtypes) must not put one head dim's bars beside another's.
+    panels = sorted({(r["direction"], r["headdim"], r.get("dtype", "bf16")) for r in rows},
+                    key=lambda p: (order.get(p[0], 3), p[1], p[2])) or [("bwd", HEADDIM, "bf16")]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(13, 4.5 * len(panels)), squeeze=False)
+    for ax, (direction, headdim, dtype) in zip(axes[:, 0], panels):
+        mine = [r for r in rows if (r["direction"], r["headdim"], r.get("dtype", "bf16")) == (direction, headdim, dtype)]
+        keys = sorted({(bool(r["causal"]), r["batch"], r["seqlen"]) for r in mine}, key=lambda k: (not k[0], k[2]))
+        present = [i for i in impls if any(r["impl"] == i for r in mine)]
         width = 0.8 / max(1, len(present))
         top = 0.0
         for j, impl in enumerate(present):
             xs, ys, lo, hi = [], [], [], []
             for i, key in enumerate(keys):
-                r = next((r for r in rows if (r["impl"], r["direction"], bool(r["causal"]), r["batch"], r["seqlen"])
-                          == (impl, direction) + key), None)
+                r = next((r for r in mine if (r["impl"], bool(r["causal"]), r["batch"], r["seqlen"]) == (impl,) + key),
+                         None)
                 if r:
                     m = statistics.median(r["tflops"])
                     xs.append(i + (j - (len(present) - 1) / 2) * width)
@@ -474,11 +478,13 @@ def plot(payload, png_path):
         ax.set_xticks(range(len(keys)))
         ax.set_xticklabels([f"{'causal' if c else 'full'}\n{b}x{s}" for c, b, s in keys])
         ax.set_ylabel(f"{direction} TFLOP/s")
+        heads = sorted({r["nheads"] for r in mine})
+        ax.set_title(f"{direction}, head dim {headdim}, {dtype}, {'/'.join(map(str, heads))} heads", fontsize=10)
         ax.set_ylim(0, max(1.0, top) * 1.25)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8, ncol=len(present), loc="upper center")
-    fig.suptitle(f"attention, headdim {HEADDIM}, bf16, {NHEADS} heads, 16384 tokens — "
-                 f"{payload.get('device', '?')}, commit {payload.get('commit', '?')}, {payload.get('date', '?')}")
+    fig.suptitle(f"attention, {TOKENS} tokens — {payload.get('device', '?')}, commit {payload.get('commit', '?')}, "
+                 f"{payload.get('date', '?')}")
     fig.tight_layout()
     fig.savefig(png_path, dpi=110)
     plt.close(fig)

@@ -688,3 +688,37 @@ def test_table_fp16_over_bf16_run_by_run_is_the_medians_ratio(bench):
     assert cells["dtype"] == "fp16"
     # Medians 1.0 and 1.2 ms (TFLOP/s rounded to 0.01 in the rows); paired per repeat would be 0.909.
     assert float(cells["fp16/bf16"]) == pytest.approx(1.0 / 1.2, abs=2e-3)
+
+
+def test_plot_has_a_panel_per_direction_headdim_and_dtype(bench, tmp_path, monkeypatch):
+    """A file of two head dims and two dtypes: one panel each, every panel's bars from its own
+    rows (a panel per direction alone would have drawn the first matching row of any head dim)."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    seen = {}
+    real_subplots = plt.subplots
+
+    def spy(*args, **kwargs):
+        fig, axes = real_subplots(*args, **kwargs)
+        seen["axes"] = axes
+        return fig, axes
+    monkeypatch.setattr(plt, "subplots", spy)
+    rows, expected = [], {}
+    for n, (d, dtype) in enumerate(((64, "bf16"), (64, "fp16"), (128, "bf16"), (128, "fp16"))):
+        ms = 1.0 + 0.25 * n
+        row = bench.result_row("flashback", "fwd", True, 4, 4096, 2048 // d, d, [ms] * 3, dtype)
+        rows.append(row)
+        expected[(d, dtype)] = row["tflops"][0]
+    png = bench.plot(bench.make_payload("NVIDIA H100", "abc1234", "2026-12-07", "2.11", rows),
+                     str(tmp_path / "p.png"))
+    assert png and os.path.exists(png)
+    axes = seen["axes"][:, 0]
+    assert len(axes) == 4
+    for ax in axes:
+        m = re.match(r"fwd, head dim (\d+), (\w+), \d+ heads", ax.get_title())
+        assert m, ax.get_title()
+        bars = next(c for c in ax.containers if isinstance(c, matplotlib.container.BarContainer))
+        heights = [b.get_height() for b in bars]
+        assert heights == [pytest.approx(expected[(int(m.group(1)), m.group(2))])]
