@@ -61,6 +61,10 @@ CASES = [
     ([17, 1000, 64], [1000, 17, 200], 2, 1, 64, False),
     ([5, 0, 130], [0, 9, 130], 4, 2, 64, True),
     ([17, 1000, 64], [1000, 17, 200], 4, 2, 96, True),   # zero-padded to 128 (attention_varlen)
+    # Non-causal at d = 192: the persistent grid serves every length (kFwdSm90Hdim192Grid).
+    ([17, 1000, 64], [1000, 17, 200], 4, 2, 192, False),
+    # Non-causal at d = 64 past 4096 keys: one CTA per tile (up to 4096 the persistent grid).
+    ([1, 17, 1000, 4097, 0, 300], None, 4, 2, 64, False),
 ]
 
 
