@@ -100,6 +100,11 @@ def base_impl(impl):
     return impl.split("@", 1)[0]
 
 
+# The words of a result file's method that say its dtypes were timed in turn (run_sweep writes
+# them, format_table reads them to pair fp16 / bf16 per repeat).
+DTYPES_IN_TURN = "of a point timed in turn too"
+
+
 def split_dtype(label):
     """(impl, dtype) of "impl#dtype" (--alternate with several --dtypes: a point's dtypes timed in
     turn, each implementation once per dtype), (label, None) without one."""
@@ -167,6 +172,8 @@ def in_build(impl, fn):
 
 
 DIRECTIONS = ("fwd", "bwd", "train")
+# The order of a table's rows and a plot's panels: backward first.
+SHOWN_ORDER = {"bwd": 0, "fwd": 1, "train": 2}
 
 
 def attention_flops(batch, seqlen, nheads, headdim, causal, direction, seqlen_k=None):
@@ -339,9 +346,8 @@ def format_table(payload):
     for i in impls:
         if build_label(i):
             firsts.setdefault(base_impl(i), i)
-    order = {"bwd": 0, "fwd": 1, "train": 2}
     keys = sorted({point(r) for r in rows},
-                  key=lambda k: (k[0], k[1], order.get(k[2], 3), not k[3], k[5]))
+                  key=lambda k: (k[0], k[1], SHOWN_ORDER.get(k[2], 3), not k[3], k[5]))
     # Ratios to flashback's median: (column, the other implementation, flashback divided by it).
     ratios = [("ours/yardstick", YARDSTICK, True)]
     if "fa3" in impls:
@@ -354,9 +360,7 @@ def format_table(payload):
     # Both dtypes at a point: fp16 over bf16 per implementation named here, on the fp16 row; per
     # repeat (paired_ratio) where the dtypes were timed in turn (each repeat's pair shares the
     # clock), else the medians' ratio (run by run the repeats of two dtypes share nothing).
-    # (Files written before the key was: their method says so.)
-    dtypes_in_turn = bool(payload.get("dtypes_alternated")) or "of a point timed in turn too" in str(
-        payload.get("method", ""))
+    dtypes_in_turn = DTYPES_IN_TURN in str(payload.get("method", ""))
     dtype_ratios = [(name, impl) for name, impl in (("fp16/bf16", ours_impl), (f"fp16/bf16({YARDSTICK})", YARDSTICK))
                     if {k[2] for k in med if k[0] == impl} >= {"bf16", "fp16"}]
     head = (["dir", "d", "dtype", "causal", "batch", "seqlen"] + impls + [name for name, _, _ in ratios]
@@ -449,11 +453,10 @@ def plot(payload, png_path):
     impls = [c for c in COLUMNS if any(r["impl"] == c for r in rows)]
     impls += sorted({r["impl"] for r in rows} - set(impls))
     colors = {impl: plt.get_cmap("tab10")(i % 10) for i, impl in enumerate(impls)}
-    order = {"bwd": 0, "fwd": 1, "train": 2}
     # A panel per (direction, head dim, dtype): a file of several head dims or dtypes (--headdims,
     # --dtypes) must not put one head dim's bars beside another's.
     panels = sorted({(r["direction"], r["headdim"], r.get("dtype", "bf16")) for r in rows},
-                    key=lambda p: (order.get(p[0], 3), p[1], p[2])) or [("bwd", HEADDIM, "bf16")]
+                    key=lambda p: (SHOWN_ORDER.get(p[0], 3), p[1], p[2])) or [("bwd", HEADDIM, "bf16")]
     fig, axes = plt.subplots(len(panels), 1, figsize=(13, 4.5 * len(panels)), squeeze=False)
     for ax, (direction, headdim, dtype) in zip(axes[:, 0], panels):
         mine = [r for r in rows if (r["direction"], r["headdim"], r.get("dtype", "bf16")) == (direction, headdim, dtype)]
@@ -920,7 +923,7 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
                                                 "(each round every one once, the order varied per round, no call "
                                                 "right after one of its own implementation), no energy or clock readings"
                                                 + (f", {preheat:g} s of matmuls before every point" if preheat > 0 else "")
-                                                + (f"; the dtypes ({', '.join(dtypes)}) of a point timed in turn too"
+                                                + (f"; the dtypes ({', '.join(dtypes)}) {DTYPES_IN_TURN}"
                                                    if len(dtypes) > 1 else "")
                                                 if ALTERNATE else "")
                                              + ("; every call on a side stream (not the default stream)"
@@ -929,8 +932,6 @@ def run_sweep(impls, iters, warmup, repeats, out_dir, want_plot, directions=DIRE
                                                 "(cold L2)" if COLD_L2_BYTES else "")))
     if tag:
         payload["tag"] = tag
-    if ALTERNATE and len(dtypes) > 1:
-        payload["dtypes_alternated"] = True  # format_table pairs fp16 / bf16 per repeat
     if BUILDS:  # paths as given (relative to the checkout when run from it), and each build's commit
         payload["builds"] = {k: os.path.relpath(v) if os.path.isabs(v) else v for k, v in BUILDS.items()}
         payload["build_commits"] = {k: lib.flashback_build_commit().decode("utf-8", "replace")

@@ -6,14 +6,12 @@ import re
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HEADERS = {"Fwd": "csrc/fwd_sm90/fwd_sm90.h", "Bwd": "csrc/bwd_sm90/bwd_sm90.h"}
+from sm90_configs import HEADERS, ROOT, header_text, initializer
 ROW = re.compile(r"k(Fwd|Bwd)Sm90Hdim(64|128|192|256)(Full|FullLong|Det|Single|Multi)?$")
 
 
 def configs(kind):
-    text = open(os.path.join(ROOT, HEADERS[kind])).read()
-    return re.findall(r"constexpr %sSm90Config (k\w+) = \{" % kind, text)
+    return re.findall(r"constexpr %sSm90Config (k\w+) = \{" % kind, header_text(kind))
 
 
 def candidates():
@@ -99,14 +97,6 @@ def test_value_candidates_substitute(tmp_path):
     r = subprocess.run([sys.executable, str(tmp_path / "sub.py"), str(tmp_path), "kWalk", "kWalkNone"],
                        capture_output=True, text=True)
     assert r.returncode != 0
-
-
-def initializer(kind, name):
-    """The brace list of config `name` in its header, as stripped tokens."""
-    text = open(os.path.join(ROOT, HEADERS[kind])).read()
-    m = re.search(r"constexpr %sSm90Config %s = \{([^}]*)\};" % (kind, name), text)
-    assert m, name
-    return [t.strip() for t in m.group(1).split(",")]
 
 
 def test_d192_runs_the_measured_lean_softmax_config():

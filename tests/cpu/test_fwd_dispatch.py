@@ -7,13 +7,11 @@ d = 192 sat on kFwdSm90Hdim192Full, which the grid row never sent a call to). Th
 restates the dispatch of fwd_sm90_launch.cu (fwd_sm90_persistent, fwd_sm90_multi_tile,
 fwd_sm90_full_long) and fwd_sm90_launch.cuh (run_fwd_sm90_entry); keep them in step.
 """
-import os
 import re
 
 import pytest
+from sm90_configs import header_text, initializer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HEADER = os.path.join(ROOT, "csrc/fwd_sm90/fwd_sm90.h")
 ALL_KEYS = 0x7FFFFFFF
 GRID_FIELDS = ("full_persistent_keys", "causal_counter_keys", "causal_multi_keys",
                "causal_static_keys", "causal_k_ahead_keys", "full_k_ahead_keys", "full_long_keys")
@@ -21,16 +19,12 @@ GRID_FIELDS = ("full_persistent_keys", "causal_counter_keys", "causal_multi_keys
 PROBES = sorted({1, 17, 512, 1024, 2048, 2049, 4096, 4097, 8192, 16384, ALL_KEYS})
 
 
-def _text():
-    return open(HEADER).read()
-
-
 def _value(token):
     return ALL_KEYS if token.strip() == "kAllKeys" else int(token)
 
 
 def grid_row(d):
-    m = re.search(r"constexpr FwdSm90Grid kFwdSm90Hdim%dGrid = \{([^}]*)\};" % d, _text())
+    m = re.search(r"constexpr FwdSm90Grid kFwdSm90Hdim%dGrid = \{([^}]*)\};" % d, header_text("Fwd"))
     assert m, f"kFwdSm90Hdim{d}Grid"
     values = [_value(t) for t in m.group(1).split(",")]
     assert len(values) == len(GRID_FIELDS)
@@ -39,7 +33,7 @@ def grid_row(d):
 
 def config_object(name):
     """The config object a name denotes (a reference names the object it refers to)."""
-    text = _text()
+    text = header_text("Fwd")
     seen = set()
     while name not in seen:
         seen.add(name)
@@ -102,8 +96,7 @@ def test_the_model_reads_the_known_rows():
 
 def lean_softmax_on(name):
     """FwdSm90Config's 20th field (lean_softmax), false where the initializer stops before it."""
-    m = re.search(r"constexpr FwdSm90Config %s = \{([^}]*)\};" % name, _text())
-    fields = [t.strip() for t in m.group(1).split(",")]
+    fields = initializer("Fwd", name)
     return len(fields) >= 20 and fields[19] == "true"
 
 
