@@ -248,7 +248,10 @@ struct BwdSm90Config {
   // style (H100, bf16, every build in one process, docs/perf-log.md "Measured 2026-12-07, eighth
   // run"): kTryFirst d = 256 -0.3..+0.5%, d = 64 -0.1..+0.0%; kTryFirstSleep d = 256 -3.3..-0.2%,
   // d = 64 +0.4..+1.2% (its pre / postprocess kernels on it too: their spin follows only the
-  // build-wide FLASHBACK_WAIT_STYLE). Every config on kSpin until a per-config A/B.
+  // build-wide FLASHBACK_WAIT_STYLE). Per config, each build against production call by call in
+  // turn (H100, twelfth run): d = 64 (kBwdSm90Hdim64's main kernels) on kTryFirstSleep
+  // +0.4..+0.7%, taken; the backward at d = 128 kTryFirst -0.6..-0.3%, kTryFirstSleep
+  // -0.2..+0.0%, at d = 192 both +0.1..+0.3% (a copy of production read 0.0..+0.1%): on kSpin.
   hopper::WaitStyle wait_style = hopper::WaitStyle::kSpin;
 };
 
@@ -290,8 +293,14 @@ struct BwdSm90Config {
 // ds_in_branch on top (dV issued after dS^T, the exponentials and the dS arithmetic in one
 // block): +3.2 / +2.1 / +1.4% causal, +3.0 / +2.8 / +3.3% non-causal; the deterministic mode
 // unchanged (-0.4..+0.2%) (docs/perf-log.md, "dV after dS at d = 64, measured").
+// Its waits in kTryFirstSleep (the main kernels; the pre / postprocess kernels stay on kSpin):
+// +0.4..+0.7% at every main-sweep point against kSpin (H100, bf16, production and this config
+// built side by side and timed call by call in turn; a build with every kernel on that style had
+// read +0.4..+1.2%) (docs/perf-log.md, "Measured 2026-12-07, twelfth run").
 constexpr BwdSm90Config kBwdSm90Hdim64 = {64, 128, 128, 2, 2, 24, 240, true, 2, true, false, false,
-                                         false, false, false, false, false, true, true, false, true};
+                                         false, false, false, false, false, true, true, false, true,
+                                         false, false, false, false, false, 1, false, false,
+                                         hopper::WaitStyle::kTryFirstSleep};
 // The LSE / D rows arrive with the Q / dO stages (stats_smem) rather than by the consumers'
 // loads: +0.6..+3.5% default mode, +0.1..+3.6% deterministic at 512-16k, one -0.9% at
 // non-causal 8k with a 5% spread (H100, bf16, A B A B; docs/perf-log.md, "Measured 2026-12-06,
@@ -434,16 +443,6 @@ constexpr BwdSm90Config kBwdSm90Hdim192Tail2 = {192, 64, 96, 2, 1, 24, 160, true
 constexpr BwdSm90Config kBwdSm90Hdim192Tail3 = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
                                                false, true, false, false, true, false, false, true,
                                                false, false, false, false, false, false, 3};
-// Candidate, not yet measured in this form: the d = 64 config with its waits in kTryFirstSleep.
-// A build with every kernel on that style read the d = 64 backward +0.4..+1.2% (H100, bf16,
-// --builds; docs/perf-log.md, "Measured 2026-12-07, eighth run"); this form leaves the pre /
-// postprocess kernels on kSpin, so it is a different build: measure it before adopting
-// (scripts/build_candidates.sh kBwdSm90Hdim64=kBwdSm90Hdim64Sleep; the deterministic mode, same
-// config, takes it too).
-constexpr BwdSm90Config kBwdSm90Hdim64Sleep = {64, 128, 128, 2, 2, 24, 240, true, 2, true, false, false,
-                                              false, false, false, false, false, true, true, false, true,
-                                              false, false, false, false, false, 1, false, false,
-                                              hopper::WaitStyle::kTryFirstSleep};
 // Measured and not adopted (H100, bf16, A Q A Q; docs/perf-log.md, "Measured 2026-12-07"): the
 // dQ conversion under the main kernel's tail (dq_post_queue) at d = 64 / 128 / 192, -1.4..+2.7%
 // on the main sweep, d = 128 at 512 -2.4 / -2.0%.
