@@ -253,6 +253,20 @@ struct BwdSm90Config {
   // +0.4..+0.7%, taken; the backward at d = 128 kTryFirst -0.6..-0.3%, kTryFirstSleep
   // -0.2..+0.0%, at d = 192 both +0.1..+0.3% (a copy of production read 0.0..+0.1%): on kSpin.
   hopper::WaitStyle wait_style = hopper::WaitStyle::kSpin;
+  // Split by head dim, two warpgroups of one atom-column each, no pair (d = 128): each
+  // warpgroup issues the half of (5) dV^T and (6) dK^T over its own keys before the hand-off
+  // barrier, from the P^T / dS^T rows it stored itself (a barrier of its own 128 threads orders
+  // them): dV^T's half right after its P^T store, under (4) dS; dK^T's after its dS^T store,
+  // under the wait at the hand-off barrier. After the barrier, dQ^T and the halves over the
+  // other warpgroup's keys. Why: in the lockstep step both warpgroups reach the hand-off with
+  // no wgmma in flight, so the tensor cores idle through the exponentials, dS and the barrier
+  // (ncu, H100, d = 128 causal: 68% tensor-pipe activity against FA3's 74%, twice its barrier
+  // stall samples; FA3's d = 128 step issues dV from registers before its one barrier). The
+  // price: dV^T and dK^T as m64n64 halves, 16 wgmmas a step instead of 8, each half's
+  // operands at the shared-memory read rate the tensor cores consume. Register half 0 of
+  // dV^T / dK^T holds the warpgroup's own keys (so every wgmma names its registers at compile
+  // time); the epilogue rotates the rows back. Sums in the same order: bitwise equal results.
+  bool own_keys_first = false;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data (docs/design.md
@@ -443,6 +457,13 @@ constexpr BwdSm90Config kBwdSm90Hdim192Tail2 = {192, 64, 96, 2, 1, 24, 160, true
 constexpr BwdSm90Config kBwdSm90Hdim192Tail3 = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
                                                false, true, false, false, true, false, false, true,
                                                false, false, false, false, false, false, 3};
+// Candidate (written, not yet run): the d = 128 config with own_keys_first (above).
+// scripts/build_candidates.sh kBwdSm90Hdim128=kBwdSm90Hdim128Own; docs/perf-log.md, "d = 128
+// backward: each warpgroup's own keys first (candidate)".
+constexpr BwdSm90Config kBwdSm90Hdim128Own = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, true, false,
+                                             false, false, false, false, false, false, true, true,
+                                             false, false, false, false, false, 1, false, false,
+                                             hopper::WaitStyle::kSpin, true};
 // Measured and not adopted (H100, bf16, A Q A Q; docs/perf-log.md, "Measured 2026-12-07"): the
 // dQ conversion under the main kernel's tail (dq_post_queue) at d = 64 / 128 / 192, -1.4..+2.7%
 // on the main sweep, d = 128 at 512 -2.4 / -2.0%.

@@ -103,10 +103,11 @@ struct PaddedRows {
 
 // dV^T or dK^T of one warpgroup (kOwn head-dim atom-columns from `first`, m64 x kBlockN each),
 // times `scale`, as 16-bit into a staging of key rows (`at`): stmatrix.trans turns each 8 x 8
-// block (8 head-dim rows x 8 keys) into 8 key rows of 16 contiguous bytes.
-template <int kBlockN, int kOwn, hopper::Dtype kElem>
+// block (8 head-dim rows x 8 keys) into 8 key rows of 16 contiguous bytes. kRotated: register
+// key k is key (k + key_rot) mod kBlockN (own_keys_first).
+template <int kBlockN, int kOwn, hopper::Dtype kElem, bool kRotated = false>
 __device__ __forceinline__ void stage_dkv_t(const PaddedRows& at, const float (&acc)[kOwn][kBlockN / 2],
-                                            float scale, int first, int t) {
+                                            float scale, int first, int t, int key_rot = 0) {
   static_assert(kBlockN % 16 == 0, "key groups are taken two at a time");
   const int lane = t % 32;
   const int mat = lane / 8;
@@ -121,7 +122,8 @@ __device__ __forceinline__ void stage_dkv_t(const PaddedRows& at, const float (&
     }
 #pragma unroll
     for (int c = 0; c < kBlockN / 8; c += 2) {
-      const int key = 8 * (c + mat / 2) + r;
+      int key = 8 * (c + mat / 2) + r;
+      if constexpr (kRotated) key = (key + key_rot) % kBlockN;
       const int d = d0 + 8 * (mat & 1);
       hopper::stmatrix_x4_trans(at(key, d), pk[2 * c], pk[2 * c + 1], pk[2 * c + 2], pk[2 * c + 3]);
     }

@@ -129,6 +129,9 @@ struct BwdSm90Traits {
   // sdp_by_role (bwd_sm90.h): warpgroup 0 computes S and P, warpgroup 1 dP and dS, each over all
   // block_n keys (one m64 n block_n accumulator instead of S and dP of block_n / 2 keys each).
   static constexpr bool kSdpByRole = kCfg.sdp_by_role;
+  // own_keys_first (bwd_sm90.h): half 0 of a warpgroup's dV^T / dK^T registers holds its own
+  // kWgKeys keys, half 1 the other warpgroup's.
+  static constexpr bool kOwnKeysFirst = kCfg.own_keys_first;
   static constexpr uint32_t kOffDs = kOffP + (kByKeys ? 0 : kHandBufs * kHandBytes);
   // dQ through shared memory (kCfg.dq_smem, default mode): one 64 x 64 fp32 buffer per consumer
   // warpgroup in dQaccum's fragment order, which a producer-warpgroup warp adds into dQaccum
@@ -252,6 +255,13 @@ struct BwdSm90Traits {
   // sdp_by_role: warpgroup 0 has issued S (warpgroup 1 then issues dP) / has stored P^T.
   static constexpr uint32_t kBarSIssued = kBarDqFree0 + kConsumerWgs;
   static constexpr uint32_t kBarPStored = kBarSIssued + 1;
+  // own_keys_first: kBarOwnHand0 + w, warpgroup w's own P^T (then dS^T) rows are stored.
+  static constexpr uint32_t kBarOwnHand0 = 13;
+  static_assert(!kOwnKeysFirst || (!kByKeys && !kPair && !kSdpByRole && !kSingleHand &&
+                                   !kQAtomBars && kConsumerWgs == 2 && kOwn0 == 1 && kOwn1 == 1 &&
+                                   kWgKeys == 64 && kBarDqFree0 + kConsumerWgs <= kBarOwnHand0),
+                "own_keys_first: by head dim, two warpgroups of one atom-column and 64 keys each "
+                "(the halves are m64n64), no pair; its barrier ids clear of the dQ warps'");
   // single_hand: every consumer warpgroup's (5)-(7) of the last step have read P^T and dS^T.
   static constexpr uint32_t kBarHandFree = 15;
   static_assert(!kSingleHand || (!kByKeys && kBarDqFree0 + kConsumerWgs <= kBarHandFree),
@@ -508,17 +518,34 @@ __device__ __forceinline__ void gemm_q_by_kv(float (&acc)[kN / 2], const uint8_t
 
 // (5) dV^T or (6) dK^T atom-column += X^T H: A = the Q-side tile's atom-column (64 head-dim rows,
 // read M-major), B = the hand-off tile H^T [key][query] (K-major, K = 64 queries).
-template <class T>
-__device__ __forceinline__ void gemm_dkv(float (&acc)[T::kBlockN / 2], const uint8_t* x_atom,
+// kN < block_n (own_keys_first): the kN keys of the hand-off rows from `hand` on.
+template <class T, int kN = T::kBlockN>
+__device__ __forceinline__ void gemm_dkv(float (&acc)[kN / 2], const uint8_t* x_atom,
                                          const uint8_t* hand) {
   const uint64_t da = fh::desc_mnmajor_sw128(x_atom, T::kQAtomBytes);
   const uint64_t db = fh::desc_kmajor_sw128(hand);
 #pragma unroll
   for (int s = 0; s < T::kBlockM / 16; ++s) {
-    fh::wgmma_ss<T::kBlockN, 1, 0, T::kElem>(acc, fh::desc_advance(da, fh::mnmajor_k_offset(s)),
-                                   fh::desc_advance(db, fh::kmajor_k_offset(s, T::kBlockN)),
-                                   true);
+    fh::wgmma_ss<kN, 1, 0, T::kElem>(acc, fh::desc_advance(da, fh::mnmajor_k_offset(s)),
+                                     fh::desc_advance(db, fh::kmajor_k_offset(s, kN)), true);
   }
+}
+
+// own_keys_first: half h of a warpgroup's dV^T / dK^T registers (m64 x kWgKeys keys) as an
+// accumulator of its own.
+template <class T, int kH>
+__device__ __forceinline__ float (&key_half(float (&acc)[T::kBlockN / 2]))[T::kWgKeys / 2] {
+  return *reinterpret_cast<float(*)[T::kWgKeys / 2]>(&acc[kH * T::kWgKeys / 2]);
+}
+
+// own_keys_first: (5) or (6) over one warpgroup's keys (rows key_row.. of the hand-off tile)
+// into half kH of acc, as one commit group. The rows were stored by this warpgroup (kH = 0,
+// after its own barrier) or by the other (kH = 1, after the hand-off barrier).
+template <class T, int kH>
+__device__ __forceinline__ void issue_dkv_half(float (&acc)[T::kBlockN / 2], const uint8_t* x_atom,
+                                               const uint8_t* hand, int key_row) {
+  gemm_dkv<T, T::kWgKeys>(key_half<T, kH>(acc), x_atom, hand + key_row * 128);
+  fh::wgmma_commit();
 }
 
 // (7) dQ^T atom-column = K^T dS^T: A = K's atom-column (64 head-dim rows, M-major over block_n
@@ -1146,9 +1173,17 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         if (it > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
       }
       store_hand_t<T>(p_t, s, T::kWgKeys * wg, t);
+      if constexpr (T::kOwnKeysFirst) {
+        // (5) over this warpgroup's keys while (4) runs: its own P^T rows, ordered by its own
+        // barrier (the stores are generic-proxy writes, read by the async proxy).
+        fh::fence_proxy_async_shared();
+        fh::named_bar_sync(T::kBarOwnHand0 + wg, 128);
+        fh::wgmma_fence();
+        issue_dkv_half<T, 0>(acc_dv[0], do_s + first * T::kQAtomBytes, p_t, T::kWgKeys * wg);
+      }
 
       // (4) dS = P * (dP - D)
-      fh::wgmma_wait<0>();
+      fh::wgmma_wait<T::kOwnKeysFirst ? 1 : 0>();  // dP (own_keys_first: dV^T's half may run on)
       fh::wgmma_fence_operand(dp);
       ds_values(s, dp, dsum0, dsum1);
       if constexpr (kPairOn) {
@@ -1165,6 +1200,13 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         }
       }
       store_hand_t<T>(ds_t, dp, T::kWgKeys * wg, t);
+      if constexpr (T::kOwnKeysFirst) {
+        // (6) over this warpgroup's keys, in flight through the hand-off barrier's wait.
+        fh::fence_proxy_async_shared();
+        fh::named_bar_sync(T::kBarOwnHand0 + wg, 128);
+        fh::wgmma_fence();
+        issue_dkv_half<T, 0>(acc_dk[0], q_s + first * T::kQAtomBytes, ds_t, T::kWgKeys * wg);
+      }
     } else {
       // (1)-(4) split by role (sdp_by_role): warpgroup 0 S and P, warpgroup 1 dP and dS, each
       // over all block_n keys; P crosses through the P^T tile, which (5) reads anyway.
@@ -1253,7 +1295,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       v_pending = false;
     }
     if constexpr (T::kStatsByConsumers) stat_rows.store(it, next_row);
-    fh::fence_proxy_async_shared();  // stmatrix (generic proxy) -> wgmma (async proxy) reads
+    // stmatrix (generic proxy) -> wgmma (async proxy) reads (own_keys_first: fenced above).
+    if constexpr (!T::kOwnKeysFirst) fh::fence_proxy_async_shared();
     // Every warpgroup's part is in place. The buffers alternate with the step's parity: the
     // other warpgroups passed this barrier only after their last wgmmas of step i-1 had completed,
     // so step i+1 may overwrite what step i-1 read (single_hand: one buffer, and the barrier
@@ -1356,8 +1399,22 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       }
     } else if (has_cols) {
       float dq[T::kBlockM / 2];
-      issue_dq_dv<T, kOwn>(dq, smem + T::kOffK + first * T::kKvAtomBytes, ds_t, acc_dv, do_s, first, p_t);
-      issue_dkv<T, kOwn>(acc_dk, q_s, first, ds_t);
+      if constexpr (T::kOwnKeysFirst) {
+        // (7) over all keys, then (5) and (6) over the other warpgroup's: with the own halves
+        // (one group each, issued above) five groups; wait<2> below leaves the last two, so
+        // dQ^T is complete there as without own_keys_first.
+        const int other_row = T::kWgKeys * (1 - wg);
+        fh::zero_acc(dq);
+        fh::wgmma_fence_operand(dq);
+        fh::wgmma_fence();
+        gemm_dq<T>(dq, smem + T::kOffK + first * T::kKvAtomBytes, ds_t);
+        fh::wgmma_commit();
+        issue_dkv_half<T, 1>(acc_dv[0], do_s + first * T::kQAtomBytes, p_t, other_row);
+        issue_dkv_half<T, 1>(acc_dk[0], q_s + first * T::kQAtomBytes, ds_t, other_row);
+      } else {
+        issue_dq_dv<T, kOwn>(dq, smem + T::kOffK + first * T::kKvAtomBytes, ds_t, acc_dv, do_s, first, p_t);
+        issue_dkv<T, kOwn>(acc_dk, q_s, first, ds_t);
+      }
       fh::wgmma_wait<2>();
       fh::wgmma_fence_operand(dq);
       if constexpr (!kDqSmem) {
@@ -1428,10 +1485,12 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
   uint8_t* stage_dv = smem;
   uint8_t* stage_dk = smem + T::kStageBytes;
   if (has_cols) {
-    stage_dkv_t<T::kBlockN, kOwn, T::kElem>(PaddedRows{fh::smem_u32(stage_dv), T::kStageRowBytes}, acc_dv, 1.f,
-                                            first, t);
-    stage_dkv_t<T::kBlockN, kOwn, T::kElem>(PaddedRows{fh::smem_u32(stage_dk), T::kStageRowBytes}, acc_dk,
-                                            p.softmax_scale, first, t);
+    // own_keys_first: register key k holds key (k + kWgKeys w) mod block_n.
+    const int key_rot = T::kOwnKeysFirst ? T::kWgKeys * wg : 0;
+    stage_dkv_t<T::kBlockN, kOwn, T::kElem, T::kOwnKeysFirst>(
+        PaddedRows{fh::smem_u32(stage_dv), T::kStageRowBytes}, acc_dv, 1.f, first, t, key_rot);
+    stage_dkv_t<T::kBlockN, kOwn, T::kElem, T::kOwnKeysFirst>(
+        PaddedRows{fh::smem_u32(stage_dk), T::kStageRowBytes}, acc_dk, p.softmax_scale, first, t, key_rot);
   }
   copy_out_dkv<T>(p, w, stage_dv, stage_dk, n0, seqlen_k);
   // pair_dq: neither CTA exits while its partner may still copy into it or arrive on it.
