@@ -266,7 +266,9 @@ struct BwdSm90Config {
   // operands at the shared-memory read rate the tensor cores consume. Register half 0 of
   // dV^T / dK^T holds the warpgroup's own keys (so every wgmma names its registers at compile
   // time); the epilogue rotates the rows back. Sums in the same order: bitwise equal results.
-  bool own_keys_first = false;
+  // 0: off; 1: as above; 2: both own halves after dS^T's store (under the hand-off wait only:
+  // one barrier of the warpgroup a step instead of two, dS not overlapped).
+  int own_keys_first = 0;
 };
 
 // The consumer warpgroups (consumer_wgs of them, W below) split the work by data (docs/design.md
@@ -457,13 +459,17 @@ constexpr BwdSm90Config kBwdSm90Hdim192Tail2 = {192, 64, 96, 2, 1, 24, 160, true
 constexpr BwdSm90Config kBwdSm90Hdim192Tail3 = {192, 64, 96, 2, 1, 24, 160, true, 3, false, false, false,
                                                false, true, false, false, true, false, false, true,
                                                false, false, false, false, false, false, 3};
-// Candidate (written, not yet run): the d = 128 config with own_keys_first (above).
-// scripts/build_candidates.sh kBwdSm90Hdim128=kBwdSm90Hdim128Own; docs/perf-log.md, "d = 128
-// backward: each warpgroup's own keys first (candidate)".
+// Candidates (written, not yet run): the d = 128 config with own_keys_first 1 (Own) and 2
+// (OwnLate). scripts/build_candidates.sh kBwdSm90Hdim128=kBwdSm90Hdim128Own; docs/perf-log.md,
+// "d = 128 backward: each warpgroup's own keys first (candidate)".
 constexpr BwdSm90Config kBwdSm90Hdim128Own = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, true, false,
                                              false, false, false, false, false, false, true, true,
                                              false, false, false, false, false, 1, false, false,
-                                             hopper::WaitStyle::kSpin, true};
+                                             hopper::WaitStyle::kSpin, 1};
+constexpr BwdSm90Config kBwdSm90Hdim128OwnLate = {128, 64, 128, 2, 2, 24, 240, true, 2, false, false, true, false,
+                                                 false, false, false, false, false, false, true, true,
+                                                 false, false, false, false, false, 1, false, false,
+                                                 hopper::WaitStyle::kSpin, 2};
 // Measured and not adopted (H100, bf16, A Q A Q; docs/perf-log.md, "Measured 2026-12-07"): the
 // dQ conversion under the main kernel's tail (dq_post_queue) at d = 64 / 128 / 192, -1.4..+2.7%
 // on the main sweep, d = 128 at 512 -2.4 / -2.0%.

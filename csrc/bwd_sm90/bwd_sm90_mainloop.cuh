@@ -131,7 +131,10 @@ struct BwdSm90Traits {
   static constexpr bool kSdpByRole = kCfg.sdp_by_role;
   // own_keys_first (bwd_sm90.h): half 0 of a warpgroup's dV^T / dK^T registers holds its own
   // kWgKeys keys, half 1 the other warpgroup's.
-  static constexpr bool kOwnKeysFirst = kCfg.own_keys_first;
+  static constexpr bool kOwnKeysFirst = kCfg.own_keys_first > 0;
+  // own_keys_first 1: the own dV^T half right after P^T's store (under dS), else with dK^T's.
+  static constexpr bool kOwnDvUnderDs = kCfg.own_keys_first == 1;
+  static_assert(kCfg.own_keys_first >= 0 && kCfg.own_keys_first <= 2, "own_keys_first: 0, 1 or 2");
   static constexpr uint32_t kOffDs = kOffP + (kByKeys ? 0 : kHandBufs * kHandBytes);
   // dQ through shared memory (kCfg.dq_smem, default mode): one 64 x 64 fp32 buffer per consumer
   // warpgroup in dQaccum's fragment order, which a producer-warpgroup warp adds into dQaccum
@@ -1173,7 +1176,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         if (it > 0) fh::named_bar_sync(T::kBarHandFree, T::kConsumerThreads);
       }
       store_hand_t<T>(p_t, s, T::kWgKeys * wg, t);
-      if constexpr (T::kOwnKeysFirst) {
+      if constexpr (T::kOwnDvUnderDs) {
         // (5) over this warpgroup's keys while (4) runs: its own P^T rows, ordered by its own
         // barrier (the stores are generic-proxy writes, read by the async proxy).
         fh::fence_proxy_async_shared();
@@ -1183,7 +1186,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       }
 
       // (4) dS = P * (dP - D)
-      fh::wgmma_wait<T::kOwnKeysFirst ? 1 : 0>();  // dP (own_keys_first: dV^T's half may run on)
+      fh::wgmma_wait<T::kOwnDvUnderDs ? 1 : 0>();  // dP (own_keys_first 1: dV^T's half may run on)
       fh::wgmma_fence_operand(dp);
       ds_values(s, dp, dsum0, dsum1);
       if constexpr (kPairOn) {
@@ -1201,10 +1204,14 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       }
       store_hand_t<T>(ds_t, dp, T::kWgKeys * wg, t);
       if constexpr (T::kOwnKeysFirst) {
-        // (6) over this warpgroup's keys, in flight through the hand-off barrier's wait.
+        // (6) (and with own_keys_first 2 (5) first) over this warpgroup's keys, in flight
+        // through the hand-off barrier's wait.
         fh::fence_proxy_async_shared();
         fh::named_bar_sync(T::kBarOwnHand0 + wg, 128);
         fh::wgmma_fence();
+        if constexpr (!T::kOwnDvUnderDs) {
+          issue_dkv_half<T, 0>(acc_dv[0], do_s + first * T::kQAtomBytes, p_t, T::kWgKeys * wg);
+        }
         issue_dkv_half<T, 0>(acc_dk[0], q_s + first * T::kQAtomBytes, ds_t, T::kWgKeys * wg);
       }
     } else {
