@@ -266,6 +266,9 @@ struct BwdSm90Config {
   // operands at the shared-memory read rate the tensor cores consume. Register half 0 of
   // dV^T / dK^T holds the warpgroup's own keys (so every wgmma names its registers at compile
   // time); the epilogue rotates the rows back. Sums in the same order: bitwise equal results.
+  // The risk: wgmmas leave the tensor pipe in issue order, so the other warpgroup's S / dP may
+  // queue behind these halves (the d = 256 pair's dV^T before its hand-off measured -4..-8%,
+  // where the partner CTA waited for the dS queued behind it; docs/perf-log.md).
   // 0: off; 1: as above; 2: both own halves after dS^T's store (under the hand-off wait only:
   // one barrier of the warpgroup a step instead of two, dS not overlapped).
   int own_keys_first = 0;
