@@ -541,6 +541,15 @@ __device__ __forceinline__ float (&key_half(float (&acc)[T::kBlockN / 2]))[T::kW
   return *reinterpret_cast<float(*)[T::kWgKeys / 2]>(&acc[kH * T::kWgKeys / 2]);
 }
 
+// own_keys_first: this warpgroup's own P^T / dS^T rows, stored by its 128 threads (generic
+// proxy), made readable by its wgmmas (async proxy): each thread's fence, then its barrier.
+template <class T>
+__device__ __forceinline__ void own_rows_ready(int wg) {
+  fh::fence_proxy_async_shared();
+  fh::named_bar_sync(T::kBarOwnHand0 + wg, 128);
+  fh::wgmma_fence();
+}
+
 // own_keys_first: (5) or (6) over one warpgroup's keys (rows key_row.. of the hand-off tile)
 // into half kH of acc, as one commit group. The rows were stored by this warpgroup (kH = 0,
 // after its own barrier) or by the other (kH = 1, after the hand-off barrier).
@@ -590,17 +599,24 @@ __device__ __forceinline__ void issue_dkv(float (*acc)[T::kBlockN / 2], const ui
 // (7) one dQ^T atom-column over this block's keys (overwriting dq), then (5) dV^T += dO^T P for
 // the kOwn atom-columns first ..: two commit groups, both in flight on return. kDkBetween
 // (dk_before_peer): (6) dK^T += Q^T dS (acc_dk, Q_i at q_s) as a group between the two.
+// (7) one dQ^T atom-column over this block's keys (overwriting dq): one commit group.
+template <class T>
+__device__ __forceinline__ void issue_dq(float (&dq)[T::kBlockM / 2], const uint8_t* k_atom,
+                                         const uint8_t* ds_t) {
+  fh::zero_acc(dq);
+  fh::wgmma_fence_operand(dq);
+  fh::wgmma_fence();
+  gemm_dq<T>(dq, k_atom, ds_t);
+  fh::wgmma_commit();
+}
+
 template <class T, int kOwn, int kAcc, bool kDkBetween = false>
 __device__ __forceinline__ void issue_dq_dv(float (&dq)[T::kBlockM / 2], const uint8_t* k_atom,
                                             const uint8_t* ds_t, float (&acc_dv)[kAcc][T::kBlockN / 2],
                                             const uint8_t* do_s, int first, const uint8_t* p_t,
                                             float (*acc_dk)[T::kBlockN / 2] = nullptr,
                                             const uint8_t* q_s = nullptr) {
-  fh::zero_acc(dq);
-  fh::wgmma_fence_operand(dq);
-  fh::wgmma_fence();
-  gemm_dq<T>(dq, k_atom, ds_t);
-  fh::wgmma_commit();
+  issue_dq<T>(dq, k_atom, ds_t);
   if constexpr (kDkBetween) issue_dkv<T, kOwn>(acc_dk, q_s, first, ds_t);
   issue_dkv<T, kOwn>(acc_dv, do_s, first, p_t);
 }
@@ -1177,11 +1193,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       }
       store_hand_t<T>(p_t, s, T::kWgKeys * wg, t);
       if constexpr (T::kOwnDvUnderDs) {
-        // (5) over this warpgroup's keys while (4) runs: its own P^T rows, ordered by its own
-        // barrier (the stores are generic-proxy writes, read by the async proxy).
-        fh::fence_proxy_async_shared();
-        fh::named_bar_sync(T::kBarOwnHand0 + wg, 128);
-        fh::wgmma_fence();
+        // (5) over this warpgroup's keys while (4) runs.
+        own_rows_ready<T>(wg);
         issue_dkv_half<T, 0>(acc_dv[0], do_s + first * T::kQAtomBytes, p_t, T::kWgKeys * wg);
       }
 
@@ -1206,9 +1219,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
       if constexpr (T::kOwnKeysFirst) {
         // (6) (and with own_keys_first 2 (5) first) over this warpgroup's keys, in flight
         // through the hand-off barrier's wait.
-        fh::fence_proxy_async_shared();
-        fh::named_bar_sync(T::kBarOwnHand0 + wg, 128);
-        fh::wgmma_fence();
+        own_rows_ready<T>(wg);
         if constexpr (!T::kOwnDvUnderDs) {
           issue_dkv_half<T, 0>(acc_dv[0], do_s + first * T::kQAtomBytes, p_t, T::kWgKeys * wg);
         }
@@ -1411,11 +1422,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const BwdSm90Params& p, const 
         // (one group each, issued above) five groups; wait<2> below leaves the last two, so
         // dQ^T is complete there as without own_keys_first.
         const int other_row = T::kWgKeys * (1 - wg);
-        fh::zero_acc(dq);
-        fh::wgmma_fence_operand(dq);
-        fh::wgmma_fence();
-        gemm_dq<T>(dq, smem + T::kOffK + first * T::kKvAtomBytes, ds_t);
-        fh::wgmma_commit();
+        issue_dq<T>(dq, smem + T::kOffK + first * T::kKvAtomBytes, ds_t);
         issue_dkv_half<T, 1>(acc_dv[0], do_s + first * T::kQAtomBytes, p_t, other_row);
         issue_dkv_half<T, 1>(acc_dk[0], q_s + first * T::kQAtomBytes, ds_t, other_row);
       } else {
