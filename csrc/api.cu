@@ -89,11 +89,18 @@ struct Shape {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim;
 };
 
+constexpr int kMaxSeqlen = 1 << 30;
+
 flashback_status check_shape(const Shape& s, flashback_dtype dtype, float scale) {
   if (s.batch < 1) return fail(FLASHBACK_ERROR_INVALID_VALUE, "batch must be >= 1, got %d", s.batch);
   if (s.seqlen_q < 1 || s.seqlen_k < 1)
     return fail(FLASHBACK_ERROR_INVALID_VALUE, "seqlen_q and seqlen_k must be >= 1, got %d and %d",
                 s.seqlen_q, s.seqlen_k);
+  // Block counts round seqlen up in int arithmetic (and the varlen max_seqlen is only an upper
+  // bound, which a caller may pass loosely): far below INT_MAX keeps every rounding exact.
+  if (s.seqlen_q > kMaxSeqlen || s.seqlen_k > kMaxSeqlen)
+    return fail(FLASHBACK_ERROR_NOT_SUPPORTED, "seqlen_q and seqlen_k must be at most %d, got %d and %d",
+                kMaxSeqlen, s.seqlen_q, s.seqlen_k);
   if (s.nheads < 1 || s.nheads_k < 1)
     return fail(FLASHBACK_ERROR_INVALID_VALUE, "nheads and nheads_k must be >= 1, got %d and %d",
                 s.nheads, s.nheads_k);
@@ -413,6 +420,7 @@ size_t flashback_bwd_workspace_size(const flashback_bwd_params* p) {
   if (p == nullptr) return 0;
   const Shape s{p->batch, p->seqlen_q, p->seqlen_k, p->nheads, p->nheads_k, p->headdim};
   if (check_shape(s, p->dtype, p->softmax_scale) != FLASHBACK_SUCCESS) return 0;
+  if (check_varlen(*p) != FLASHBACK_SUCCESS) return 0;  // total_q sizes the varlen workspace
   return bwd_workspace_bytes(*p);
 }
 

@@ -178,6 +178,10 @@ bool bwd_sm90_can_implement(const flashback_bwd_params& p, const char** why) {
     reason = dtype_not_compiled(p.dtype);  // FLASHBACK_DTYPES left it out: the row's instance is null
   } else if (grid_ctas(*row->cfg, p) > int64_t{0x7fffffff}) {
     reason = "grid too large (batch x kv heads x key blocks of the longest sequence)";
+  } else if (int64_t{p.batch} * p.nheads * ((int64_t{p.seqlen_q} + kDqTileRows - 1) / kDqTileRows) >
+             int64_t{0x7fffffff}) {
+    // The dQ conversion counts its tiles in int (bwd_sm90_postprocess_queue_kernel).
+    reason = "too many dQ tiles (batch x heads x 64-row tiles of the longest sequence)";
   } else {
     // The dK/dV/dQ writes and the preprocess use 4- and 16-byte vectors (the API checks
     // alignment and strides of those already).

@@ -8,7 +8,8 @@
  * Layout (as FlashAttention): q, out, dout, dq are (batch, seqlen_q, nheads, headdim);
  * k, v, dk, dv are (batch, seqlen_k, nheads_k, headdim); lse is (batch, nheads, seqlen_q),
  * fp32, contiguous, natural log. Strides are in elements; the last dimension is contiguous.
- * nheads must be a multiple of nheads_k (GQA / MQA); batch and nheads are at most 65535.
+ * nheads must be a multiple of nheads_k (GQA / MQA); batch and nheads are at most 65535,
+ * seqlen_q and seqlen_k at most 2^30. Every pointer is device memory of the current device.
  * Causal masking is aligned bottom-right: query row i sees key column j when
  * j <= i + seqlen_k - seqlen_q.
  *
@@ -19,8 +20,10 @@
  * ignored), may be empty, and never reads or writes another's rows. seqlen_q and seqlen_k are
  * then the longest sequence lengths, which size the grid: the caller must not pass less than
  * a sequence's length (the library does not read the offsets on the host, so it cannot check
- * them; the Python front does). lse is (nheads, total_q). Causal masking is bottom-right per
- * sequence. NULL offsets: dense batches as above.
+ * them; the Python front does). Offsets that break these rules are undefined behaviour:
+ * reads and writes outside the tensors, rows left uncomputed, or (deterministic mode) a wait
+ * that never ends until the kernel traps. lse is (nheads, total_q). Causal masking is
+ * bottom-right per sequence. NULL offsets: dense batches as above.
  *
  * Outputs (out, lse, dq, dk, dv) must not share memory with any input, nor with each other;
  * their strides must give every element its own address (checked). Inputs may use any strides

@@ -33,6 +33,9 @@ from torch import Tensor
 
 from . import _checks, _lib, ops as _ops
 
+# The longest sequence the C API takes (its kMaxSeqlen).
+MAX_SEQLEN = 1 << 30
+
 
 # --- validation ----------------------------------------------------------------------------
 
@@ -68,6 +71,8 @@ def _check_max(name: str, value) -> int:
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
+    if value > MAX_SEQLEN:  # the C API's int, and its bound on sequence lengths
+        raise ValueError(f"{name} must be at most {MAX_SEQLEN} (2**30), got {value}")
     return value
 
 

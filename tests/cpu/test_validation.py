@@ -402,6 +402,9 @@ def call_fwd(lib, p):
     (lambda p: setattr(p, "dtype", 2), 2, "dtype 2 is not supported"),
     (lambda p: setattr(p, "nheads", 3), 1, "nheads (3) must be divisible by nheads_k (2)"),
     (lambda p: setattr(p, "seqlen_k", 0), 1, "seqlen_q and seqlen_k must be >= 1"),
+    # Block counts round seqlen up in int: a loose varlen bound near INT_MAX would wrap them.
+    (lambda p: setattr(p, "seqlen_q", 2**31 - 1), 2, "seqlen_q and seqlen_k must be at most 1073741824"),
+    (lambda p: setattr(p, "seqlen_k", 2**30 + 1), 2, "seqlen_q and seqlen_k must be at most 1073741824"),
     (lambda p: setattr(p, "batch", 0), 1, "batch must be >= 1"),
     (lambda p: setattr(p, "softmax_scale", float("nan")), 1, "softmax_scale must be finite"),
 ])
@@ -684,6 +687,18 @@ def test_c_api_varlen_workspace_follows_the_packed_total(native):
     tiles = 8 * (65536 // 64 + 64 + 1)
     assert tiles * 64 * 256 * 4 <= size < 1.1 * tiles * 64 * (256 * 4 + 8) + 4096
     assert size < 64 * 8192 * 8 * 256 * 4 / 4  # far below batch x longest x heads x 1 KB
+
+
+def test_c_api_workspace_size_checks_the_varlen_totals(native):
+    """total_q sizes the varlen workspace: a query with a bad total gets 0 (the documented
+    answer for params the call would reject), not a size computed from it; the longest
+    sequence the API takes gets a size, one more row gets 0."""
+    good = _varlen_bwd_params(64, 8192, 65536)
+    assert native.flashback_bwd_workspace_size(ctypes.byref(good)) > 0
+    for total in (0, -5):
+        assert native.flashback_bwd_workspace_size(ctypes.byref(_varlen_bwd_params(64, 8192, total))) == 0
+    assert native.flashback_bwd_workspace_size(ctypes.byref(_varlen_bwd_params(64, 2**30, 65536))) > 0
+    assert native.flashback_bwd_workspace_size(ctypes.byref(_varlen_bwd_params(64, 2**30 + 1, 65536))) == 0
 
 
 def test_c_api_backward_workspace_has_room_for_the_split_last_wave(native):

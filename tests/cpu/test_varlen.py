@@ -104,6 +104,9 @@ def test_valid_arguments_pass():
     (dict(q=torch.randn(30, 4, 32).to(BF16)), ValueError, "same headdim"),
     (dict(mq=-1), ValueError, "max_seqlen_q must be >= 0"),
     (dict(mk=2.5), TypeError, "max_seqlen_k must be an int"),
+    # The C API's int: 2**32 + 5 would reach it as 5 and leave every row past 5 uncomputed.
+    (dict(mq=2**32 + 5), ValueError, "max_seqlen_q must be at most 1073741824"),
+    (dict(mk=2**30 + 1), ValueError, "max_seqlen_k must be at most 1073741824"),
     (dict(cu_q="0,10,30"), TypeError, "cu_seqlens_q must be a torch.Tensor"),
 ], ids=lambda x: x if isinstance(x, str) else None)
 def test_bad_arguments_raise(bad, error, match):
