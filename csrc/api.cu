@@ -90,6 +90,7 @@ struct Shape {
 };
 
 constexpr int kMaxSeqlen = 1 << 30;
+constexpr int64_t kMaxStride = int64_t{1} << 40;
 
 flashback_status check_shape(const Shape& s, flashback_dtype dtype, float scale) {
   if (s.batch < 1) return fail(FLASHBACK_ERROR_INVALID_VALUE, "batch must be >= 1, got %d", s.batch);
@@ -147,6 +148,11 @@ flashback_status check_tensor(const char* name, const void* ptr, const flashback
       return fail(FLASHBACK_ERROR_INVALID_VALUE,
                   "%s %s stride must be a non-negative multiple of 8 elements, got %lld", name,
                   names[i], static_cast<long long>(strides[i]));
+    // Offsets are stride x index in int64 bytes, and the overlap check below multiplies
+    // strides by sizes: 2^40 elements (2 TiB of 16-bit data) keeps both far from overflow.
+    if (strides[i] > kMaxStride)
+      return fail(FLASHBACK_ERROR_NOT_SUPPORTED, "%s %s stride must be at most 2^40 elements, got %lld",
+                  name, names[i], static_cast<long long>(strides[i]));
   }
   if (!is_output) return FLASHBACK_SUCCESS;  // inputs may alias (e.g. broadcast strides)
   // Many CTAs write an output at once, so no two indices may share an element: with the dims

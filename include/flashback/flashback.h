@@ -27,7 +27,7 @@
  *
  * Outputs (out, lse, dq, dk, dv) must not share memory with any input, nor with each other;
  * their strides must give every element its own address (checked). Inputs may use any strides
- * that are multiples of 8 elements, including 0 (broadcast).
+ * that are multiples of 8 elements up to 2^40, including 0 (broadcast).
  */
 #ifndef FLASHBACK_FLASHBACK_H_
 #define FLASHBACK_FLASHBACK_H_

@@ -395,6 +395,9 @@ def call_fwd(lib, p):
     (lambda p: setattr(p.v_strides, "row", 130), 1, "v row stride must be a non-negative multiple of 8"),
     (lambda p: setattr(p.out_strides, "head", 8), 1, "out head stride 8 overlaps other elements"),
     (lambda p: setattr(p.out_strides, "batch", 0), 1, "out batch stride 0 overlaps other elements"),
+    # stride x size would wrap in int64 and pass the overlap check
+    (lambda p: setattr(p.out_strides, "head", 2**63 - 8), 2, "out head stride must be at most 2^40"),
+    (lambda p: setattr(p.k_strides, "batch", 2**40 + 8), 2, "k batch stride must be at most 2^40"),
     # row stride == head stride: row i+1 of head 0 is row i of head 1
     (lambda p: setattr(p.out_strides, "row", p.out_strides.head), 1, "out row stride 128 overlaps"),
     (lambda p: setattr(p, "batch", 70000), 2, "batch (70000) and nheads (4) must be at most 65535"),
