@@ -68,11 +68,13 @@ def hopper_only(dtype: torch.dtype, headdim: int) -> bool:
 def kernel_layout_ok(x) -> bool:
     """The kernels can access x (4-D dense or 3-D packed) where it lies: last dim contiguous,
     16-byte aligned base and the other strides in multiples of 8 elements; for what only the
-    Hopper kernels serve (fp16, head dim 192), 128-byte aligned and multiples of 64 elements,
-    since there is no fallback for layouts they decline."""
-    align, multiple = (128, 64) if hopper_only(x.dtype, x.shape[-1]) else (16, 8)
-    return (x.data_ptr() % align == 0 and x.stride(-1) == 1
-            and all(s % multiple == 0 for s in x.stride()[:-1]))
+    Hopper kernels serve (fp16, head dim 192), 128-byte aligned and positive multiples of 64
+    elements below 2^39 (what their tensor maps take: a broadcast stride of 0 is copied), since
+    there is no fallback for layouts they decline."""
+    if hopper_only(x.dtype, x.shape[-1]):
+        return (x.data_ptr() % 128 == 0 and x.stride(-1) == 1
+                and all(0 < s < 2**39 and s % 64 == 0 for s in x.stride()[:-1]))
+    return x.data_ptr() % 16 == 0 and x.stride(-1) == 1 and all(s % 8 == 0 for s in x.stride()[:-1])
 # The kernels put heads and batch in grid dims y and z, which CUDA caps at 65535.
 MAX_BATCH = MAX_HEADS = 65535
 _DTYPE_TEXT = ", ".join(str(d) for d in SUPPORTED_DTYPES)

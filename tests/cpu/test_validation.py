@@ -733,3 +733,28 @@ def test_c_api_backward_workspace_has_room_for_the_split_last_wave(native):
     assert size(0, sq=2048, h=4, hk=2) > size(1, sq=2048, h=4, hk=2)  # GQA 2: 64 steps
     if native.flashback_sm90_supports(128, _lib.DTYPE_BF16):
         assert size(0, d=128, h=4, hk=4) == size(1, d=128, h=4, hk=4)  # no split at d = 128
+
+
+def _aligned(shape, dtype, align=128):
+    """A dense tensor of `shape` whose data starts on `align` bytes."""
+    n = 1
+    for s in shape:
+        n *= s
+    buf = torch.empty(n + align, dtype=dtype)
+    skip = (-buf.data_ptr() % align) // buf.element_size()
+    return buf[skip:skip + n].view(shape)
+
+
+def test_kernel_layout_ok_copies_what_the_tensor_maps_decline():
+    """Where only the Hopper kernels serve (fp16), a broadcast stride (0) would reach a tensor
+    map that declines it, with no fallback: such inputs are copied. Where the reference kernels
+    stand behind (bf16, d = 64), a broadcast stays as it is."""
+    from flashback import _checks
+    for dtype, hopper_only in ((torch.float16, True), (torch.bfloat16, False)):
+        x = _aligned((2, 128, 4, 64), dtype)
+        assert _checks.hopper_only(dtype, 64) == hopper_only
+        assert _checks.kernel_layout_ok(x)
+        expanded = x[:, :1].expand(2, 128, 4, 64)  # seqlen stride 0
+        assert expanded.stride()[1] == 0
+        assert _checks.kernel_layout_ok(expanded) == (not hopper_only)
+        assert _checks.kernel_layout_ok(x[:, :, :1].expand(2, 128, 4, 64)) == (not hopper_only)
