@@ -91,7 +91,11 @@ typedef struct {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim;
   float softmax_scale;
   int causal;
-  int deterministic; /* nonzero: bitwise reproducible gradients */
+  /* nonzero: bitwise reproducible gradients. Its CTAs wait for each other in a fixed order, which
+   * assumes the kernel can have every SM: a kernel holding SMs at the same time (another stream,
+   * MPS) can stall it, non-causal calls most; FLASHBACK_DET_COOPERATIVE=1 launches those in
+   * chunks that fit (README). */
+  int deterministic;
   flashback_dtype dtype;
   void *workspace; /* device memory of flashback_bwd_workspace_size() bytes, 256-byte aligned */
   size_t workspace_bytes;
