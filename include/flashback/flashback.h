@@ -28,6 +28,11 @@
  * Outputs (out, lse, dq, dk, dv) must not share memory with any input, nor with each other;
  * their strides must give every element its own address (checked). Inputs may use any strides
  * that are multiples of 8 elements up to 2^40, including 0 (broadcast).
+ *
+ * The deterministic backward's CTAs wait for each other in a fixed order, which assumes the
+ * kernel can have every SM: a kernel holding SMs at the same time (another stream, MPS) can
+ * stall it, non-causal calls most; FLASHBACK_DET_COOPERATIVE=1 launches those in chunks that
+ * fit (README).
  */
 #ifndef FLASHBACK_FLASHBACK_H_
 #define FLASHBACK_FLASHBACK_H_
@@ -91,11 +96,7 @@ typedef struct {
   int batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim;
   float softmax_scale;
   int causal;
-  /* nonzero: bitwise reproducible gradients. Its CTAs wait for each other in a fixed order, which
-   * assumes the kernel can have every SM: a kernel holding SMs at the same time (another stream,
-   * MPS) can stall it, non-causal calls most; FLASHBACK_DET_COOPERATIVE=1 launches those in
-   * chunks that fit (README). */
-  int deterministic;
+  int deterministic; /* nonzero: bitwise reproducible gradients (see the note above) */
   flashback_dtype dtype;
   void *workspace; /* device memory of flashback_bwd_workspace_size() bytes, 256-byte aligned */
   size_t workspace_bytes;
