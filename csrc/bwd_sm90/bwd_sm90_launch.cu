@@ -42,6 +42,12 @@ int64_t grid_ctas(const BwdSm90Config& cfg, const flashback_bwd_params& p) {
   return (p.seqlen_k + unit_keys - 1) / unit_keys * (cfg.pair_dq ? 2 : 1) * p.nheads_k * p.batch;
 }
 
+// 64-row dQ tiles per (batch, q head) of the longest sequence: its steps of block_m rows, each
+// block_m / 64 tiles (what the workspace holds and the dQ conversion counts).
+int64_t dq_tiles_per_head(int block_m, const flashback_bwd_params& p) {
+  return (int64_t{p.seqlen_q} + block_m - 1) / block_m * (block_m / kDqTileRows);
+}
+
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 }  // namespace
@@ -110,7 +116,7 @@ WorkspaceParts bwd_sm90_workspace_parts(const flashback_bwd_params& p) {
   const BwdSm90Row* row = find_row(kTable, p.headdim);
   const int block_m = row != nullptr ? row->cfg->block_m : kDqTileRows;
   const int step_tiles = block_m / kDqTileRows;
-  const int m_blocks = (p.seqlen_q + block_m - 1) / block_m * step_tiles;  // 64-row tiles
+  const int m_blocks = static_cast<int>(dq_tiles_per_head(block_m, p));  // 64-row tiles
   const size_t tiles = static_cast<size_t>(dq_tiles_total(p, m_blocks, step_tiles));
   const size_t rows = tiles * kDqTileRows;
   WorkspaceParts w;
@@ -178,8 +184,7 @@ bool bwd_sm90_can_implement(const flashback_bwd_params& p, const char** why) {
     reason = dtype_not_compiled(p.dtype);  // FLASHBACK_DTYPES left it out: the row's instance is null
   } else if (grid_ctas(*row->cfg, p) > int64_t{0x7fffffff}) {
     reason = "grid too large (batch x kv heads x key blocks of the longest sequence)";
-  } else if (int64_t{p.batch} * p.nheads * ((int64_t{p.seqlen_q} + kDqTileRows - 1) / kDqTileRows) >
-             int64_t{0x7fffffff}) {
+  } else if (int64_t{p.batch} * p.nheads * dq_tiles_per_head(row->cfg->block_m, p) > int64_t{0x7fffffff}) {
     // The dQ conversion counts its tiles in int (bwd_sm90_postprocess_queue_kernel).
     reason = "too many dQ tiles (batch x heads x 64-row tiles of the longest sequence)";
   } else {
